@@ -1,0 +1,27 @@
+"""Setup for dp-partition-beam: user-level DP partition selection and n-gram extraction on Beam."""
+import setuptools
+
+setuptools.setup(
+    name="dp-partition-beam",
+    version="0.1.0",
+    description=(
+        "User-level differentially private partition selection (Basic, MAD, MAD2R, DP-SIPS) "
+        "and n-gram extraction (DPNE) as Apache Beam pipelines"
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.9",
+    packages=["privacy", "transforms", "pipelines"],
+    install_requires=[
+        "apache-beam>=2.50.0",
+        "numpy>=1.24",
+        "scipy>=1.10",
+        "pyarrow>=12.0",
+    ],
+    extras_require={
+        "test": ["pytest>=7.0", "hypothesis>=6.80", "dp-accounting>=0.4.3"],
+        "gcp": ["apache-beam[gcp]>=2.50.0"],
+        "plots": ["matplotlib>=3.7"],
+    },
+)
