@@ -20,6 +20,7 @@ reproducible demos. Production noise uses numpy's generator (full-precision tail
 from __future__ import annotations
 
 import hashlib
+import heapq
 import logging
 import struct
 from typing import Any, Iterable, List, Optional, Sequence
@@ -117,8 +118,13 @@ def standard_noise(
 
 
 def sort_key(item: Any) -> bytes:
-    """Total order on heterogeneous items, used before seeded subsampling."""
+    """Total order on heterogeneous items (canonical encoding), used to make seeded output canonical."""
     return encode_key(item)
+
+
+def _scalar_uniform(seed: int, purpose: str, round_: int, key: Any) -> float:
+    bits = int.from_bytes(_digest(seed, purpose, round_, key, 8), "big") >> 11
+    return (bits + 0.5) / _TWO_POW_53
 
 
 def subsample(
@@ -130,26 +136,38 @@ def subsample(
     rng: Optional[np.random.Generator],
     purpose: str = "subsample",
 ) -> List[Any]:
-    """Uniform random subset of at most ``k`` distinct items (MAD Alg. 1 lines 4-5).
+    """Uniform random subset of at most ``k`` of the (distinct) ``items`` (MAD Alg. 1 lines 4-5).
 
-    The input must already be distinct. Seeded: sorted canonically, then a Philox generator keyed by
-    (seed, purpose, round, user) picks the subset, so the result does not depend on input order.
-    The returned list is in canonical order when seeded.
+    Bottom-k sampling: every item gets an independent uniform priority and the ``k`` smallest are
+    kept, which is a uniformly random k-subset. It streams over ``items`` with O(k) memory (a user
+    with millions of items is never materialised). Seeded: the priority of ``item`` is
+    ``keyed_uniform(seed, purpose, round, (user, item))``, so the subset does not depend on input
+    order or bundling. Unseeded: priorities come from ``rng`` (OS entropy on the worker).
+    The result is in canonical order (sorted by :func:`sort_key`).
     """
-    items = list(items)
-    if seed is not None:
-        items.sort(key=sort_key)
-        if len(items) <= k:
-            return items
-        gen = keyed_generator(seed, purpose, round_, user)
-        idx = np.sort(gen.choice(len(items), size=k, replace=False))
-        return [items[i] for i in idx]
-    if len(items) <= k:
-        return items
-    if rng is None:
+    if k < 1:
+        raise ValueError(f"max_contributions must be >= 1, got {k!r}")
+    if seed is None and rng is None:
         raise ValueError("unseeded subsampling needs a worker generator (rng)")
-    idx = rng.choice(len(items), size=k, replace=False)
-    return [items[i] for i in idx]
+    heap: List[tuple] = []  # max-heap on priority via negation: (-priority, sort_key, item)
+    buffer_u = None
+    pos = 0
+    for item in items:
+        if seed is not None:
+            p = _scalar_uniform(seed, purpose, round_, (user, item))
+        else:
+            if buffer_u is None or pos >= len(buffer_u):
+                buffer_u = rng.random(1024)
+                pos = 0
+            p = float(buffer_u[pos])
+            pos += 1
+        entry = (-p, sort_key(item), item)
+        if len(heap) < k:
+            heapq.heappush(heap, entry)
+        elif entry > heap[0]:
+            heapq.heapreplace(heap, entry)
+    heap.sort(key=lambda e: e[1])
+    return [e[2] for e in heap]
 
 
 def warn_if_seeded(seed: Optional[int]) -> None:

@@ -1,0 +1,79 @@
+"""Shared pipeline plumbing: Beam options pass-through, run-time reports, small I/O helpers."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
+
+from pipelines.io import INPUT_FORMATS
+
+
+def add_input_args(parser: argparse.ArgumentParser, value_column: str) -> None:
+    """--input, --input_format, --user_column, --<value>_column, --skip_bad_records."""
+    parser.add_argument("--input", required=True, help="input file path or glob (local, gs://, ...)")
+    parser.add_argument("--input_format", required=True, choices=INPUT_FORMATS)
+    parser.add_argument("--user_column", default="user", help="name of the user column/key (default: user)")
+    parser.add_argument(f"--{value_column}_column", default=value_column,
+                        help=f"name of the {value_column} column/key (default: {value_column})")
+    parser.add_argument("--skip_bad_records", action="store_true",
+                        help="skip malformed records and report how many were skipped "
+                             "(default: fail on the first one, naming its file and line)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="reproducible mode: every random draw is a function of the seed. NOT private "
+                             "against anyone who knows the seed; for tests and demos only")
+
+
+def pipeline_options(beam_args: Sequence[str]) -> PipelineOptions:
+    """Beam options from the arguments our parser did not consume (--runner, Dataflow/Flink options...)."""
+    options = PipelineOptions(list(beam_args))
+    # DoFns live in the installed package; nothing from __main__ needs pickling.
+    options.view_as(SetupOptions).save_main_session = False
+    return options
+
+
+def build_report(_, base: dict, round_counts: Dict[int, int], bad_records: int, skip_bad_records: bool) -> str:
+    """The JSON report: privacy parameters, per-round released counts (DP outputs), diagnostics."""
+    report = dict(base)
+    rounds = []
+    for r in report.pop("_rounds"):
+        r = dict(r)
+        r["released"] = int(round_counts.get(r["round"], 0))
+        rounds.append(r)
+    report["rounds"] = rounds
+    report["released"] = sum(r["released"] for r in rounds)
+    if skip_bad_records:
+        # Count of malformed input lines: a non-private diagnostic about the input's format, asked for
+        # with --skip_bad_records. It says nothing about any item.
+        report["diagnostics_non_private"] = {"bad_records_skipped": int(bad_records)}
+    return json.dumps(report, indent=2, sort_keys=True)
+
+
+def write_single_file(pcoll, path: str, label: str):
+    """Writes a PCollection of strings to exactly ``path`` (one shard, no suffix)."""
+    return pcoll | label >> beam.io.WriteToText(path, shard_name_template="", num_shards=1)
+
+
+def read_text(path: str) -> str:
+    with FileSystems.open(path) as f:
+        return f.read().decode("utf-8")
+
+
+def count_output_lines(prefix: str) -> Tuple[int, List[str]]:
+    """(lines, files) over the files starting with ``prefix`` (for the local summary only)."""
+    matches = FileSystems.match([prefix + "*"])[0].metadata_list
+    files = sorted(m.path for m in matches)
+    n = 0
+    for path in files:
+        with FileSystems.open(path) as f:
+            n += sum(1 for _ in f)
+    return n, files
+
+
+def configure_logging(verbose: bool = False) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,190 @@
+"""Reading user-level records (tsv, jsonl, parquet) with strict, reported handling of bad records.
+
+Formats (``value`` is the item for select_partitions and the text for extract_ngrams):
+  tsv      ``user<TAB>value`` per line, UTF-8. Split at the first TAB (the value is the rest of
+           the line). An optional header line equal to ``<user_column><TAB><value_column>`` as the
+           first line of a file is skipped. Empty lines carry no record and are ignored.
+  jsonl    one JSON object per line with keys ``user_column`` and ``value_column``; the user may be
+           a string or an integer (read as its decimal string), the value a string (numbers are read
+           as their JSON text). Empty lines are ignored.
+  parquet  columns ``user_column`` and ``value_column`` (string or integer columns).
+Files ending in .gz/.bz2/.zst etc. are decompressed by Beam's FileSystems. Any path or glob Beam's
+filesystems understand (local, gs://, s3://, hdfs://) works.
+
+Bad records (wrong number of fields, invalid JSON, missing/null/empty user or value, a value with a
+line break when ``allow_newlines`` is False, a value that is not a string) are never silently
+dropped: by default the pipeline fails with ``BadRecordError: <file>:<line>: <reason>`` of the first
+bad record met; with ``skip_bad_records=True`` they are skipped and counted (Beam counter
+``bad_records`` and the ``bad`` output of :class:`ReadRecords`, which the pipelines put in their
+report).
+"""
+from __future__ import annotations
+
+import json
+from typing import Optional, Tuple
+
+import apache_beam as beam
+from apache_beam.io import fileio
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+INPUT_FORMATS = ("tsv", "jsonl", "parquet")
+
+
+class BadRecordError(ValueError):
+    """A malformed input record; the message starts with ``<file>:<line>:``."""
+
+
+def _as_user(value) -> Optional[str]:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        return value if value != "" else None
+    if isinstance(value, int):
+        return str(value)
+    return None
+
+
+def _as_value(value, allow_newlines: bool) -> Tuple[Optional[str], str]:
+    if isinstance(value, bool) or value is None:
+        return None, "null or boolean value"
+    if isinstance(value, (int, float)):
+        value = json.dumps(value)
+    if not isinstance(value, str):
+        return None, f"value must be a string, got {type(value).__name__}"
+    if value == "":
+        return None, "empty value"
+    if not allow_newlines and ("\n" in value or "\r" in value):
+        return None, "value contains a line break (outputs are one item per line)"
+    return value, ""
+
+
+class ParseFileFn(beam.DoFn):
+    """FileMetadata -> (user, value) records; bad records raise or go to the 'bad' output."""
+
+    BAD = "bad"
+
+    def __init__(self, input_format: str, user_column: str, value_column: str, skip_bad_records: bool,
+                 allow_newlines: bool):
+        if input_format not in INPUT_FORMATS:
+            raise ValueError(f"input_format must be one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
+        self._format = input_format
+        self._user_col = user_column
+        self._value_col = value_column
+        self._skip = skip_bad_records
+        self._allow_newlines = allow_newlines
+        self._bad_counter = Metrics.counter("input", "bad_records")
+
+    def _bad(self, path, line_no, reason):
+        if not self._skip:
+            raise BadRecordError(
+                f"{path}:{line_no}: {reason} (use --skip_bad_records to skip and count bad records)"
+            )
+        self._bad_counter.inc()
+        return beam.pvalue.TaggedOutput(self.BAD, 1)
+
+    def process(self, metadata):
+        path = metadata.path
+        if self._format == "parquet":
+            yield from self._parquet(path)
+            return
+        with FileSystems.open(path) as raw:
+            line_no = 0
+            while True:
+                data = raw.readline()
+                if not data:
+                    break
+                line_no += 1
+                try:
+                    line = data.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    yield self._bad(path, line_no, f"not valid UTF-8 ({e.reason} at byte {e.start})")
+                    continue
+                line = line.rstrip("\n").rstrip("\r")
+                if not line.strip():
+                    continue
+                if self._format == "tsv":
+                    out = self._tsv(path, line_no, line)
+                else:
+                    out = self._jsonl(path, line_no, line)
+                if out is not None:
+                    yield out
+
+    def _tsv(self, path, line_no, line):
+        if "\t" not in line:
+            return self._bad(path, line_no, "expected user<TAB>value")
+        user, value = line.split("\t", 1)
+        if line_no == 1 and user == self._user_col and value == self._value_col:
+            return None  # header
+        if user == "":
+            return self._bad(path, line_no, "empty user")
+        value, reason = _as_value(value, self._allow_newlines)
+        if value is None:
+            return self._bad(path, line_no, reason)
+        return user, value
+
+    def _jsonl(self, path, line_no, line):
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            return self._bad(path, line_no, f"invalid JSON ({e})")
+        if not isinstance(obj, dict):
+            return self._bad(path, line_no, "expected a JSON object")
+        if self._user_col not in obj or self._value_col not in obj:
+            return self._bad(path, line_no, f"missing key {self._user_col!r} or {self._value_col!r}")
+        user = _as_user(obj[self._user_col])
+        if user is None:
+            return self._bad(path, line_no, f"{self._user_col!r} must be a non-empty string or an integer")
+        value, reason = _as_value(obj[self._value_col], self._allow_newlines)
+        if value is None:
+            return self._bad(path, line_no, f"{self._value_col!r}: {reason}")
+        return user, value
+
+    def _parquet(self, path):
+        import pyarrow.parquet as pq
+
+        with FileSystems.open(path) as raw:
+            pf = pq.ParquetFile(raw)
+            names = pf.schema_arrow.names
+            for col in (self._user_col, self._value_col):
+                if col not in names:
+                    raise BadRecordError(f"{path}: no column {col!r} (columns: {', '.join(names)})")
+            row = 0
+            for batch in pf.iter_batches(columns=[self._user_col, self._value_col], batch_size=65536):
+                users = batch.column(0).to_pylist()
+                values = batch.column(1).to_pylist()
+                for user, value in zip(users, values):
+                    row += 1
+                    u = _as_user(user)
+                    if u is None:
+                        yield self._bad(path, f"row {row}", f"{self._user_col!r} null or empty")
+                        continue
+                    v, reason = _as_value(value, self._allow_newlines)
+                    if v is None:
+                        yield self._bad(path, f"row {row}", f"{self._value_col!r}: {reason}")
+                        continue
+                    yield u, v
+
+
+class ReadRecords(beam.PTransform):
+    """Reads (user, value) records from files matching a pattern.
+
+    Returns a ``DoOutputsTuple``-like pair: ``result.records`` ((user, value) PCollection) and
+    ``result.bad`` (a PCollection with one 1 per skipped bad record).
+    """
+
+    def __init__(self, file_pattern: str, input_format: str, user_column: str = "user",
+                 value_column: str = "item", skip_bad_records: bool = False, allow_newlines: bool = False,
+                 label=None):
+        super().__init__(label)
+        self._pattern = file_pattern
+        self._fn = ParseFileFn(input_format, user_column, value_column, skip_bad_records, allow_newlines)
+
+    def expand(self, pbegin):
+        outputs = (
+            pbegin
+            | "MatchFiles" >> fileio.MatchFiles(self._pattern)  # FileMetadata (fails if nothing matches)
+            | "SpreadFiles" >> beam.Reshuffle()  # FileMetadata, one file per work item
+            | "Parse" >> beam.ParDo(self._fn).with_outputs(ParseFileFn.BAD, main="records")
+        )  # records: (user, value); bad: 1 per skipped record
+        return outputs

@@ -1,0 +1,646 @@
+"""Property tests of the MAD kernels (transforms/mad_kernels.py) against the MAD paper.
+
+Properties (paper: shared/papers/mad-adaptive-partition-selection.txt):
+  1. l2 sensitivity <= 1 for S vs S + one user (Definition 3.1, Lemma 5.6 / Theorem 5.1),
+     unbiased and biased.
+  2. novel l_inf sensitivity <= b_max / sqrt(|T|) (Definition 3.2, Lemma 5.3).
+  3. monotonicity of w_init, w_trunc, w_reroute (Proposition 5.5) - exactly, in floating point.
+  4. UserWeights invariants (Lemma 5.4), termination on adversarial inputs.
+  5. tau huge, no biases: MAD == Basic (Algorithm 5).
+  6. hand-computed examples (MAD, UserWeights) and the section 6.2 example.
+Plus: a literal pure-Python transliteration of Algorithms 2-3 as an oracle, the Beam-style
+per-user decomposition w = w_trunc + sum_u mad_user_contributions, Theorem 6.1's deterministic
+part, determinism, and parameter validation.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, event, given, settings, target
+from hypothesis import strategies as st
+
+from transforms.mad_kernels import (
+    adaptive_degree_range,
+    excess_fraction,
+    initial_weight,
+    is_adaptive,
+    mad_user_contributions,
+    mad_weight_components,
+    mad_weights,
+    reroute_discount,
+    reroute_weight,
+    truncate,
+    user_excess,
+    user_weights,
+)
+
+PROPS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+UNIVERSE = [f"i{k}" for k in range(15)]
+EXTRA = [f"n{k}" for k in range(4)]  # only the new user v can hold these (always novel)
+MAX_DEGREE = 12  # > d_max for d_max < 12: non-adaptive high-degree users occur
+
+
+# --------------------------------------------------------------------------------------------------
+# Oracles: literal transliterations of the paper's pseudo-code (pure Python, no shared code)
+# --------------------------------------------------------------------------------------------------
+
+
+def literal_user_weights(b, b_min, b_max):
+    """Algorithm 2, line by line (with a float tolerance in S_small and a pass cap)."""
+    d = len(b)
+    if d == 0:
+        return []
+    sd = math.sqrt(d)
+    w = [0.0] * d
+    biased = [i for i in range(d) if b[i] < 1]
+    unbiased = [i for i in range(d) if not b[i] < 1]
+    for i in biased:
+        w[i] = max(b_min, b[i]) / sd
+    if unbiased:
+        k = sum(w[i] ** 2 for i in biased)
+        for i in unbiased:
+            w[i] = min(b_max / sd, math.sqrt((1 - k) / len(unbiased)))
+    for _ in range(4 * d + 4):
+        total = sum(x * x for x in w)
+        if total >= 1 - 1e-13:
+            break
+        small = [i for i in range(d) if w[i] < (1 / sd) * (1 - 1e-12)]
+        if not small:
+            break
+        c = min(
+            (b_max / sd) / max(w[i] for i in small),
+            math.sqrt(1 + (1 - total) / sum(w[i] ** 2 for i in small)),
+        )
+        for i in small:
+            w[i] = c * w[i]
+    return w
+
+
+def literal_mad(user_sets, tau, d_max, biases=None, b_min=1.0, b_max=1.0):
+    """Algorithm 3, line by line. Returns (w_init, w_trunc, w_reroute, w) dicts over the union."""
+    biases = biases or {}
+    union = set().union(*[set(s) for s in user_sets.values()]) if user_sets else set()
+    alpha = b_min - 1 / (2 * math.sqrt(d_max))
+    lo = math.ceil(1 / b_min**2 - 1e-9)
+    adapt = [u for u, s in user_sets.items() if lo <= len(s) <= d_max]
+    w_init = {i: 0.0 for i in union}
+    for u in adapt:
+        for i in user_sets[u]:
+            w_init[i] += 1 / len(user_sets[u])
+    r = {i: (max(0.0, (w_init[i] - tau) / w_init[i]) if w_init[i] > 0 else 0.0) for i in union}
+    w_trunc = {i: min(w_init[i], tau) for i in union}
+    w_reroute = {i: 0.0 for i in union}
+    for u in adapt:
+        s = user_sets[u]
+        e_u = sum(r[i] for i in s) / len(s)
+        for i in s:
+            w_reroute[i] += alpha * e_u / d_max
+    w = {i: w_trunc[i] + w_reroute[i] for i in union}
+    for u, s in user_sets.items():
+        s = list(s)
+        wb = literal_user_weights([biases.get(i, 1.0) for i in s], b_min, b_max)
+        for i, x in zip(s, wb):
+            w[i] += x - (1 / len(s) if u in adapt else 0.0)
+    return w_init, w_trunc, w_reroute, w
+
+
+def basic_weights(user_sets):
+    """Algorithm 5 (Basic): w(i) = sum over holders of 1/sqrt(|S_u|)."""
+    w = {}
+    for s in user_sets.values():
+        for i in s:
+            w[i] = w.get(i, 0.0) + 1 / math.sqrt(len(s))
+    return w
+
+
+def l2_sensitivity(w, w_new):
+    """Definition 3.1: sqrt(sum_{U} (w' - w)^2 + sum_{U' \\ U} w'^2)."""
+    assert set(w) <= set(w_new)
+    return math.sqrt(sum((w_new[i] - w.get(i, 0.0)) ** 2 for i in w_new))
+
+
+# --------------------------------------------------------------------------------------------------
+# Strategies
+# --------------------------------------------------------------------------------------------------
+
+
+@st.composite
+def neighbours(draw, biased):
+    """A dataset S, a new user v (key not in S) and MAD parameters; biases on a subset of U."""
+    n_items = draw(st.integers(1, len(UNIVERSE)))
+    universe = UNIVERSE[:n_items]
+    n_users = draw(st.integers(1, 12))
+    sets = {}
+    for u in range(n_users):
+        sets[u] = draw(st.lists(st.sampled_from(universe), min_size=1,
+                                max_size=min(MAX_DEGREE, n_items), unique=True))
+    v_items = draw(st.lists(st.sampled_from(UNIVERSE + EXTRA), min_size=1, max_size=MAX_DEGREE,
+                            unique=True))
+    v_key = draw(st.integers(-3, 30).filter(lambda k: k not in sets))
+    tau = draw(st.floats(1.0, 3.0))
+    d_max = draw(st.integers(4, 10))
+    b_min = b_max = 1.0
+    biases = None
+    if biased:
+        b_min = draw(st.floats(0.5, 1.0))
+        b_max = draw(st.floats(1.0, 3.0))
+        union = sorted(set().union(*map(set, sets.values())))
+        chosen = draw(st.lists(st.sampled_from(union), unique=True, max_size=len(union)))
+        biases = {i: draw(st.floats(0.0, 1.0)) for i in chosen}  # v's novel items stay unbiased
+    return dict(S=sets, v=v_key, Sv=v_items, tau=tau, d_max=d_max, biases=biases,
+                b_min=b_min, b_max=b_max)
+
+
+def _run(case, with_v):
+    sets = dict(case["S"])
+    if with_v:
+        sets[case["v"]] = case["Sv"]
+    return mad_weight_components(sets, case["tau"], case["d_max"], case["biases"],
+                                 case["b_min"], case["b_max"])
+
+
+def _describe(case):
+    """Labels the interesting regimes so that the run shows they are exercised."""
+    d_v = len(case["Sv"])
+    adaptive = is_adaptive(d_v, case["b_min"], case["d_max"])
+    event(f"v adaptive={adaptive}")
+    return adaptive
+
+
+# --------------------------------------------------------------------------------------------------
+# 1. l2 sensitivity <= 1 (Definition 3.1; Lemma 5.6; Theorem 5.1 / Corollary 5.2)
+# --------------------------------------------------------------------------------------------------
+
+
+def _check_l2(case):
+    adaptive = _describe(case)
+    before, after = _run(case, False), _run(case, True)
+    gamma = sum((after.w_init[i] - after.w_trunc[i]) - (before.w_init.get(i, 0.0) - before.w_trunc.get(i, 0.0))
+                for i in after.w_init)
+    if adaptive:
+        event("gamma > 0 (v creates excess)" if gamma > 1e-12 else "gamma = 0")
+    sens = l2_sensitivity(before.w, after.w)
+    target(sens, label="l2 sensitivity")
+    assert sens <= 1.0 + 1e-9, (sens, case)
+
+
+@PROPS
+@given(neighbours(biased=False))
+def test_l2_sensitivity_unbiased(case):
+    _check_l2(case)
+
+
+@PROPS
+@given(neighbours(biased=True))
+def test_l2_sensitivity_biased(case):
+    _check_l2(case)
+
+
+def test_l2_sensitivity_tight_cases():
+    """Hand-picked near-worst cases: v of every adaptive degree, n_hot of its items far above tau
+    (all of v's initial weight there becomes excess), n_edge just below tau (partly truncated),
+    the rest novel; with and without biases on the hot items."""
+    tau = 1.0
+    for d_max in (4, 7, 20):
+        for b_min in (0.5, 0.75, 1.0):
+            lo, _ = adaptive_degree_range(b_min, d_max)
+            for d_v in range(lo, d_max + 1):
+                for n_hot in range(d_v + 1):
+                    for n_edge in range(d_v - n_hot + 1):
+                        sets = {}
+                        for k in range(n_hot):  # w_init(h_k) = 30 >> tau
+                            sets.update({("h", k, u): [f"h{k}"] for u in range(30)})
+                        for k in range(n_edge):  # w_init(e_k) = tau - 1/(2 d_v): v pushes it over
+                            sets[("e", k, 0)] = [f"e{k}", f"pad{k}"]  # 1/2
+                            sets[("e", k, 1)] = [f"e{k}"] + [f"q{k}_{j}" for j in range(2 * d_v - 1)]
+                        sv = ([f"h{k}" for k in range(n_hot)] + [f"e{k}" for k in range(n_edge)]
+                              + [f"x{k}" for k in range(d_v - n_hot - n_edge)])
+                        for bias in (None, {f"h{k}": 0.0 for k in range(n_hot)}):
+                            w = mad_weights(sets, tau, d_max, bias, b_min, 2.0)
+                            w2 = mad_weights({**sets, "v": sv}, tau, d_max, bias, b_min, 2.0)
+                            assert l2_sensitivity(w, w2) <= 1 + 1e-9, (d_max, b_min, d_v, n_hot, n_edge)
+
+
+# --------------------------------------------------------------------------------------------------
+# 2. novel l_inf sensitivity (Definition 3.2, Lemma 5.3)
+# --------------------------------------------------------------------------------------------------
+
+
+def _check_linf(case):
+    _describe(case)
+    union = set().union(*map(set, case["S"].values()))
+    novel = [i for i in case["Sv"] if i not in union]
+    assume(novel)
+    after = _run(case, True)
+    worst = max(after.w[i] for i in novel)
+    bound = case["b_max"] / math.sqrt(len(novel))
+    target(worst / bound, label="novel l_inf / bound")
+    assert worst <= bound + 1e-12, (worst, bound, case)
+
+
+@PROPS
+@given(neighbours(biased=False))
+def test_novel_linf_unbiased(case):
+    _check_linf(case)
+
+
+@PROPS
+@given(neighbours(biased=True))
+def test_novel_linf_biased(case):
+    _check_linf(case)
+
+
+# --------------------------------------------------------------------------------------------------
+# 3. Monotonicity (Proposition 5.5): w'_init >= w_init, w'_trunc >= w_trunc, w'_reroute >= w_reroute
+#    for every item of U' (w = 0 outside U). Holds bitwise: users are summed in canonical order and
+#    r is computed as 1 - tau/w_init, which is monotone in floating point.
+# --------------------------------------------------------------------------------------------------
+
+
+@PROPS
+@given(neighbours(biased=True))
+def test_monotonicity_proposition_5_5(case):
+    _describe(case)
+    before, after = _run(case, False), _run(case, True)
+    assert set(before.w) <= set(after.w)
+    for i in after.w:
+        assert after.w_init[i] >= before.w_init.get(i, 0.0)
+        assert after.w_trunc[i] >= before.w_trunc.get(i, 0.0)
+        assert after.w_reroute[i] >= before.w_reroute.get(i, 0.0)
+        assert after.r[i] >= before.r.get(i, 0.0)  # used in the proof of Lemma 5.6 (e_u monotone)
+
+
+@PROPS
+@given(neighbours(biased=True))
+def test_final_weights_monotone(case):
+    """Not stated in the paper, but follows from Prop. 5.5 and w_b >= b_min/sqrt(d) >= 1/d for
+    adaptive users (d >= 1/b_min^2): adding a user never decreases any final weight."""
+    before, after = _run(case, False), _run(case, True)
+    for i in before.w:
+        assert after.w[i] >= before.w[i] - 1e-12
+
+
+# --------------------------------------------------------------------------------------------------
+# 4. UserWeights (Algorithm 2, Lemma 5.4)
+# --------------------------------------------------------------------------------------------------
+
+bias_values = st.one_of(
+    st.floats(0.0, 1.0),
+    st.sampled_from([0.0, 1.0, 1e-300, 5e-324, 0.5, 0.999999999999, 1 - 2**-53]),
+)
+
+
+def _check_lemma_5_4(b, b_min, b_max, w):
+    d = len(b)
+    assert w.shape == (d,) and w.dtype == np.float64
+    if d == 0:
+        return
+    assert float(np.sum(w * w)) <= 1.0  # ||w_b||_2 <= 1, exactly in float
+    assert np.all(w <= b_max / math.sqrt(d))  # upper bound, exactly in float
+    assert np.all(w >= (b_min / math.sqrt(d)) * (1 - 1e-12))  # lower bound (to rounding)
+    # The loop always fills the l2 budget (S_small is never empty while the norm is < 1).
+    assert float(np.sum(w * w)) >= 1 - 1e-9
+
+
+@PROPS
+@given(
+    b=st.lists(bias_values, min_size=0, max_size=40),
+    b_min=st.floats(0.5, 1.0),
+    b_max=st.one_of(st.floats(1.0, 10.0), st.floats(1.0, 1e300), st.just(math.inf), st.just(1.0)),
+)
+def test_user_weights_lemma_5_4(b, b_min, b_max):
+    w = user_weights(np.array(b, dtype=np.float64), b_min, b_max)
+    _check_lemma_5_4(b, b_min, b_max, w)
+    lit = literal_user_weights(b, b_min, b_max)
+    np.testing.assert_allclose(w, lit, rtol=1e-9, atol=1e-12)
+    # Unbiased items: weight in [1/sqrt(d), b_max/sqrt(d)] (Lemma 5.4 proof); biased ones never
+    # exceed that either.
+    d = len(b)
+    for bi, wi in zip(b, w):
+        if bi >= 1.0:
+            assert wi >= (1 / math.sqrt(d)) * (1 - 1e-12)
+
+
+@PROPS
+@given(d=st.integers(0, 200), b_max=st.floats(1.0, 5.0), b_min=st.floats(0.5, 1.0))
+def test_user_weights_unbiased_is_basic(d, b_min, b_max):
+    expected = np.full(d, 1 / math.sqrt(d)) if d else np.zeros(0)
+    assert np.array_equal(user_weights(d, b_min, b_max), expected)
+    assert np.array_equal(user_weights(np.ones(d), b_min, b_max), expected)
+    assert np.array_equal(user_weights(d), expected)
+
+
+@PROPS
+@given(b=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=30), b_min=st.floats(0.5, 1.0))
+def test_user_weights_b_max_one_undoes_biases(b, b_min):
+    """An observation about Alg. 2: with b_max = 1 the loop lifts every biased item back to
+    1/sqrt(d), so biases only matter when b_max > 1 (the paper's experiments use b_max = 2)."""
+    w = user_weights(np.array(b), b_min, 1.0)
+    np.testing.assert_allclose(w, 1 / math.sqrt(len(b)), rtol=1e-9)
+
+
+@pytest.mark.parametrize(
+    "b, b_min, b_max",
+    [
+        ([0.0], 0.5, 1.0),
+        ([0.0], 0.5, 1e300),
+        ([0.0], 0.5, math.inf),
+        ([1e-300], 0.5, math.inf),
+        ([5e-324], 1e-300, math.inf),  # subnormal everything (user_weights allows b_min in (0, 1])
+        (np.zeros(2000), 0.5, math.inf),
+        (np.full(2000, 1e-300), 0.5, 1e300),
+        (np.full(2000, 1e-300), 1e-300, 1e300),
+        (np.r_[np.zeros(1999), 1.0], 0.5, 1e300),
+        (np.r_[np.zeros(1999), 1.0], 0.5, 1.0),
+        (np.linspace(0.5, 0.999, 500), 0.5, 1.0 + 1e-9),  # many passes of the cap branch
+        (np.r_[np.linspace(0.5, 0.999, 500), np.ones(3)], 0.5, 1.001),
+        (np.geomspace(1e-3, 0.999, 300), 0.5, 1.0 + 2**-52),
+    ],
+)
+def test_user_weights_terminates_on_adversarial_inputs(b, b_min, b_max):
+    b = np.asarray(b, dtype=np.float64)
+    w = user_weights(b, b_min, b_max)
+    d = len(b)
+    assert w.shape == (d,)
+    assert float(np.sum(w * w)) <= 1.0
+    assert np.all(w <= b_max / math.sqrt(d))
+    assert np.all(w >= (b_min / math.sqrt(d)) * (1 - 1e-12))
+    if b_min / math.sqrt(d) > 1e-150:  # squares representable: the budget is filled
+        assert float(np.sum(w * w)) >= 1 - 1e-9
+
+
+def test_user_weights_edge_cases_and_validation():
+    assert user_weights(0).shape == (0,)
+    assert user_weights(np.zeros(0)).shape == (0,)
+    assert user_weights(1).tolist() == [1.0]
+    # S_unbiased empty (line 5 would divide by |S_unbiased| = 0): all-biased user.
+    np.testing.assert_allclose(user_weights([0.2, 0.3], 0.5, 2.0), [math.sqrt(0.5)] * 2)
+    with pytest.raises(ValueError, match="biases"):
+        user_weights([1.5])
+    with pytest.raises(ValueError, match="biases"):
+        user_weights([float("nan")])
+    with pytest.raises(ValueError, match="b_min"):
+        user_weights([0.5], b_min=0.0)
+    with pytest.raises(ValueError, match="b_max"):
+        user_weights([0.5], b_max=0.9)
+    with pytest.raises(ValueError, match="degree"):
+        user_weights(-1)
+
+
+def test_user_weights_hand_examples():
+    # d = 4, sqrt(d) = 2, b_min = 0.5, b_max = 1.2 -> cap b_max/sqrt(d) = 0.6, 1/sqrt(d) = 0.5.
+    # Line 4: biased [0, 0, 0.95] -> max(0.5, b)/2 = 0.25, 0.25, 0.475.
+    # Line 5: k = 0.0625 + 0.0625 + 0.225625 = 0.350625; sqrt((1 - k)/1) = 0.806 > 0.6 -> w3 = 0.6.
+    # Pass 1: sum w^2 = 0.350625 + 0.36 = 0.710625, deficit 0.289375, S_small = {0, 1, 2},
+    #   C = min(0.6/0.475 = 1.263, sqrt(1 + 0.289375/0.350625) = 1.351) = 1.263 (cap branch):
+    #   w = [0.3158, 0.3158, 0.6, 0.6], sum w^2 = 2 * 0.09972 + 0.72 = 0.9194.
+    # Pass 2: S_small = {0, 1}; C = min(0.6/0.3158 = 1.9, sqrt(1 + 0.0806/0.1994) = 1.185): l2 branch
+    #   -> w0 = w1 = sqrt((1 - 0.72)/2) = sqrt(0.14). Result [sqrt(.14), sqrt(.14), 0.6, 0.6], norm 1.
+    w = user_weights([0.0, 0.0, 0.95, 1.0], 0.5, 1.2)
+    np.testing.assert_allclose(w, [math.sqrt(0.14), math.sqrt(0.14), 0.6, 0.6], rtol=1e-14)
+    # d = 4, biases [0, 0, 0, 1], b_min = 0.5, b_max = 1.5 (cap 0.75): line 4 -> 0.25 x 3;
+    # line 5: sqrt(1 - 0.1875) = 0.901 > 0.75 -> 0.75; deficit 1 - 0.75 = 0.25; C = min(3,
+    # sqrt(1 + 0.25/0.1875) = sqrt(7/3)) -> small items 0.25 sqrt(7/3); sum = 0.4375 + 0.5625 = 1.
+    w = user_weights([0.0, 0.0, 0.0, 1.0], 0.5, 1.5)
+    np.testing.assert_allclose(w, [0.25 * math.sqrt(7 / 3)] * 3 + [0.75], rtol=1e-14)
+    # No loop: d = 4, biases [0.25, 1, 1, 1], b_min 0.5, b_max 1.2: 0.25, then sqrt(0.9375/3).
+    w = user_weights([0.25, 1.0, 1.0, 1.0], 0.5, 1.2)
+    np.testing.assert_allclose(w, [0.25] + [math.sqrt(0.3125)] * 3, rtol=1e-14)
+
+
+# --------------------------------------------------------------------------------------------------
+# 5. tau huge, no biases: MAD == Basic
+# --------------------------------------------------------------------------------------------------
+
+
+@PROPS
+@given(neighbours(biased=False))
+def test_no_truncation_is_basic(case):
+    sets = {**case["S"], case["v"]: case["Sv"]}
+    w = mad_weights(sets, 1e12, case["d_max"])
+    basic = basic_weights(sets)
+    assert set(w) == set(basic)
+    for i in w:
+        assert w[i] == pytest.approx(basic[i], rel=1e-12, abs=1e-12)
+
+
+# --------------------------------------------------------------------------------------------------
+# 6. Hand-computed examples
+# --------------------------------------------------------------------------------------------------
+
+
+def test_mad_hand_example():
+    # tau = 1, d_max = 4, unbiased (b_min = b_max = 1): alpha = 1 - 1/(2*2) = 0.75,
+    # adaptive degrees ceil(1/1) = 1 .. 4.
+    #   u1 = {a, b}, u2 = {a, b}, u3 = {a, c}, u5 = {a}: adaptive; u4 = {a, b, c, d, e}: degree 5 > 4.
+    # Line 5:  w_init(a) = 1/2 + 1/2 + 1/2 + 1 = 2.5, w_init(b) = 1, w_init(c) = 1/2, d = e = 0.
+    # Line 6:  r(a) = (2.5 - 1)/2.5 = 0.6; r(b) = 0 (w_init = tau exactly is not excess); r(c) = 0.
+    # Line 8:  w_trunc = a: 1, b: 1, c: 0.5, d: 0, e: 0.
+    # Line 10: e_u1 = e_u2 = e_u3 = (0.6 + 0)/2 = 0.3; e_u5 = 0.6.
+    # Line 11: per item 0.75 * 0.3 / 4 = 0.05625 (u1, u2, u3), 0.75 * 0.6 / 4 = 0.1125 (u5):
+    #          w_reroute(a) = 3 * 0.05625 + 0.1125 = 0.28125, w_reroute(b) = 2 * 0.05625 = 0.1125,
+    #          w_reroute(c) = 0.05625.
+    # Line 15: degree-2 users add 1/sqrt(2) - 1/2 per item, u5 adds 1 - 1 = 0.
+    # Line 17: u4 adds 1/sqrt(5) to each of its items.
+    #   w(a) = 1 + 0.28125 + 3 (1/sqrt2 - 1/2) + 1/sqrt5 = 3/sqrt2 + 1/sqrt5 - 0.21875
+    #   w(b) = 1 + 0.1125 + 2 (1/sqrt2 - 1/2) + 1/sqrt5 = sqrt2 + 1/sqrt5 + 0.1125
+    #   w(c) = 0.5 + 0.05625 + (1/sqrt2 - 1/2) + 1/sqrt5 = 1/sqrt2 + 1/sqrt5 + 0.05625
+    #   w(d) = w(e) = 1/sqrt5.
+    # Compared with Basic (a: 3/sqrt2 + 1 + 1/sqrt5, b: sqrt2 + 1/sqrt5, c: 1/sqrt2 + 1/sqrt5): the
+    # hot item a loses 1.21875 but stays >= tau, b and c gain the rerouted weight.
+    sets = {"u1": ["a", "b"], "u2": ["b", "a"], "u3": ["a", "c"], "u4": list("abcde"), "u5": ["a"]}
+    parts = mad_weight_components(sets, tau=1.0, d_max=4)
+    s2, s5 = math.sqrt(2), math.sqrt(5)
+    assert parts.w_init == {"a": 2.5, "b": 1.0, "c": 0.5, "d": 0.0, "e": 0.0}
+    assert parts.r == pytest.approx({"a": 0.6, "b": 0.0, "c": 0.0, "d": 0.0, "e": 0.0}, abs=1e-15)
+    assert parts.w_trunc == {"a": 1.0, "b": 1.0, "c": 0.5, "d": 0.0, "e": 0.0}
+    assert parts.w_reroute == pytest.approx({"a": 0.28125, "b": 0.1125, "c": 0.05625, "d": 0.0, "e": 0.0},
+                                            abs=1e-15)
+    expected = {"a": 3 / s2 + 1 / s5 - 0.21875, "b": s2 + 1 / s5 + 0.1125, "c": 1 / s2 + 1 / s5 + 0.05625,
+                "d": 1 / s5, "e": 1 / s5}
+    assert parts.w == pytest.approx(expected, abs=1e-14)
+    assert mad_weights(sets, 1.0, 4) == parts.w
+    # Adding v = {c, f} (degree 2, adaptive): no new excess (w_init(c) = 1 <= tau), so
+    # w' - w = w_b^v = 1/sqrt2 on c and f only: l2 sensitivity exactly 1.
+    w2 = mad_weights({**sets, "v": ["c", "f"]}, 1.0, 4)
+    assert w2["c"] - parts.w["c"] == pytest.approx(1 / s2, abs=1e-14)
+    assert w2["f"] == pytest.approx(1 / s2, abs=1e-15)
+    assert l2_sensitivity(parts.w, w2) == pytest.approx(1.0, abs=1e-14)
+
+
+@pytest.mark.parametrize("n, m", [(60, 20), (300, 50)])
+def test_section_6_2_example(n, m):
+    """Section 6.2: n users of degree 3 = the heavy item i* + two light items; d_max = 3 (below the
+    proof's d_max >= 4, hence require_proof_conditions=False). Light item j held by k_j users gets
+    k_j (1/sqrt3 + alpha e / d_max) with e = r(i*)/3 and r(i*) = 1 - tau/(n/3); i* gets
+    tau + n alpha e / d_max + n (1/sqrt3 - 1/3)."""
+    rng = random.Random(n)
+    sets = {u: ["star"] + rng.sample([f"l{j}" for j in range(m)], 2) for u in range(n)}
+    tau, d_max = 2.0, 3
+    alpha = 1 - 1 / (2 * math.sqrt(3))
+    assert alpha > 0.5
+    w = mad_weights(sets, tau, d_max, require_proof_conditions=False)
+    counts = {}
+    for s in sets.values():
+        for i in s[1:]:
+            counts[i] = counts.get(i, 0) + 1
+    assert max(counts.values()) / 3 <= tau  # light items are not truncated
+    e = (1 - tau / (n / 3)) / 3
+    assert w["star"] == pytest.approx(tau + n * alpha * e / d_max + n * (1 / math.sqrt(3) - 1 / 3), rel=1e-12)
+    for j, k in counts.items():
+        assert w[j] == pytest.approx(k * (1 / math.sqrt(3) + alpha * e / d_max), rel=1e-12)
+        # ... which is the paper's "close to 10% more" than Basic's k/sqrt3 (each user sends > 1/18).
+        assert w[j] >= k * (1 / math.sqrt(3) + (1 - 3 * tau / n) / 18)
+
+
+# --------------------------------------------------------------------------------------------------
+# Oracle comparison, Beam-style decomposition, Theorem 6.1, determinism
+# --------------------------------------------------------------------------------------------------
+
+
+@PROPS
+@given(neighbours(biased=True))
+def test_matches_literal_transliteration(case):
+    sets = {**case["S"], case["v"]: case["Sv"]}
+    args = (sets, case["tau"], case["d_max"], case["biases"], case["b_min"], case["b_max"])
+    parts = mad_weight_components(*args)
+    w_init, w_trunc, w_reroute, w = literal_mad(*args)
+    for name, mine, lit in [("w_init", parts.w_init, w_init), ("w_trunc", parts.w_trunc, w_trunc),
+                            ("w_reroute", parts.w_reroute, w_reroute), ("w", parts.w, w)]:
+        assert set(mine) == set(lit), name
+        for i in lit:
+            assert mine[i] == pytest.approx(lit[i], abs=1e-9), (name, i)
+
+
+@PROPS
+@given(neighbours(biased=True), st.randoms(use_true_random=False))
+def test_beam_style_decomposition(case, rnd):
+    """w(i) = w_trunc(i) + sum_u mad_user_contributions(u)[i], summed in arbitrary order."""
+    sets = {**case["S"], case["v"]: case["Sv"]}
+    tau, d_max, b_min, b_max = case["tau"], case["d_max"], case["b_min"], case["b_max"]
+    biases = case["biases"] or {}
+    users = list(sets)
+    rnd.shuffle(users)
+    w_init = {}
+    for u in users:  # adaptive users emit (item, 1/d); CombinePerKey(sum)
+        items = list(sets[u])
+        rnd.shuffle(items)
+        if is_adaptive(len(items), b_min, d_max):
+            for i in items:
+                w_init[i] = w_init.get(i, 0.0) + initial_weight(len(items))
+    w = {}
+    for u in users:
+        items = list(sets[u])
+        rnd.shuffle(items)
+        r_vals = [excess_fraction(w_init.get(i, 0.0), tau) for i in items]
+        b_vals = [biases.get(i, 1.0) for i in items] if case["biases"] is not None else None
+        contrib = mad_user_contributions(items, r_vals, b_vals, tau, d_max, b_min, b_max)
+        assert [i for i, _ in contrib] == items
+        for i, c in contrib:
+            w[i] = w.get(i, 0.0) + c
+    for i in list(w):
+        w[i] += truncate(w_init.get(i, 0.0), tau)
+    ref = mad_weights(sets, tau, d_max, case["biases"], b_min, b_max)
+    assert set(w) == set(ref)
+    for i in ref:
+        assert w[i] == pytest.approx(ref[i], abs=1e-9)
+
+
+@PROPS
+@given(neighbours(biased=False))
+def test_theorem_6_1_deterministic_part(case):
+    """Unbiased MAD vs Basic before noise: w*(i) >= w(i) if w*_init(i) <= tau, else w*(i) >= tau."""
+    sets = {**case["S"], case["v"]: case["Sv"]}
+    parts = mad_weight_components(sets, case["tau"], case["d_max"])
+    basic = basic_weights(sets)
+    for i, wi in parts.w.items():
+        if parts.w_init[i] <= case["tau"]:
+            assert wi >= basic[i] - 1e-12
+        else:
+            assert wi >= case["tau"] - 1e-12
+
+
+def test_deterministic_regardless_of_input_order():
+    rng = random.Random(7)
+    sets = {f"u{k}": rng.sample(UNIVERSE, rng.randint(1, 9)) for k in range(40)}
+    biases = {i: rng.random() for i in UNIVERSE[:6]}
+    w1 = mad_weights(sets, 1.3, 6, biases, 0.6, 2.0)
+    shuffled = {u: list(reversed(s)) for u, s in reversed(list(sets.items()))}
+    w2 = mad_weights(shuffled, 1.3, 6, biases, 0.6, 2.0)
+    assert w1 == w2  # bitwise
+    assert list(w1) == list(w2)
+
+
+# --------------------------------------------------------------------------------------------------
+# Small kernels and validation
+# --------------------------------------------------------------------------------------------------
+
+
+def test_small_kernels():
+    assert reroute_discount(1.0, 4) == 0.75
+    assert reroute_discount(0.5, 100) == pytest.approx(0.45)
+    assert adaptive_degree_range(0.5, 10) == (4, 10)
+    assert adaptive_degree_range(1.0, 10) == (1, 10)
+    assert adaptive_degree_range(1 / math.sqrt(2), 10) == (2, 10)
+    assert adaptive_degree_range(1 / math.sqrt(3), 10) == (3, 10)
+    assert adaptive_degree_range(0.7, 50) == (3, 50)  # 1/0.49 = 2.04 -> 3
+    assert not is_adaptive(3, 0.5, 10) and is_adaptive(4, 0.5, 10) and is_adaptive(10, 0.5, 10)
+    assert not is_adaptive(11, 0.5, 10) and not is_adaptive(0, 1.0, 10)
+    r = excess_fraction(np.array([0.0, 0.5, 1.0, 2.0, 4.0]), 1.0)
+    np.testing.assert_array_equal(r, [0.0, 0.0, 0.0, 0.5, 0.75])
+    assert excess_fraction(0.0, 1.0) == 0.0 and isinstance(excess_fraction(3.0, 1.0), float)
+    assert excess_fraction(0.0, 0.0) == 0.0  # w_init = 0 never divides
+    np.testing.assert_array_equal(truncate(np.array([0.0, 0.5, 2.0]), 1.0), [0.0, 0.5, 1.0])
+    assert truncate(2.5, 1.0) == 1.0
+    assert user_excess([]) == 0.0
+    assert user_excess([0.6, 0.0]) == 0.3
+    assert reroute_weight(0.3, 0.75, 4) == pytest.approx(0.05625)
+    assert initial_weight(4) == 0.25
+    assert mad_user_contributions([], [], None, 1.0, 4) == []
+    # Non-adaptive user (degree 5 > d_max 4): plain w_b.
+    out = mad_user_contributions(list("abcde"), [0.9] * 5, None, 1.0, 4)
+    assert [c for _, c in out] == [1 / math.sqrt(5)] * 5
+    # Adaptive user: alpha e_u/d_max + 1/sqrt(d) - 1/d.
+    out = mad_user_contributions(["a", "b"], [0.6, 0.0], None, 1.0, 4)
+    assert [c for _, c in out] == pytest.approx([0.05625 + 1 / math.sqrt(2) - 0.5] * 2)
+
+
+@PROPS
+@given(w=st.lists(st.floats(0.0, 50.0), min_size=1, max_size=20), tau=st.floats(0.0, 5.0))
+def test_excess_fraction_and_truncate_properties(w, tau):
+    w = np.array(w)
+    r = excess_fraction(w, tau)
+    t = truncate(w, tau)
+    assert np.all((r >= 0) & (r < 1))
+    assert np.all(r[w <= tau] == 0)
+    np.testing.assert_allclose(w - t, r * w, atol=1e-12)  # excess = r * w_init (Lemma 5.6 proof)
+    order = np.argsort(w, kind="stable")
+    assert np.all(np.diff(r[order]) >= 0)  # monotone in w_init, bitwise
+
+
+def test_validation_errors():
+    sets = {1: ["a"]}
+    with pytest.raises(ValueError, match="tau"):
+        mad_weights(sets, 0.5, 4)
+    with pytest.raises(ValueError, match="d_max"):
+        mad_weights(sets, 1.0, 3)
+    with pytest.raises(ValueError, match="b_min"):
+        mad_weights(sets, 1.0, 4, b_min=0.4)
+    with pytest.raises(ValueError, match="b_max"):
+        mad_weights(sets, 1.0, 4, b_max=0.5)
+    with pytest.raises(ValueError, match="biases"):
+        mad_weights(sets, 1.0, 4, {"a": 2.0}, 0.5, 2.0)
+    with pytest.raises(ValueError, match="duplicates"):
+        mad_weights({1: ["a", "a"]}, 1.0, 4)
+    with pytest.raises(ValueError, match="d_max"):
+        mad_weights(sets, 1.0, 1.0, require_proof_conditions=False)
+    with pytest.raises(ValueError, match="excess fractions"):
+        mad_user_contributions(["a", "b"], [0.0], None, 1.0, 4)
+    with pytest.raises(ValueError, match="biases"):
+        mad_user_contributions(["a", "b"], [0.0, 0.0], [1.0], 1.0, 4)
+    assert mad_weights({}, 1.0, 4) == {}
+    assert mad_weights({1: []}, 1.0, 4) == {}

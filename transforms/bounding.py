@@ -1,0 +1,72 @@
+"""Contribution bounding: distinct (user, item) pairs, grouped per user, capped to Delta_0."""
+from __future__ import annotations
+
+from typing import Optional
+
+import apache_beam as beam
+
+from privacy.params import check_int
+from transforms import randomness
+
+
+class CapUserItemsFn(beam.DoFn):
+    """(user, iterable[item]) -> (user, [item]) with at most ``max_contributions`` items.
+
+    Uniform subsample (MAD paper Alg. 1 lines 4-5) by bottom-k priorities, streaming with O(Delta_0)
+    memory (:func:`transforms.randomness.subsample`). Duplicates in the input iterable are dropped.
+    """
+
+    def __init__(self, max_contributions: int, seed: Optional[int], round_: int, dedupe: bool = False):
+        self._k = max_contributions
+        self._seed = seed
+        self._round = round_
+        self._dedupe = dedupe
+        self._rng = None
+
+    def setup(self):
+        # OS entropy drawn on the worker, after fork/spawn: no two workers share a generator state.
+        if self._seed is None:
+            self._rng = randomness.worker_rng()
+
+    def process(self, element):
+        user, items = element
+        if self._dedupe:
+            items = _unique(items)
+        yield user, randomness.subsample(items, self._k, user, self._round, self._seed, self._rng)
+
+
+def _unique(items):
+    seen = set()
+    for item in items:
+        if item not in seen:
+            seen.add(item)
+            yield item
+
+
+class BoundContributions(beam.PTransform):
+    """(user, item) pairs -> (user, [items]) with distinct items, at most ``max_contributions`` each.
+
+    Stages:
+      DistinctPairs   (user, item)         duplicates removed (combiner-lifted)
+      GroupByUser     (user, [item])
+      CapToDelta0     (user, [item])       uniform random subset of size <= Delta_0
+
+    Args:
+      max_contributions: Delta_0.
+      seed: None (OS entropy on workers) or the reproducible-mode seed.
+      round_: the round number used in the randomness contract (DP-SIPS re-subsamples every round).
+    """
+
+    def __init__(self, max_contributions: int, seed: Optional[int] = None, round_: int = 0, label=None):
+        super().__init__(label)
+        self._k = check_int("max_contributions", max_contributions, 1)
+        self._seed = seed
+        self._round = round_
+
+    def expand(self, pairs):
+        return (
+            pairs
+            | "DistinctPairs" >> beam.Distinct()  # (user, item), distinct
+            | "GroupByUser" >> beam.GroupByKey()  # (user, [item])
+            | "CapToDelta0" >> beam.ParDo(CapUserItemsFn(self._k, self._seed, self._round))  # (user, [item]) |.| <= D0
+        )

@@ -1,0 +1,254 @@
+"""MAD (MaxAdaptiveDegree) and MAD2R as Beam composite transforms (MAD paper Alg. 3 and 4).
+
+The per-user and per-item arithmetic is in :mod:`transforms.mad_kernels` (shared with the
+in-memory reference); this module only moves data between those kernels.
+
+MAD as stages (Alg. 3 line numbers):
+  user_sets                (user, [(item, b)])          capped, b = bias (1.0 = unbiased)
+  InitWeights     l.3-5    (item, (w_init part, 1))     adaptive users send 1/d, everyone counts 1
+  ItemStats                (item, (w_init, n_users))    exact sums
+  Truncated       l.8      (item, min(w_init, tau))
+  Excess          l.6      (item, r) for r > 0 only     r = (w_init - tau) / w_init
+  ExcessToUsers   l.10     (user, r(i))                 hot-item-safe join (transforms.joins)
+  UserExcess      l.10     (user, sum_i r(i))
+  UserContrib     l.11-17  (item, alpha*e_u/d_max + w_b(i) - 1/d)   or w_b(i) for non-adaptive users
+  SumWeights      l.12     (item, w) = w_trunc + sum of user contributions
+
+Reroute join choice: the excess fractions r(i) are joined back to (user, item) pairs with
+:class:`transforms.joins.AttachItemValues`, keyed by (item, shard(user)), where only items held by
+more than ``max_users_per_key`` users get several shards. Items with r > 0 are exactly the heavy
+items (w_init > tau), i.e. the hot keys, so a plain item-keyed join would put e.g. all holders of
+"the" on one worker. We shard rather than side-input r because the number of items with r > 0 is
+bounded only by n_adaptive / tau, which at billions of users is too large to broadcast; the side
+input here is just the names of items held by > max_users_per_key users (<= pairs / 10,000).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import apache_beam as beam
+
+from transforms import mad_kernels as K
+from transforms.combiners import ExactSumFn
+from transforms.joins import AttachItemValues
+from transforms.threshold import AddNoise, at_or_above
+
+
+def _with_unit_biases(element):
+    user, items = element
+    return user, [(item, 1.0) for item in items]
+
+
+class InitStatsFn(beam.CombineFn):
+    """Sums (w_init part, holder count) per item; w_init exactly (order independent)."""
+
+    def __init__(self):
+        self._sum = ExactSumFn()
+
+    def create_accumulator(self):
+        return [], 0
+
+    def add_input(self, acc, x):
+        partials, n = acc
+        return self._sum.add_input(partials, x[0]), n + x[1]
+
+    def merge_accumulators(self, accs):
+        accs = list(accs)
+        return self._sum.merge_accumulators([a[0] for a in accs]), sum(a[1] for a in accs)
+
+    def extract_output(self, acc):
+        return self._sum.extract_output(acc[0]), acc[1]
+
+
+class EmitInitWeightsFn(beam.DoFn):
+    """(user, [(item, b)]) -> (item, (1/d if adaptive else 0.0, 1))  (Alg. 3 lines 3-5)."""
+
+    def __init__(self, d_max: int, b_min: float):
+        self._d_max, self._b_min = d_max, b_min
+
+    def process(self, element):
+        _, items = element
+        d = len(items)
+        w = 1.0 / d if K.is_adaptive(d, self._b_min, self._d_max) else 0.0
+        for item, _ in items:
+            yield item, (w, 1)
+
+
+def truncated_weight(element, tau):
+    """(item, (w_init, n)) -> (item, min(w_init, tau))  (Alg. 3 line 8)."""
+    item, (w_init, _) = element
+    return item, float(K.truncate(w_init, tau))
+
+
+def positive_excess(element, tau):
+    """(item, (w_init, n)) -> (item, r) if r > 0  (Alg. 3 line 6, with the erratum's max)."""
+    item, (w_init, _) = element
+    r = float(K.excess_fraction(w_init, tau))
+    if r > 0.0:
+        yield item, r
+
+
+def holder_count(element):
+    item, (_, n) = element
+    return item, n
+
+
+def adaptive_pairs(element, d_max, b_min):
+    """(user, [(item, b)]) -> (user, item) for adaptive users only (only they reroute)."""
+    user, items = element
+    if K.is_adaptive(len(items), b_min, d_max):
+        for item, _ in items:
+            yield user, item
+
+
+def excess_of_pair(element):
+    user, (_, r) = element
+    return user, r
+
+
+class UserContributionFn(beam.DoFn):
+    """(user, {'set': [[(item, b)]], 'excess': [r...]}) -> (item, contribution)  (Alg. 3 l.10-17)."""
+
+    def __init__(self, tau, d_max, b_min, b_max):
+        self._tau, self._d_max, self._b_min, self._b_max = tau, d_max, b_min, b_max
+
+    def process(self, element):
+        _, grouped = element
+        sets = list(grouped["set"])
+        if not sets:
+            return
+        if len(sets) != 1:
+            raise ValueError("UserContributionFn: a user must have exactly one capped set")
+        items = sets[0]
+        excess_sum = K.exact_total(grouped["excess"])
+        yield from K.user_contributions_from_excess(
+            [i for i, _ in items], [b for _, b in items], excess_sum, self._d_max, self._b_min, self._b_max
+        )
+
+
+class MADWeights(beam.PTransform):
+    """(user, [item]) (or (user, [(item, bias)]) with ``biased=True``) -> (item, MAD weight w(i)).
+
+    Args:
+      tau: adaptive threshold rho + beta * sigma (>= 1 for the privacy proof).
+      d_max: maximum adaptive degree (>= 4).
+      b_min, b_max: bias bounds (1, 1 for unbiased MAD; MAD2R round 2 uses the params').
+      max_users_per_key: shard size of the hot-item join.
+    """
+
+    def __init__(self, tau: float, d_max: int, b_min: float = 1.0, b_max: float = 1.0,
+                 biased: bool = False, max_users_per_key: int = 10_000, label=None):
+        super().__init__(label)
+        self._tau, self._d_max, self._b_min, self._b_max = float(tau), int(d_max), float(b_min), float(b_max)
+        self._biased = biased
+        self._max_users_per_key = max_users_per_key
+
+    def expand(self, user_sets):
+        tau = self._tau
+        if not self._biased:
+            user_sets = user_sets | "UnitBiases" >> beam.Map(_with_unit_biases)  # (user, [(item, 1.0)])
+        stats = (
+            user_sets
+            | "InitWeights" >> beam.ParDo(EmitInitWeightsFn(self._d_max, self._b_min))  # (item, (1/d|0, 1))
+            | "ItemStats" >> beam.CombinePerKey(InitStatsFn())  # (item, (w_init, n_holders))
+        )
+        truncated = stats | "Truncated" >> beam.Map(truncated_weight, tau)  # (item, w_trunc)
+        excess = stats | "Excess" >> beam.FlatMap(positive_excess, tau)  # (item, r > 0)
+        counts = stats | "HolderCounts" >> beam.Map(holder_count)  # (item, n_holders)
+        user_excess = (
+            user_sets
+            | "AdaptivePairs" >> beam.FlatMap(adaptive_pairs, self._d_max, self._b_min)  # (user, item)
+            | "ExcessToUsers" >> AttachItemValues(excess, counts, self._max_users_per_key)  # (user, (item, r))
+            | "UserExcessTerms" >> beam.Map(excess_of_pair)  # (user, r(i))
+        )
+        contributions = (
+            {"set": user_sets, "excess": user_excess}
+            | "JoinUserExcess" >> beam.CoGroupByKey()  # (user, {set: [[(item, b)]], excess: [r]})
+            | "UserContrib" >> beam.ParDo(UserContributionFn(tau, self._d_max, self._b_min, self._b_max))  # (item, c)
+        )
+        return (
+            (truncated, contributions)
+            | "AllParts" >> beam.Flatten()  # (item, part)
+            | "SumWeights" >> beam.CombinePerKey(ExactSumFn())  # (item, w)
+        )
+
+
+def round1_status(element, rho1, rho2, sigma1, c_lb, c_ub):
+    """(item, noisy w1) -> (item, b) for items kept in round 2 (Alg. 4 lines 10-14)."""
+    item, w1 = element
+    if w1 >= rho1:  # released in round 1 (line 7): removed (line 13)
+        return
+    status = K.round2_bias(w1, rho2, sigma1, c_lb, c_ub)
+    if status is not None:
+        yield item, status
+
+
+def released_item(element, rho):
+    item, w = element
+    if w >= rho:
+        yield item
+
+
+def to_pair_list(element):
+    user, items = element
+    return [(user, item) for item in items]
+
+
+def tag_round(item, round_):
+    return round_, item
+
+
+class MAD2R(beam.PTransform):
+    """MAD in two rounds (MAD paper Alg. 4): (user, item) pairs -> (round, item).
+
+    Round 1 runs unbiased MAD; its noisy weights are checkpointed (one draw per item) and joined onto
+    items inside the pipeline - they are never written out. Round 2 drops items released in round 1
+    and items whose upper bound w1 + C_ub*sigma_1 < rho_2, and runs MAD with biases
+    b(i) = min(1, rho_2 / max(0, w1 - C_lb*sigma_1)) and h(t) = b_max/sqrt(t). Users are subsampled
+    once (Alg. 4 line 1).
+    """
+
+    def __init__(self, rounds, params, seed: Optional[int], label=None):
+        super().__init__(label)
+        self._r1, self._r2 = rounds
+        self._params, self._seed = params, seed
+
+    def expand(self, pairs):
+        # Imported here to avoid a cycle (bounding does not depend on MAD).
+        from transforms.bounding import BoundContributions
+
+        p, r1, r2 = self._params, self._r1, self._r2
+        user_sets = pairs | "BoundContributions" >> BoundContributions(p.max_contributions, self._seed, round_=0)
+        # (user, [item]) |.| <= D0 (Alg. 4 line 1)
+        noisy1 = (
+            user_sets
+            | "R1MADWeights" >> MADWeights(r1.tau, p.d_max)  # (item, w1)
+            | "R1AddNoise" >> AddNoise(r1.noise, r1.noise_scale, self._seed, r1.index, checkpoint=True)  # (item, ~w1)
+        )
+        released1 = noisy1 | "R1Threshold" >> beam.FlatMap(released_item, r1.threshold)  # item in U1
+        kept = noisy1 | "R2Status" >> beam.FlatMap(
+            round1_status, r1.threshold, r2.threshold, r1.noise_scale, p.c_lb, p.c_ub
+        )  # (item, b) for items neither released nor hopeless
+        pair_list = user_sets | "Pairs" >> beam.FlatMap(to_pair_list)  # (user, item)
+        counts = pair_list | "PairItems" >> beam.Values() | "HolderCounts" >> beam.combiners.Count.PerElement()
+        # (item, n_holders)
+        round2_sets = (
+            pair_list
+            | "AttachBiases" >> AttachItemValues(kept, counts)  # (user, (item, b))
+            | "GroupByUser" >> beam.GroupByKey()  # (user, [(item, b)]) = S_u \ (U1 u U_low)  (line 13)
+            | "Materialise" >> beam.MapTuple(_materialise)
+        )
+        released2 = (
+            round2_sets
+            | "R2MADWeights" >> MADWeights(r2.tau, p.d_max, p.b_min, p.b_max, biased=True)  # (item, w2)
+            | "R2AddNoise" >> AddNoise(r2.noise, r2.noise_scale, self._seed, r2.index)  # (item, ~w2)
+            | "R2Threshold" >> beam.FlatMap(released_item, r2.threshold)  # item in U2
+        )
+        return (
+            released1 | "TagR1" >> beam.Map(tag_round, 1),
+            released2 | "TagR2" >> beam.Map(tag_round, 2),
+        ) | "Union" >> beam.Flatten()  # (round, item)
+
+
+def _materialise(user, items):
+    return user, sorted(items, key=lambda e: K.sort_key(e[0]))
