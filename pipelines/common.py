@@ -74,6 +74,23 @@ def count_output_lines(prefix: str) -> Tuple[int, List[str]]:
     return n, files
 
 
+def input_error_message(exc: BaseException):
+    """A one-line message for errors caused by the input (bad record, no file), else None."""
+    from pipelines.io import BadRecordError
+
+    msg = str(exc)
+    if isinstance(exc, BadRecordError):
+        return "bad input record: " + msg.splitlines()[0].split(" [while running")[0]
+    for line in msg.splitlines():
+        if "BadRecordError" in line:
+            return "bad input record: " + line.split("BadRecordError:", 1)[-1].strip()
+    if "Empty match for pattern" in msg:
+        line = next(l for l in msg.splitlines() if "Empty match for pattern" in l)
+        pattern = line.split("Empty match for pattern", 1)[1].split(". Disallowed")[0].strip()
+        return f"input: no file matches {pattern}"
+    return None
+
+
 def configure_logging(verbose: bool = False) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")

@@ -183,7 +183,9 @@ class ReadRecords(beam.PTransform):
     def expand(self, pbegin):
         outputs = (
             pbegin
-            | "MatchFiles" >> fileio.MatchFiles(self._pattern)  # FileMetadata (fails if nothing matches)
+            | "MatchFiles" >> fileio.MatchFiles(
+                self._pattern, empty_match_treatment=fileio.EmptyMatchTreatment.DISALLOW
+            )  # FileMetadata (fails if nothing matches)
             | "SpreadFiles" >> beam.Reshuffle()  # FileMetadata, one file per work item
             | "Parse" >> beam.ParDo(self._fn).with_outputs(ParseFileFn.BAD, main="records")
         )  # records: (user, value); bad: 1 per skipped record

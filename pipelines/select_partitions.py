@@ -131,12 +131,11 @@ def run(argv: Optional[List[str]] = None) -> int:
         result = pipeline.run()
         result.wait_until_finish()
     except Exception as e:  # Beam wraps worker exceptions; show the root cause plainly.
-        msg = str(e)
-        if "BadRecordError" in msg or isinstance(e, BadRecordError):
-            line = next((l for l in msg.splitlines() if "BadRecordError" in l), msg.splitlines()[-1])
-            print(f"error: bad input record: {line.split('BadRecordError:', 1)[-1].strip()}", file=sys.stderr)
-            return 3
-        raise
+        message = common.input_error_message(e)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 3
     try:
         report = json.loads(common.read_text(args.report))
         print(f"released {report['released']} items ({args.algorithm}, epsilon={params.epsilon:g}, "

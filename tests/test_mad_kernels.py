@@ -50,33 +50,39 @@ MAX_DEGREE = 12  # > d_max for d_max < 12: non-adaptive high-degree users occur
 
 
 def literal_user_weights(b, b_min, b_max):
-    """Algorithm 2, line by line (with a float tolerance in S_small and a pass cap)."""
+    """Algorithm 2, line by line. Two floating-point concessions, both exact in real arithmetic:
+    when C is the cap term the largest small items land exactly on the cap, and the loop stops
+    once sum w^2 is within 1e-13 of 1. Line 4 uses the same float expression as the kernel
+    because S_small membership (line 7) is discontinuous at w = 1/sqrt(d)."""
     d = len(b)
     if d == 0:
         return []
     sd = math.sqrt(d)
+    cap = b_max * (1 / sd)
     w = [0.0] * d
     biased = [i for i in range(d) if b[i] < 1]
     unbiased = [i for i in range(d) if not b[i] < 1]
     for i in biased:
-        w[i] = max(b_min, b[i]) / sd
+        w[i] = max(b_min, b[i]) * (1 / sd)
     if unbiased:
         k = sum(w[i] ** 2 for i in biased)
         for i in unbiased:
-            w[i] = min(b_max / sd, math.sqrt((1 - k) / len(unbiased)))
-    for _ in range(4 * d + 4):
+            w[i] = min(cap, math.sqrt((1 - k) / len(unbiased)))
+    for _ in range(d + 2):
         total = sum(x * x for x in w)
         if total >= 1 - 1e-13:
             break
-        small = [i for i in range(d) if w[i] < (1 / sd) * (1 - 1e-12)]
+        small = [i for i in range(d) if w[i] < 1 / sd]
         if not small:
             break
-        c = min(
-            (b_max / sd) / max(w[i] for i in small),
-            math.sqrt(1 + (1 - total) / sum(w[i] ** 2 for i in small)),
-        )
+        top = max(w[i] for i in small)
+        c_cap = cap / top
+        c_norm = math.sqrt(1 + (1 - total) / sum(w[i] ** 2 for i in small))
+        c = min(c_cap, c_norm)
         for i in small:
-            w[i] = c * w[i]
+            w[i] = cap if (c_cap < c_norm and w[i] == top) else c * w[i]
+    else:
+        raise AssertionError("literal UserWeights did not terminate")
     return w
 
 

@@ -1,0 +1,48 @@
+"""Helpers to run small Beam pipelines in tests with a pinned DirectRunner mode (no Prism download)."""
+import glob
+import os
+import tempfile
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.test_pipeline import TestPipeline
+
+from transforms.testing import format_tsv
+
+
+def options(mode="in_memory", workers=None):
+    args = ["--runner=DirectRunner", f"--direct_running_mode={mode}"]
+    if workers:
+        args.append(f"--direct_num_workers={workers}")
+    return PipelineOptions(args)
+
+
+def make_test_pipeline(mode="in_memory", workers=None):
+    return TestPipeline(options=options(mode, workers))
+
+
+def collect(build, mode="in_memory", workers=None, fmt=str):
+    """Runs ``build(pipeline) -> PCollection`` and returns its elements (as written by ``fmt``).
+
+    Elements go through text files, which works in every running mode (matchers in
+    multi_processing mode would run in worker processes).
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = os.path.join(tmp, "out")
+        with beam.Pipeline(options=options(mode, workers)) as p:
+            pcoll = build(p)
+            _ = pcoll | "Format" >> beam.Map(fmt) | "Write" >> beam.io.WriteToText(prefix)
+        lines = []
+        for path in sorted(glob.glob(prefix + "*")):
+            with open(path, encoding="utf-8") as f:
+                lines.extend(line.rstrip("\n") for line in f)
+        return lines
+
+
+def collect_pairs(build, mode="in_memory", workers=None):
+    """Like :func:`collect` for (key, float) pairs; returns a list of (key, float)."""
+    out = []
+    for line in collect(build, mode, workers, fmt=format_tsv):
+        k, v = line.split("\t")
+        out.append((k, float(v)))
+    return out
