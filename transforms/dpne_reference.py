@@ -211,10 +211,10 @@ def _dpne(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng):
                 u: {g for g in gs if ngrams.is_valid(g, s_prev, s1, params.pruning)}
                 for u, gs in user_grams[k].items()
             }
-        level["rho"] = rho
+        level["rho"] = rho if math.isfinite(rho) else None
         tau = mad_tau(rho, run.sigma, params.beta) if params.weighting == "mad" else None
-        if tau is not None:
-            level["tau"] = tau
+        if params.weighting == "mad":
+            level["tau"] = tau if math.isfinite(rho) else None
         released: Set[str] = set()
         if math.isfinite(rho):
             capped = _capped(users, run.max_contributions, k, seed, rng)

@@ -148,8 +148,12 @@ def user_weights(
           loop ends right after this pass.
     ``S_small`` can never be empty while the norm is < 1 in exact arithmetic (all weights
     ``>= 1/sqrt(d)`` give norm >= 1), but the floating-point guards stop on an empty ``S_small``,
-    on ``1 - sum w^2 <= 1e-12`` and on ``C <= 1 + 1e-15``. Hence at most ``d + 1`` passes; the loop
-    is capped at ``d + 2`` and asserts.
+    on ``1 - sum w^2 <= 1e-12`` and, in case (b), on ``C <= 1 + 1e-15``. Hence at most ``d + 1``
+    passes; the loop is capped at ``d + 2`` and asserts.
+
+    Floating point: for a user with a biased item the result has ``sum w^2 <= 1`` exactly in
+    float (a rounding overshoot is scaled away). The unbiased result is exactly ``1/sqrt(d)``
+    (bit-identical to Basic), whose float ``sum w^2`` can exceed 1 by a few ulps (e.g. d = 3).
     """
     b_min_f, b_max_f = _check_bias_range(b_min, b_max)
     if isinstance(degree_or_biases, (int, np.integer)) and not isinstance(degree_or_biases, bool):
@@ -171,8 +175,9 @@ def user_weights(
     if not np.all((b >= 0.0) & (b <= 1.0)):  # also rejects NaN
         raise ValueError(f"biases must lie in [0, 1], got values {b[~((b >= 0.0) & (b <= 1.0))][:5]}")
 
-    inv_sqrt_d = 1.0 / math.sqrt(d)
-    cap = b_max_f * inv_sqrt_d  # b_max / sqrt(|S_u|) (inf if b_max is inf)
+    sqrt_d = math.sqrt(d)
+    inv_sqrt_d = 1.0 / sqrt_d
+    cap = b_max_f / sqrt_d  # b_max / sqrt(|S_u|) (inf if b_max is inf); >= inv_sqrt_d in float
 
     biased = b < 1.0  # Alg. 2 line 2: S_biased = {i in S_u : b(i) < 1}
     unbiased = ~biased  # Alg. 2 line 3: S_unbiased = S_u \ S_biased
@@ -208,16 +213,15 @@ def user_weights(
         #                  = min{cap / m, sqrt(m^2 + deficit/s) / m}
         c_cap = cap / w_small_max  # may overflow to inf (b_max huge): then the l2 term decides
         c_norm = math.sqrt(w_small_max * w_small_max + deficit / rel_sq) / w_small_max
-        scale = min(c_cap, c_norm)
-        if not scale > _MIN_SCALE:  # float guard: no meaningful progress left
-            break
-        if not math.isfinite(scale):  # float guard: C overflows only for subnormal b_min/sqrt(d)
-            break
-        # Alg. 2 line 9: w_b(i) = C * w_b(i) for i in S_small.
-        w[small] = w_small * scale
-        if c_norm <= c_cap:
-            break  # case (b): the l2 budget is filled, sum w_b^2 = 1 (exact arithmetic)
-        # case (a): the largest small items hit the cap exactly, so they leave S_small for good.
+        if c_norm <= c_cap:  # C = min{...} is the l2 term: case (b)
+            # Float guards: C <= 1 + 1e-15 leaves nothing to do; C = inf only for subnormal weights.
+            if c_norm > _MIN_SCALE and math.isfinite(c_norm):
+                w[small] = w_small * c_norm  # Alg. 2 line 9
+            break  # the l2 budget is filled, sum w_b^2 = 1 (exact arithmetic): the loop ends
+        # C is the cap term: case (a). Alg. 2 line 9 with C = cap / max_small w_b >= 1; the largest
+        # small items land exactly on the cap (as in exact arithmetic) and leave S_small for good.
+        # This is progress even when C rounds to ~1, so no C-guard here.
+        w[small] = w_small * c_cap  # Alg. 2 line 9
         small_idx = np.flatnonzero(small)
         w[small_idx[w_small == w_small_max]] = cap
     else:  # pragma: no cover - excluded by the termination argument in the docstring

@@ -1,0 +1,90 @@
+"""Wall time and throughput of partition selection on synthetic Zipf data (DirectRunner vs reference).
+
+    .venv/bin/python benchmarks/bench_select.py                      # basic, 1M and 4M pairs
+    .venv/bin/python benchmarks/bench_select.py --algorithms basic mad mad2r dp_sips --sizes 1000000
+
+Pairs are generated inside the pipeline from chunk ids (transforms/synthetic.py), 10 pairs per user
+on average, items Zipf(1.1) over 1M ranks; epsilon = 1, delta = 1e-5, Delta_0 = 100, seed fixed, so
+every mode releases the same items (checked). Prints a table.
+"""
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from privacy.params import SelectionParams  # noqa: E402
+from transforms import reference  # noqa: E402
+from transforms.select import SelectPartitions  # noqa: E402
+from transforms.synthetic import zipf_pairs, zipf_pairs_of_chunk  # noqa: E402
+
+USERS_PER_CHUNK = 10_000  # ~100k pairs per chunk
+
+
+def run_beam(algorithm, n_chunks, mode, params, seed):
+    args = ["--runner=DirectRunner", f"--direct_running_mode={mode}"]
+    if mode == "multi_processing":
+        args.append("--direct_num_workers=2")
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = os.path.join(tmp, "items")
+        t0 = time.perf_counter()
+        with beam.Pipeline(options=PipelineOptions(args)) as p:
+            _ = (
+                p | beam.Create(list(range(n_chunks)))
+                | beam.Reshuffle()
+                | beam.FlatMap(zipf_pairs_of_chunk, USERS_PER_CHUNK)  # (user, item)
+                | SelectPartitions(algorithm, params, seed=seed)  # item
+                | beam.io.WriteToText(prefix)
+            )
+        elapsed = time.perf_counter() - t0
+        items = set()
+        for name in os.listdir(tmp):
+            with open(os.path.join(tmp, name)) as f:
+                items.update(l.rstrip("\n") for l in f)
+    return elapsed, items
+
+
+def run_reference(algorithm, n_chunks, params, seed):
+    t0 = time.perf_counter()
+    pairs = zipf_pairs(n_chunks, USERS_PER_CHUNK)
+    sets = reference.user_sets_from_pairs(pairs)
+    items = reference.select(sets, algorithm, params, seed=seed)
+    return time.perf_counter() - t0, items, len(pairs)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--algorithms", nargs="+", default=["basic"])
+    ap.add_argument("--sizes", nargs="+", type=float, default=[1e6, 4e6], help="approximate numbers of pairs")
+    ap.add_argument("--modes", nargs="+", default=["reference", "in_memory", "multi_processing"])
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    params = SelectionParams(epsilon=1.0, delta=1e-5, max_contributions=100)
+    rows = []
+    for size in args.sizes:
+        n_chunks = max(1, int(round(size / (USERS_PER_CHUNK * 10))))
+        for algorithm in args.algorithms:
+            ref_items, n_pairs = None, None
+            for mode in args.modes:
+                if mode == "reference":
+                    t, items, n_pairs = run_reference(algorithm, n_chunks, params, args.seed)
+                    ref_items = items
+                else:
+                    t, items = run_beam(algorithm, n_chunks, mode, params, args.seed)
+                if n_pairs is None:
+                    n_pairs = sum(1 for c in range(n_chunks) for _ in zipf_pairs_of_chunk(c, USERS_PER_CHUNK))
+                same = "" if ref_items is None else ("yes" if items == ref_items else "NO")
+                rows.append((algorithm, n_pairs, mode, t, n_pairs / t, len(items), same))
+                print(f"  {algorithm:8s} {n_pairs:>9,d} {mode:17s} {t:8.1f}s", file=sys.stderr, flush=True)
+    print(f"\n{os.cpu_count()} cores; epsilon=1, delta=1e-5, Delta_0=100, seed={args.seed}")
+    print(f"{'algorithm':10s} {'pairs':>10s} {'mode':17s} {'wall s':>8s} {'pairs/s':>10s} {'released':>9s} {'== ref':>7s}")
+    for a, n, m, t, r, k, same in rows:
+        print(f"{a:10s} {n:>10,d} {m:17s} {t:8.1f} {r:>10,.0f} {k:>9d} {same:>7s}")
+
+
+if __name__ == "__main__":
+    main()
