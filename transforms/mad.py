@@ -9,8 +9,8 @@ MAD as stages (Alg. 3 line numbers):
   ItemStats                (item, (w_init, n_users))    exact sums
   Truncated       l.8      (item, min(w_init, tau))
   Excess          l.6      (item, r) for r > 0 only     r = (w_init - tau) / w_init
-  ExcessToUsers   l.10     (user, r(i))                 hot-item-safe join (transforms.joins)
-  UserExcess      l.10     (user, sum_i r(i))
+  ExcessToUsers   l.10     (user, (item, r(i)))         hot-item-safe join (transforms.joins)
+  JoinUserExcess  l.10     (user, {set, excess})        e_u = mean of r over the user's items
   UserContrib     l.11-17  (item, alpha*e_u/d_max + w_b(i) - 1/d)   or w_b(i) for non-adaptive users
   SumWeights      l.12     (item, w) = w_trunc + sum of user contributions
 
@@ -29,9 +29,11 @@ from typing import Optional
 import apache_beam as beam
 
 from transforms import mad_kernels as K
+from transforms.mad2r_kernels import round2_bias
+from transforms.randomness import sort_key
 from transforms.combiners import ExactSumFn
 from transforms.joins import AttachItemValues
-from transforms.threshold import AddNoise, at_or_above
+from transforms.threshold import AddNoise
 
 
 def _with_unit_biases(element):
@@ -101,13 +103,10 @@ def adaptive_pairs(element, d_max, b_min):
             yield user, item
 
 
-def excess_of_pair(element):
-    user, (_, r) = element
-    return user, r
 
 
 class UserContributionFn(beam.DoFn):
-    """(user, {'set': [[(item, b)]], 'excess': [r...]}) -> (item, contribution)  (Alg. 3 l.10-17)."""
+    """(user, {'set': [[(item, b)]], 'excess': [(item, r)]}) -> (item, contribution)  (Alg. 3 l.10-17)."""
 
     def __init__(self, tau, d_max, b_min, b_max):
         self._tau, self._d_max, self._b_min, self._b_max = tau, d_max, b_min, b_max
@@ -119,10 +118,11 @@ class UserContributionFn(beam.DoFn):
             return
         if len(sets) != 1:
             raise ValueError("UserContributionFn: a user must have exactly one capped set")
-        items = sets[0]
-        excess_sum = K.exact_total(grouped["excess"])
-        yield from K.user_contributions_from_excess(
-            [i for i, _ in items], [b for _, b in items], excess_sum, self._d_max, self._b_min, self._b_max
+        items = sorted(sets[0], key=lambda e: sort_key(e[0]))  # canonical order, as the reference
+        r_of = dict(grouped["excess"])  # r(i) > 0 of the user's hot items; 0 for the others
+        yield from K.mad_user_contributions(
+            [i for i, _ in items], [r_of.get(i, 0.0) for i, _ in items], [b for _, b in items],
+            self._tau, self._d_max, self._b_min, self._b_max,
         )
 
 
@@ -159,11 +159,10 @@ class MADWeights(beam.PTransform):
             user_sets
             | "AdaptivePairs" >> beam.FlatMap(adaptive_pairs, self._d_max, self._b_min)  # (user, item)
             | "ExcessToUsers" >> AttachItemValues(excess, counts, self._max_users_per_key)  # (user, (item, r))
-            | "UserExcessTerms" >> beam.Map(excess_of_pair)  # (user, r(i))
         )
         contributions = (
             {"set": user_sets, "excess": user_excess}
-            | "JoinUserExcess" >> beam.CoGroupByKey()  # (user, {set: [[(item, b)]], excess: [r]})
+            | "JoinUserExcess" >> beam.CoGroupByKey()  # (user, {set: [[(item, b)]], excess: [(item, r)]})
             | "UserContrib" >> beam.ParDo(UserContributionFn(tau, self._d_max, self._b_min, self._b_max))  # (item, c)
         )
         return (
@@ -178,7 +177,7 @@ def round1_status(element, rho1, rho2, sigma1, c_lb, c_ub):
     item, w1 = element
     if w1 >= rho1:  # released in round 1 (line 7): removed (line 13)
         return
-    status = K.round2_bias(w1, rho2, sigma1, c_lb, c_ub)
+    status = round2_bias(w1, rho2, sigma1, c_lb, c_ub)
     if status is not None:
         yield item, status
 
@@ -251,4 +250,4 @@ class MAD2R(beam.PTransform):
 
 
 def _materialise(user, items):
-    return user, sorted(items, key=lambda e: K.sort_key(e[0]))
+    return user, sorted(items, key=lambda e: sort_key(e[0]))

@@ -19,6 +19,7 @@ import numpy as np
 from privacy.params import ALGORITHMS, SelectionParams, check_choice, check_int
 from privacy.plans import RoundPlan, plan_rounds
 from transforms import mad_kernels as K
+from transforms.mad2r_kernels import round2_bias
 from transforms import randomness
 from transforms.weights import WEIGHTINGS, per_item_weight
 
@@ -127,7 +128,7 @@ def _mad2r(user_sets, params, plans, seed, rng):
     for item, w in noisy1.items():  # lines 10-14
         if item in u1:
             continue
-        b = K.round2_bias(w, r2.threshold, r1.noise_scale, params.c_lb, params.c_ub)
+        b = round2_bias(w, r2.threshold, r1.noise_scale, params.c_lb, params.c_ub)
         if b is not None:
             biases[item] = b
     sets2 = {u: [i for i in items if i in biases] for u, items in capped.items()}  # line 13
