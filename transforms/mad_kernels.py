@@ -301,7 +301,7 @@ def user_excess(r_values: Union[Sequence[float], np.ndarray]) -> float:
     r = np.asarray(r_values, dtype=np.float64).ravel()
     if r.size == 0:
         return 0.0
-    return float(np.sum(r)) / r.size  # Alg. 3 line 10
+    return math.fsum(r.tolist()) / r.size  # Alg. 3 line 10 (correctly rounded: order independent)
 
 
 def reroute_weight(e_u: float, alpha: float, d_max: float) -> float:
@@ -395,7 +395,10 @@ class MadComponents(NamedTuple):
     w: Dict[Hashable, float]
 
 
-def _canonical_sets(user_sets: Mapping[Hashable, Iterable[Hashable]]) -> List[Tuple[Hashable, List[Hashable]]]:
+def _canonical_sets(
+    user_sets: Mapping[Hashable, Iterable[Hashable]],
+) -> List[Tuple[Hashable, List[Hashable]]]:
+    """(user, items) pairs, users and each user's items sorted by ``encode_key``; rejects duplicates."""
     out = []
     for user in sorted(user_sets, key=encode_key):
         items = list(user_sets[user])
@@ -429,17 +432,21 @@ def mad_weight_components(
     union_keys = sorted({i for _, items in sets for i in items}, key=encode_key)
     pos = {item: k for k, item in enumerate(union_keys)}
 
+    # Float sums below are correctly rounded (math.fsum over all parts), so the result does not
+    # depend on the order of users: the Beam version (ExactSumFn combiners) gives the same bits.
     # Alg. 3 lines 1, 3-5: w_init(i) += 1/|S_u| for adaptive users u (line 3: I_adapt).
-    w_init = np.zeros(len(union_keys), dtype=np.float64)
+    init_parts: List[List[float]] = [[] for _ in union_keys]
     for _, items in sets:
         if items and is_adaptive(len(items), b_min_f, d_max_f):  # Alg. 3 line 3
-            idx = np.fromiter((pos[i] for i in items), dtype=np.intp, count=len(items))
-            w_init[idx] += initial_weight(len(items))  # Alg. 3 line 5
+            w0 = initial_weight(len(items))  # Alg. 3 line 5
+            for i in items:
+                init_parts[pos[i]].append(w0)
+    w_init = np.array([math.fsum(p) for p in init_parts], dtype=np.float64)
     r = excess_fraction(w_init, tau_f)  # Alg. 3 line 6 (erratum: max)
     w_trunc = truncate(w_init, tau_f)  # Alg. 3 line 8
 
-    w_reroute = np.zeros_like(w_init)
-    w = w_trunc.copy()  # Alg. 3 line 12 (w_trunc part; reroute added per user below)
+    reroute_parts: List[List[float]] = [[] for _ in union_keys]
+    w_parts: List[List[float]] = [[float(x)] for x in w_trunc]  # Alg. 3 line 12 (w_trunc part)
     for _, items in sets:
         if not items:
             continue
@@ -450,9 +457,13 @@ def mad_weight_components(
                                       count=len(items))
         # Alg. 3 lines 9-11 and 13-17 for this user (same kernel as mad_user_contributions).
         adaptive, reroute, part = _user_parts(items, r[idx], user_biases, d_max_f, b_min_f, b_max_f)
-        if adaptive:
-            w_reroute[idx] += reroute  # Alg. 3 line 11
-        w[idx] += reroute + part  # Alg. 3 lines 12 + 15 (adaptive) / 17 (non-adaptive)
+        contrib = reroute + part  # Alg. 3 lines 12 + 15 (adaptive) / 17 (non-adaptive)
+        for k, j in enumerate(idx):
+            if adaptive:
+                reroute_parts[j].append(reroute)  # Alg. 3 line 11
+            w_parts[j].append(float(contrib[k]))
+    w_reroute = np.array([math.fsum(p) for p in reroute_parts], dtype=np.float64)
+    w = np.array([math.fsum(p) for p in w_parts], dtype=np.float64)
 
     as_dict = lambda v: {item: float(x) for item, x in zip(union_keys, v)}  # noqa: E731
     return MadComponents(as_dict(w_init), as_dict(r), as_dict(w_trunc), as_dict(w_reroute), as_dict(w))
@@ -482,7 +493,7 @@ def mad_weights(
     Returns:
       dict item -> w(i) for every item of the union (Alg. 3 line 18), computed as
       ``w_trunc(i) + sum_u mad_user_contributions(u)[i]`` with users summed in ``encode_key`` order
-      (deterministic; a Beam run sums in arbitrary order and agrees to ~1e-12).
+      (correctly rounded sums, so a Beam run with ExactSumFn gives identical bits).
     """
     return mad_weight_components(
         user_sets, tau, d_max, biases, b_min, b_max, require_proof_conditions=require_proof_conditions
