@@ -42,7 +42,7 @@ case "$cmd" in
       .venv/bin/python -m pipelines.extract_ngrams \
         --input data/dpne_commits_sample.jsonl.gz --input_format jsonl \
         --output "$out/ngrams" --report "$out/ngrams_report.json" \
-        --max_n 5 --epsilon 4 --delta 1e-7 \
+        --max_n 6 --epsilon 4 --delta 1e-7 --max_contributions 100 \
         --runner DirectRunner --direct_running_mode in_memory
       echo "released n-grams: $(cat "$out"/ngrams-* | wc -l) in $out/ngrams-*; report: $out/ngrams_report.json"
     fi

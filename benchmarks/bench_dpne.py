@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, Sequence
 
 import numpy as np
 
@@ -177,7 +177,7 @@ def bench_beam(path: str, mode: str = "in_memory"):
     from transforms.dpne import DPNE
 
     recs = list(read_jsonl(path))
-    prm = DPNEParams(epsilon=4.0, delta=1e-7, max_n=6, max_contributions=20, eta=0.01)
+    prm = DPNEParams(epsilon=4.0, delta=1e-7, max_n=6, max_contributions=100, eta=0.01)
     print(f"\n### Beam DPNE on the commits sample (DirectRunner {mode}, seed 1)\n")
     for weighting in ("weighted_gaussian", "mad"):
         p = prm.replace(weighting=weighting)
@@ -211,8 +211,8 @@ def main(argv=None):
     if args.what in ("msnbc", "all"):
         bench_msnbc(args.msnbc, seeds)
     if args.what in ("commits", "all"):
-        prm = DPNEParams(epsilon=4.0, delta=1e-7, max_n=6, max_contributions=20, eta=0.01)
-        bench_corpus("Bundled commits sample", list(read_jsonl(args.input)), prm, seeds, Ks=(10, 20, 50))
+        prm = DPNEParams(epsilon=4.0, delta=1e-7, max_n=6, max_contributions=100, eta=0.01)
+        bench_corpus("Bundled commits sample", list(read_jsonl(args.input)), prm, seeds, Ks=(50, 100, 200))
     if args.what in ("beam", "all"):
         bench_beam(args.input)
     if args.what in ("synthetic", "all"):

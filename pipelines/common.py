@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-from typing import Dict, List, Optional, Sequence, Tuple
+import sys
+from typing import Dict, List, Sequence, Tuple
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -89,6 +90,39 @@ def input_error_message(exc: BaseException):
         pattern = line.split("Empty match for pattern", 1)[1].split(". Disallowed")[0].strip()
         return f"input: no file matches {pattern}"
     return None
+
+
+def run_main(parser: argparse.ArgumentParser, argv, make_params, build_pipeline, summarize) -> int:
+    """The CLI skeleton shared by the pipelines.
+
+    Parses ``argv`` (unknown arguments go to Beam), validates parameters (``ValueError`` -> exit 2
+    with the message), runs the pipeline, turns input errors into ``error: ...`` and exit code 3,
+    and prints ``summarize(report, args, params)`` (or the output locations if the report cannot be
+    read yet, e.g. on an asynchronous remote runner).
+    """
+    args, beam_args = parser.parse_known_args(argv)
+    configure_logging()
+    try:
+        params = make_params(args)
+        pipeline = beam.Pipeline(options=pipeline_options(beam_args))
+        build_pipeline(pipeline, args, params)
+    except ValueError as e:
+        parser.error(str(e))
+    try:
+        pipeline.run().wait_until_finish()
+    except Exception as e:  # Beam wraps worker exceptions; show the root cause plainly.
+        message = input_error_message(e)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 3
+    try:
+        report = json.loads(read_text(args.report))
+    except Exception:  # a remote runner may not have finished writing yet (templates, async jobs)
+        print(f"output: {args.output}*  report: {args.report}")
+        return 0
+    print(summarize(report, args, params))
+    return 0
 
 
 def configure_logging(verbose: bool = False) -> None:

@@ -13,7 +13,6 @@ per-round noise/threshold/released count; nothing else about the data).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from typing import List, Optional
@@ -21,7 +20,7 @@ from typing import List, Optional
 import apache_beam as beam
 
 from pipelines import common
-from pipelines.io import BadRecordError, ReadRecords
+from pipelines.io import ReadRecords
 from privacy.params import ACCOUNTINGS, ALGORITHMS, SelectionParams
 from transforms.select import SelectPartitions
 
@@ -116,33 +115,14 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
     return select
 
 
+def summarize(report: dict, args, params: SelectionParams) -> str:
+    return (f"released {report['released']} items ({args.algorithm}, epsilon={params.epsilon:g}, "
+            f"delta={params.delta:g}); items: {args.output}*  report: {args.report}")
+
+
 def run(argv: Optional[List[str]] = None) -> int:
-    parser = build_parser()
-    args, beam_args = parser.parse_known_args(argv)
-    common.configure_logging()
-    try:
-        params = params_from_args(args)
-        options = common.pipeline_options(beam_args)
-        pipeline = beam.Pipeline(options=options)
-        build_pipeline(pipeline, args, params)
-    except ValueError as e:
-        parser.error(str(e))
-    try:
-        result = pipeline.run()
-        result.wait_until_finish()
-    except Exception as e:  # Beam wraps worker exceptions; show the root cause plainly.
-        message = common.input_error_message(e)
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
-        return 3
-    try:
-        report = json.loads(common.read_text(args.report))
-        print(f"released {report['released']} items ({args.algorithm}, epsilon={params.epsilon:g}, "
-              f"delta={params.delta:g}); items: {args.output}*  report: {args.report}")
-    except Exception:  # a remote runner may not have finished writing yet (templates, async jobs)
-        print(f"items: {args.output}*  report: {args.report}")
-    return 0
+    """Runs the CLI; returns the exit code (0 ok, 2 bad parameters, 3 bad input)."""
+    return common.run_main(build_parser(), argv, params_from_args, build_pipeline, summarize)
 
 
 def main():

@@ -11,6 +11,7 @@ segment, n-grams never cross a line break). Output (a dict of PCollections):
               |V_k|, spurious bound, |S_k|) - never |supp(H_k)| or any other count of private data.
 
 Stages of level k >= 2 (``S_1``, ``S_{k-1}`` are released PCollections, hence public):
+  Tokenize       (user, [[token]])             once per record, tokens of each line
   Grams          (user, kgram)                 distinct per record
   Prune          (user, kgram) valid only      two keyed joins: head(w) in S_{k-1}, then tail(w) in
                                                S_{k-1} ('both') or last word in S_1 ('single');
@@ -31,7 +32,7 @@ Stages of level k >= 2 (``S_1``, ``S_{k-1}`` are released PCollections, hence pu
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional
+from typing import Optional
 
 import apache_beam as beam
 
@@ -46,8 +47,8 @@ from privacy.dpne_accounting import (
 from transforms import ngrams, randomness
 from transforms.basic import UserSetWeights
 from transforms.bounding import BoundContributions
-from transforms.combiners import ExactSumFn
 from transforms.joins import user_shard
+from transforms.mad import MADWeights
 from transforms.threshold import AddNoise
 
 # ---------------------------------------------------------------------------------------------
@@ -55,19 +56,30 @@ from transforms.threshold import AddNoise
 # ---------------------------------------------------------------------------------------------
 
 
-class UserGramsFn(beam.DoFn):
-    """(user, text) -> (user, g) for every distinct n-gram g of the text whose length is in ``lengths``."""
+class TokenizeFn(beam.DoFn):
+    """(user, text) -> (user, [tokens of each line]) (lines with no token dropped; once per record)."""
 
-    def __init__(self, lengths, tokenizer):
-        self._lengths = tuple(lengths)
+    def __init__(self, tokenizer):
         self._tokenizer = tokenizer
 
     def process(self, element):
         user, text = element
-        grams = ngrams.text_all_kgrams(text, max(self._lengths), self._tokenizer)
-        for k in self._lengths:
-            for g in grams[k]:
-                yield user, g
+        segs = [toks for toks in (self._tokenizer(seg) for seg in ngrams.segments(text)) if toks]
+        if segs:
+            yield user, segs
+
+
+def user_grams(element, lengths):
+    """(user, [tokens per line]) -> (user, g) for each distinct n-gram g of a length in ``lengths``."""
+    user, segs = element
+    seen = set()
+    for toks in segs:
+        n = len(toks)
+        for k in lengths:
+            for i in range(n - k + 1):
+                seen.add(" ".join(toks[i : i + k]))
+    for g in seen:
+        yield user, g
 
 
 def key_by_head(element, num_shards):
@@ -116,10 +128,6 @@ def lr_product(element):
 
 def product(a, b):
     return a * b
-
-
-def to_weight_pair(element):
-    return element
 
 
 def keep_at_or_above_rho(element, level):
@@ -224,7 +232,9 @@ class SpuriousPlanFn(beam.DoFn):
         if level["rho"] is None:
             yield {"n": 0, "chunks": []}
             return
-        n_avail = max(0, min(level["v_k"], v_exact) - n_supp)
+        # Always the exact |V_k| here (also with vk_method='sample', whose estimate only sets rho_k):
+        # then the spurious k-grams are exactly the zero-weight part of the Gaussian mechanism on V_k.
+        n_avail = max(0, v_exact - n_supp)
         n = ngrams.spurious_count(n_avail, level["spurious_prob"], self._k, self._seed, self._rng)
         m = ngrams.spurious_oversample(n, n_avail, v_exact) if n else 0
         yield {"n": n, "chunks": ngrams.chunk_sizes(m)}
@@ -323,57 +333,12 @@ class PruneToValid(beam.PTransform):
 
 
 # ---------------------------------------------------------------------------------------------
-# MAD weighting with a deferred tau (tau_k depends on rho_k, known only once S_{k-1} is released)
+# MAD weighting: tau_k = rho_k + beta sigma_k is known only once S_{k-1} is released (side input)
 # ---------------------------------------------------------------------------------------------
 
 
 def level_tau(level):
     return level["tau"]
-
-
-class MADWeightsDeferredTau(beam.PTransform):
-    """(user, [item]) -> (item, MAD weight) with tau read from a singleton level dict (side input).
-
-    Same stages as :class:`transforms.mad.MADWeights` (whose DoFns and join are reused); only tau is
-    a side input instead of a constant.
-    """
-
-    def __init__(self, level, d_max, label=None):
-        super().__init__(label)
-        self._level = level
-        self._d_max = int(d_max)
-
-    def expand(self, user_sets):
-        from transforms import mad as M
-        from transforms.joins import AttachItemValues
-
-        tau = beam.pvalue.AsSingleton(self._level | "Tau" >> beam.Map(level_tau))
-        b = 1.0
-        user_sets = user_sets | "UnitBiases" >> beam.Map(M._with_unit_biases)  # (user, [(item, 1.0)])
-        stats = (
-            user_sets
-            | "InitWeights" >> beam.ParDo(M.EmitInitWeightsFn(self._d_max, b))  # (item, (1/d|0, 1))
-            | "ItemStats" >> beam.CombinePerKey(M.InitStatsFn())  # (item, (w_init, n_holders))
-        )
-        truncated = stats | "Truncated" >> beam.Map(M.truncated_weight, tau)  # (item, w_trunc)
-        excess = stats | "Excess" >> beam.FlatMap(M.positive_excess, tau)  # (item, r > 0)
-        counts = stats | "HolderCounts" >> beam.Map(M.holder_count)  # (item, n_holders)
-        user_excess = (
-            user_sets
-            | "AdaptivePairs" >> beam.FlatMap(M.adaptive_pairs, self._d_max, b)  # (user, item)
-            | "ExcessToUsers" >> AttachItemValues(excess, counts)  # (user, (item, r))
-            | "UserExcessTerms" >> beam.Map(M.excess_of_pair)  # (user, r(i))
-        )
-        contributions = (
-            {"set": user_sets, "excess": user_excess}
-            | "JoinUserExcess" >> beam.CoGroupByKey()  # (user, {set, excess})
-            | "UserContrib" >> beam.ParDo(M.UserContributionFn(1.0, self._d_max, b, b))  # (item, c)
-        )
-        return (
-            (truncated, contributions)
-            | "AllParts" >> beam.Flatten()  # (item, part)
-            | "SumWeights" >> beam.CombinePerKey(ExactSumFn())  # (item, w)
-        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,7 +361,8 @@ class _NoisyRun(beam.PTransform):
     def expand(self, pairs):
         user_sets = pairs | "Bound" >> BoundContributions(self._cap, self._seed, round_=self._round)  # (user, [g])
         if self._weighting == "mad":
-            hist = user_sets | "MADWeights" >> MADWeightsDeferredTau(self._level, self._d_max)  # (g, w)
+            tau = beam.pvalue.AsSingleton(self._level | "Tau" >> beam.Map(level_tau))  # tau_k = rho_k + beta sigma_k
+            hist = user_sets | "MADWeights" >> MADWeights(tau, self._d_max)  # (g, w)
         else:
             hist = user_sets | "Weights" >> UserSetWeights("weighted_gaussian")  # (g, w)
         released = (
@@ -488,9 +454,10 @@ class DPNE(beam.PTransform):
         randomness.warn_if_seeded(seed)
 
     def expand(self, texts):
+        tokens = texts | "Tokenize" >> beam.ParDo(TokenizeFn(self._tokenizer))  # (user, [[token]])
         if self._params.algorithm == "dpne":
-            return self._dpne(texts)
-        return self._dpsu(texts)
+            return self._dpne(tokens)
+        return self._dpsu(tokens)
 
     def _finish_level(self, name, released, level):
         count = released | f"{name}/CountReleased" >> beam.combiners.Count.Globally()  # |S_k|
@@ -505,7 +472,7 @@ class DPNE(beam.PTransform):
         for run in self.runs:
             k = run.lengths[0]
             name = f"L{k}"
-            pairs = texts | f"{name}/Grams" >> beam.ParDo(UserGramsFn((k,), self._tokenizer))  # (user, kgram)
+            pairs = texts | f"{name}/Grams" >> beam.FlatMap(user_grams, (k,))  # (user, kgram)
             if k == 1:
                 level = (
                     p | f"{name}/LevelSeed" >> beam.Create([None])
@@ -562,7 +529,7 @@ class DPNE(beam.PTransform):
                 p | f"{name}/LevelSeed" >> beam.Create([None])
                 | f"{name}/Level" >> beam.Map(baseline_level, run, prm.weighting, prm.beta)
             )  # {rho, ...}
-            pairs = texts | f"{name}/Grams" >> beam.ParDo(UserGramsFn(run.lengths, self._tokenizer))  # (user, g)
+            pairs = texts | f"{name}/Grams" >> beam.FlatMap(user_grams, run.lengths)  # (user, g)
             released, _ = pairs | f"{name}/Run" >> _NoisyRun(
                 level, run.sigma, run.max_contributions, run.round_, prm.weighting, prm.d_max, self._seed)  # g
             outputs.append(released | f"{name}/TagK" >> beam.Map(tag_length))  # (k, g)

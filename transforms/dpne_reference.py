@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
@@ -69,6 +70,7 @@ class DPNEResult:
     ngrams: Dict[int, Set[str]]
     levels: List[Dict[str, Any]]
     summary: Dict[str, Any]
+    seconds: Dict[str, float] = dataclasses.field(default_factory=dict)  # wall time per level/run
 
     def all_ngrams(self) -> Set[str]:
         return set().union(*self.ngrams.values()) if self.ngrams else set()
@@ -112,12 +114,14 @@ def noisy_release(hist: Mapping[str, float], sigma: float, rho: float, round_: i
     return {g for g, zi in zip(items, z) if float(hist[g]) + sigma * float(zi) >= rho}
 
 
-def sample_spurious(
-    sampler: ngrams.ValidSampler, v_used: int, supp: Set[str], q: float, k: int, seed, rng
-) -> List[str]:
+def sample_spurious(sampler: ngrams.ValidSampler, supp: Set[str], q: float, k: int, seed, rng) -> List[str]:
     """Supplement Alg. 1's spurious step: ``B ~ Bin(|V_k| - |supp(H_k)|, q)`` uniform k-grams of
-    ``V_k \\ supp(H_k)`` (oversampled candidates, filtered, deduplicated, N smallest priorities)."""
-    n_avail = max(0, min(v_used, sampler.size) - len(supp))
+    ``V_k \\ supp(H_k)`` (oversampled candidates, filtered, deduplicated, N smallest priorities).
+
+    Uses the exact ``|V_k|`` (``sampler.size``) even with ``vk_method='sample'`` (whose estimate only
+    sets rho_k), so the result is exactly the zero-weight part of the Gaussian mechanism on V_k.
+    """
+    n_avail = max(0, sampler.size - len(supp))
     n_spur = ngrams.spurious_count(n_avail, q, k, seed, rng)
     if n_spur == 0:
         return []
@@ -176,19 +180,21 @@ def dpne_reference(
         user_grams = user_kgrams(records, params.max_n, tokenizer)
     sigma_star, runs = plan_runs(params)
     summary = _summary(params, sigma_star, runs)
+    seconds: Dict[str, float] = {}
     if params.algorithm == "dpne":
-        out, levels = _dpne(user_grams, params, runs, seed, rng)
+        out, levels = _dpne(user_grams, params, runs, seed, rng, seconds)
     else:
-        out, levels = _dpsu(user_grams, params, runs, seed, rng)
-    return DPNEResult(out, levels, summary)
+        out, levels = _dpsu(user_grams, params, runs, seed, rng, seconds)
+    return DPNEResult(out, levels, summary, seconds)
 
 
-def _dpne(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng):
+def _dpne(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng, seconds):
     out: Dict[int, Set[str]] = {}
     levels: List[Dict[str, Any]] = []
     s1: Set[str] = set()
     s_prev: Set[str] = set()
     for run in runs:
+        t0 = time.perf_counter()
         k = run.lengths[0]
         level: Dict[str, Any] = {"k": k, "sigma": run.sigma, "max_contributions": run.max_contributions}
         if k == 1:
@@ -222,20 +228,22 @@ def _dpne(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng):
             released = noisy_release(hist, run.sigma, rho, k, seed, rng)
             if k >= 2:
                 sampler = ngrams.ValidSampler(s_prev, s1, params.pruning)
-                released |= set(sample_spurious(sampler, v_used, set(hist), q, k, seed, rng))
+                released |= set(sample_spurious(sampler, set(hist), q, k, seed, rng))
         level["released"] = len(released)
         out[k] = released
         levels.append(level)
+        seconds[run.name] = time.perf_counter() - t0
         if k == 1:
             s1 = released
         s_prev = released
     return out, levels
 
 
-def _dpsu(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng):
+def _dpsu(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng, seconds):
     out: Dict[int, Set[str]] = {}
     levels: List[Dict[str, Any]] = []
     for run in runs:
+        t0 = time.perf_counter()
         users: Dict[Any, Set[str]] = defaultdict(set)
         for k in run.lengths:
             for u, gs in user_grams[k].items():
@@ -251,4 +259,51 @@ def _dpsu(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng):
         if tau is not None:
             level["tau"] = tau
         levels.append(level)
+        seconds[run.name] = time.perf_counter() - t0
     return out, levels
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic text (tests, benchmarks)
+# ---------------------------------------------------------------------------------------------
+
+
+def markov_corpus(n_users: int, vocab: int = 300, branching: int = 4, seed: int = 0,
+                  lines: Tuple[int, int] = (1, 4), length: Tuple[int, int] = (3, 14)) -> Dict[str, List[str]]:
+    """Synthetic user text from a sparse first-order Markov chain over ``w0..w{vocab-1}``.
+
+    Start words are Zipf(1.1)-distributed; each word has ``branching`` successors with Zipf weights,
+    so popular paths (long n-grams shared by many users) coexist with a long tail. Returns
+    ``{user: [line, ...]}`` (deterministic in ``seed``).
+    """
+    gen = np.random.default_rng(seed)
+    zipf = 1.0 / np.arange(1, vocab + 1) ** 1.1
+    start_p = zipf / zipf.sum()
+    succ = gen.integers(0, vocab, size=(vocab, branching))
+    bw = 1.0 / np.arange(1, branching + 1) ** 1.5
+    bw = bw / bw.sum()
+    out: Dict[str, List[str]] = {}
+    for u in range(n_users):
+        texts = []
+        for _ in range(int(gen.integers(lines[0], lines[1] + 1))):
+            n = int(gen.integers(length[0], length[1] + 1))
+            w = int(gen.choice(vocab, p=start_p))
+            toks = [w]
+            for _ in range(n - 1):
+                w = int(succ[w, gen.choice(branching, p=bw)])
+                toks.append(w)
+            texts.append(" ".join(f"w{t}" for t in toks))
+        out[f"user{u:06d}"] = texts
+    return out
+
+
+def ngram_user_counts(user_grams: Dict[int, Dict[Any, Set[str]]]) -> Dict[int, Dict[str, int]]:
+    """``{k: {n-gram: number of users using it}}`` (non-private ground truth for evaluations)."""
+    out: Dict[int, Dict[str, int]] = {}
+    for k, users in user_grams.items():
+        c: Dict[str, int] = defaultdict(int)
+        for gs in users.values():
+            for g in gs:
+                c[g] += 1
+        out[k] = dict(c)
+    return out

@@ -106,12 +106,15 @@ def adaptive_pairs(element, d_max, b_min):
 
 
 class UserContributionFn(beam.DoFn):
-    """(user, {'set': [[(item, b)]], 'excess': [(item, r)]}) -> (item, contribution)  (Alg. 3 l.10-17)."""
+    """(user, {'set': [[(item, b)]], 'excess': [(item, r)]}) -> (item, contribution)  (Alg. 3 l.10-17).
 
-    def __init__(self, tau, d_max, b_min, b_max):
-        self._tau, self._d_max, self._b_min, self._b_max = tau, d_max, b_min, b_max
+    ``tau`` arrives as a process argument (a constant or a side input).
+    """
 
-    def process(self, element):
+    def __init__(self, d_max, b_min, b_max):
+        self._d_max, self._b_min, self._b_max = d_max, b_min, b_max
+
+    def process(self, element, tau):
         _, grouped = element
         sets = list(grouped["set"])
         if not sets:
@@ -122,7 +125,7 @@ class UserContributionFn(beam.DoFn):
         r_of = dict(grouped["excess"])  # r(i) > 0 of the user's hot items; 0 for the others
         yield from K.mad_user_contributions(
             [i for i, _ in items], [r_of.get(i, 0.0) for i, _ in items], [b for _, b in items],
-            self._tau, self._d_max, self._b_min, self._b_max,
+            tau, self._d_max, self._b_min, self._b_max,
         )
 
 
@@ -130,7 +133,9 @@ class MADWeights(beam.PTransform):
     """(user, [item]) (or (user, [(item, bias)]) with ``biased=True``) -> (item, MAD weight w(i)).
 
     Args:
-      tau: adaptive threshold rho + beta * sigma (>= 1 for the privacy proof).
+      tau: adaptive threshold rho + beta * sigma (>= 1 for the privacy proof): a float, or a
+        singleton side input (``beam.pvalue.AsSingleton``) when it is known only at run time
+        (DPNE, where rho_k depends on the released S_{k-1}).
       d_max: maximum adaptive degree (>= 4).
       b_min, b_max: bias bounds (1, 1 for unbiased MAD; MAD2R round 2 uses the params').
       max_users_per_key: shard size of the hot-item join.
@@ -139,7 +144,8 @@ class MADWeights(beam.PTransform):
     def __init__(self, tau: float, d_max: int, b_min: float = 1.0, b_max: float = 1.0,
                  biased: bool = False, max_users_per_key: int = 10_000, label=None):
         super().__init__(label)
-        self._tau, self._d_max, self._b_min, self._b_max = float(tau), int(d_max), float(b_min), float(b_max)
+        self._tau = tau if isinstance(tau, beam.pvalue.AsSideInput) else float(tau)
+        self._d_max, self._b_min, self._b_max = int(d_max), float(b_min), float(b_max)
         self._biased = biased
         self._max_users_per_key = max_users_per_key
 
@@ -163,7 +169,7 @@ class MADWeights(beam.PTransform):
         contributions = (
             {"set": user_sets, "excess": user_excess}
             | "JoinUserExcess" >> beam.CoGroupByKey()  # (user, {set: [[(item, b)]], excess: [(item, r)]})
-            | "UserContrib" >> beam.ParDo(UserContributionFn(tau, self._d_max, self._b_min, self._b_max))  # (item, c)
+            | "UserContrib" >> beam.ParDo(UserContributionFn(self._d_max, self._b_min, self._b_max), tau)  # (item, c)
         )
         return (
             (truncated, contributions)

@@ -285,7 +285,7 @@ def spurious_oversample(n_spurious: int, n_avail: int, v_size: int) -> int:
         return 0
     p = (n_avail - n_spurious + 1) / v_size
     if p <= 0:
-        raise ValueError(f"cannot draw {n_spurious} spurious k-grams from {n_avail} candidates")
+        raise ValueError("cannot draw more spurious k-grams than V_k minus supp(H_k) holds")
 
     def ok(m: int) -> bool:
         return stats.binom.cdf(n_spurious - 1, m, p) <= OVERSAMPLE_FAILURE_PROB
@@ -303,9 +303,10 @@ def spurious_oversample(n_spurious: int, n_avail: int, v_size: int) -> int:
         else:
             lo = mid + 1
     if hi > MAX_CANDIDATES:
+        # No counts in the message: they are functions of the private |supp(H_k)|.
         raise RuntimeError(
-            f"spurious sampling needs {hi} candidate draws (> {MAX_CANDIDATES}): V_k is almost "
-            "entirely covered by supp(H_k); use a smaller eta or max_n"
+            f"spurious sampling would need more than {MAX_CANDIDATES} candidate draws: V_k is almost "
+            "entirely covered by supp(H_k); use a smaller max_n"
         )
     return hi
 
@@ -357,8 +358,9 @@ def select_spurious(prioritized: Iterable[Tuple[float, str]], n_spurious: int, k
     """Keep the ``n_spurious`` candidates with the smallest (priority, k-gram); fail loudly if short."""
     ranked = sorted(prioritized)
     if len(ranked) < n_spurious:
+        # No counts in the message: they are functions of the private |supp(H_k)|.
         raise RuntimeError(
-            f"level k={k}: spurious oversample produced {len(ranked)} distinct candidates outside "
-            f"supp(H_k) but {n_spurious} are needed (probability <= {OVERSAMPLE_FAILURE_PROB:g}); rerun"
+            f"level k={k}: the spurious oversample produced too few distinct candidates outside "
+            f"supp(H_k) (an event of probability <= {OVERSAMPLE_FAILURE_PROB:g}); nothing was released, rerun"
         )
     return [c for _, c in ranked[:n_spurious]]

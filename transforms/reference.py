@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Dict, Hashable, Iterable, List, Mapping, Optional, Set, Tuple
+from typing import Dict, Hashable, Iterable, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 
@@ -27,6 +27,8 @@ UserSets = Mapping[Hashable, Iterable[Hashable]]
 
 # Re-exports: the MAD weighting (Alg. 3) lives with its kernels.
 mad_weights = K.mad_weights
+# DPNE (n-gram extraction) reference lives in its own module.
+from transforms.dpne_reference import DPNEResult, dpne_reference, user_kgrams  # noqa: E402,F401
 
 
 def _unique(items: Iterable[Hashable]) -> List[Hashable]:
