@@ -48,3 +48,23 @@ def test_seeded_select_is_identical_in_multi_processing_mode():
             mode="multi_processing", workers=2,
         )
         assert set(got) == want and len(got) == len(want) and want
+
+
+def test_unseeded_multi_round_consumers_see_the_same_noise():
+    """Unseeded DP-SIPS and MAD2R in 2 processes: an item released in round r is removed from later
+    rounds, so it must never be released twice (which would happen if the removal saw another noise
+    draw than the output)."""
+    sets = random_user_sets(random.Random(13), 1200, 250, 12)
+    params = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=8, d_max=6, budget_split=(0.3, 0.7))
+    union = {i for items in sets.values() for i in items}
+    for algorithm in ("dp_sips", "mad2r"):
+        lines = collect(
+            lambda p: p | beam.Create(pairs_of(sets)) | beam.Reshuffle()
+            | SelectPartitions(algorithm, params, seed=None, output_rounds=True)
+            | beam.MapTuple(lambda r, i: f"{r}\t{i}"),
+            mode="multi_processing", workers=2,
+        )
+        items = [l.split("\t")[1] for l in lines]
+        rounds = {l.split("\t")[0] for l in lines}
+        assert len(items) == len(set(items)) and set(items) <= union
+        assert rounds == {"1", "2"}

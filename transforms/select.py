@@ -105,7 +105,9 @@ class _DPSIPS(beam.PTransform):
             released_r = (
                 capped
                 | f"R{r}Weights" >> UserSetWeights("weighted_gaussian")  # (item, w)
-                | f"R{r}NoisyThreshold" >> NoisyThreshold(rnd.noise, rnd.noise_scale, rnd.threshold, self._seed, r)  # item
+                | f"R{r}NoisyThreshold" >> NoisyThreshold(
+                    rnd.noise, rnd.noise_scale, rnd.threshold, self._seed, r, checkpoint=r < len(self._plans)
+                )  # item; checkpointed: the output and the next round's removal see the same draw
             )
             outputs.append(released_r | f"R{r}Tag" >> beam.Map(tag_round, r))  # (r, item)
             released_so_far = (

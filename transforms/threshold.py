@@ -81,18 +81,21 @@ class NoisyThreshold(beam.PTransform):
       scale: sigma or the Laplace scale.
       threshold: rho.
       seed, round_: randomness contract; item i's noise in round r is keyed (seed, 'noise', r, i).
+      checkpoint: materialise the noisy weights (see :class:`AddNoise`); set it when the released
+        items feed more than one consumer (DP-SIPS: the output and the next round's removal).
     """
 
     def __init__(self, noise: str, scale: float, threshold: float, seed: Optional[int] = None,
-                 round_: int = 1, label=None):
+                 round_: int = 1, checkpoint: bool = False, label=None):
         super().__init__(label)
         self._noise, self._scale, self._seed, self._round = noise, scale, seed, round_
         self._threshold = float(threshold)
+        self._checkpoint = checkpoint
 
     def expand(self, weights):
         return (
             weights
-            | "AddNoise" >> AddNoise(self._noise, self._scale, self._seed, self._round)  # (item, noisy_w)
+            | "AddNoise" >> AddNoise(self._noise, self._scale, self._seed, self._round, self._checkpoint)  # (item, noisy_w)
             | "KeepAboveRho" >> beam.Filter(at_or_above, self._threshold)  # (item, noisy_w >= rho)
             | "Items" >> beam.Keys()  # item
         )
