@@ -13,14 +13,13 @@ class CapUserItemsFn(beam.DoFn):
     """(user, iterable[item]) -> (user, [item]) with at most ``max_contributions`` items.
 
     Uniform subsample (MAD paper Alg. 1 lines 4-5) by bottom-k priorities, streaming with O(Delta_0)
-    memory (:func:`transforms.randomness.subsample`). Duplicates in the input iterable are dropped.
+    memory (:func:`transforms.randomness.subsample`). The input items must be distinct.
     """
 
-    def __init__(self, max_contributions: int, seed: Optional[int], round_: int, dedupe: bool = False):
+    def __init__(self, max_contributions: int, seed: Optional[int], round_: int):
         self._k = max_contributions
         self._seed = seed
         self._round = round_
-        self._dedupe = dedupe
         self._rng = None
 
     def setup(self):
@@ -30,17 +29,7 @@ class CapUserItemsFn(beam.DoFn):
 
     def process(self, element):
         user, items = element
-        if self._dedupe:
-            items = _unique(items)
         yield user, randomness.subsample(items, self._k, user, self._round, self._seed, self._rng)
-
-
-def _unique(items):
-    seen = set()
-    for item in items:
-        if item not in seen:
-            seen.add(item)
-            yield item
 
 
 class BoundContributions(beam.PTransform):

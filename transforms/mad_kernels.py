@@ -25,6 +25,7 @@ from typing import Any, Dict, Hashable, Iterable, List, Mapping, NamedTuple, Opt
 
 import numpy as np
 
+from privacy.params import check_range
 from transforms.randomness import encode_key
 
 __all__ = [
@@ -57,28 +58,12 @@ _CEIL_REL_TOL = 1e-12
 # --------------------------------------------------------------------------------------------------
 
 
-def _number(name: str, value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if math.isnan(x):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    return x
-
-
 def _check_bias_range(b_min: Any, b_max: Any, min_b_min: float = 0.0) -> Tuple[float, float]:
-    b_min_f = _number("b_min", b_min)
-    b_max_f = _number("b_max", b_max)
-    if min_b_min > 0.0:
-        if not min_b_min <= b_min_f <= 1.0:
-            raise ValueError(f"b_min must be in [{min_b_min:g}, 1], got {b_min!r}")
-    elif not 0.0 < b_min_f <= 1.0:
-        raise ValueError(f"b_min must be in (0, 1], got {b_min!r}")
-    if not b_max_f >= 1.0:  # +inf is allowed (paper: b_max in [1, inf])
-        raise ValueError(f"b_max must be in [1, inf], got {b_max!r}")
+    """b_min in (0, 1] (or [min_b_min, 1]), b_max in [1, inf] (+inf allowed: paper's b_max in [1, inf])."""
+    b_min_f = check_range("b_min", b_min, min_b_min, 1.0, lo_open=min_b_min <= 0.0)
+    if isinstance(b_max, float) and b_max == math.inf:
+        return b_min_f, b_max  # check_range treats an infinite bound as open; the paper allows inf
+    b_max_f = check_range("b_max", b_max, 1.0, math.inf)
     return b_min_f, b_max_f
 
 
@@ -96,20 +81,12 @@ def check_mad_params(
     (default) also the conditions of the privacy proof: ``tau >= 1`` and ``d_max >= 4``
     (Lemma 5.3). Errors name the parameter, the value given and the allowed range.
     """
-    tau_f = _number("tau", tau)
-    d_max_f = _number("d_max", d_max)
-    if require_proof_conditions:
-        if not (tau_f >= 1.0 and math.isfinite(tau_f)):
-            raise ValueError(f"tau must be in [1, inf) (MAD's privacy proof needs tau >= 1), got {tau!r}")
-        if not (d_max_f >= 4.0 and math.isfinite(d_max_f)):
-            raise ValueError(
-                f"d_max must be in [4, inf) (MAD's privacy proof needs d_max >= 4), got {d_max!r}"
-            )
-    else:
-        if not (tau_f >= 0.0 and math.isfinite(tau_f)):
-            raise ValueError(f"tau must be in [0, inf), got {tau!r}")
-        if not (d_max_f > 1.0 and math.isfinite(d_max_f)):
-            raise ValueError(f"d_max must be in (1, inf), got {d_max!r}")
+    if require_proof_conditions:  # Lemma 5.3: tau >= 1, d_max >= 4
+        tau_f = check_range("tau", tau, 1.0, math.inf, hi_open=True)
+        d_max_f = check_range("d_max", d_max, 4.0, math.inf, hi_open=True)
+    else:  # the domain of Alg. 3's inputs
+        tau_f = check_range("tau", tau, 0.0, math.inf, hi_open=True)
+        d_max_f = check_range("d_max", d_max, 1.0, math.inf, lo_open=True, hi_open=True)
     b_min_f, b_max_f = _check_bias_range(b_min, b_max, min_b_min=0.5)
     return tau_f, d_max_f, b_min_f, b_max_f
 
