@@ -131,13 +131,13 @@ def run_main(parser: argparse.ArgumentParser, argv, make_params, build_pipeline,
         last_result = pipeline.run()
         last_result.wait_until_finish()
     except Exception as e:  # Beam wraps worker exceptions; show the root cause plainly.
-        removed = remove_new_outputs(outputs, before)
+        removed = remove_new_outputs(outputs, before)  # a failed run leaves no partial output
+        if removed:
+            print(f"removed {len(removed)} partial output file(s) of the failed run", file=sys.stderr)
         message = input_error_message(e)
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)
-        if removed:
-            print(f"removed {len(removed)} partial output file(s) of the failed run", file=sys.stderr)
         return 3
     try:
         report = json.loads(read_text(args.report))
