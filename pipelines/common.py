@@ -214,3 +214,8 @@ def configure_logging(verbose: bool = False) -> None:
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, InputErrorTracebackFilter) for f in handler.filters):
             handler.addFilter(InputErrorTracebackFilter())
+    # Beam's worker DEBUG logs print raw elements (e.g. "Processing [...(user, item)...]" in
+    # apache_beam.runners.worker.operations): never let them through, whatever the root level is.
+    beam_logger = logging.getLogger("apache_beam")
+    if beam_logger.level < logging.INFO:  # NOTSET or DEBUG
+        beam_logger.setLevel(logging.INFO)
