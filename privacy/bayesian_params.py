@@ -52,8 +52,8 @@ class BayesianParams:
       W: maximum total count per user over all n-grams (sec. 4.2 baseline 1 and sec. 4.3, which use
         |U|/1000; a data-independent constant here). Applied to every mechanism.
       S: decay hyperparameter of eq. 5, ``w = min(1, S*N/C)`` (paper's grid: [1e-3, 1e4]). Default
-        1e-3 with rho = 0.1: the best fixed pair at eps 0.1-2 on the bundled sample and on the
-        synthetic benchmark (docs/bayesian_ngrams.md); use ``tune`` to choose privately.
+        1e-3 with rho = 0.1, chosen on the bundled sample (docs/bayesian_ngrams.md); use ``tune``
+        to choose privately.
       rho: posterior weight of the private counts, ``mu_ps = rho*w*x_hat + (1-rho)*mu_p``.
       sensitivity: ``brute_force`` (Alg. 1, exact max over users) or ``bound`` (Claim 1, corrected).
       tune: private hyperparameter selection over ``S_grid`` x ``rho_grid`` (Alg. 2).
