@@ -53,7 +53,8 @@ case "$cmd" in
         --private data/dpne_commits_sample.jsonl.gz --input_format jsonl \
         --public data/bayesian_public_trigrams.tsv.gz \
         --output "$out/trigram_probs" --report "$out/bayesian_report.json" \
-        --n 3 --epsilon 1 --delta 1e-5 --C 1 --W 100 --tune \
+        --n 3 --epsilon 1 --delta 1e-5 --C 1 --W 100 \
+        --tune --S_grid 0.001,0.01 --rho_grid 0.05,0.1,0.3 \
         --runner DirectRunner --direct_running_mode in_memory
     fi
     ;;

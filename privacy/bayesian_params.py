@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional, Tuple
+from typing import Tuple
 
 from privacy.params import DELTA_RANGE, EPSILON_RANGE, check_choice, check_int, check_range
 
@@ -131,8 +131,3 @@ class BayesianParams:
         d["rho_grid"] = list(self.rho_grid)
         return d
 
-
-def check_optional_seed(seed: Optional[int]) -> Optional[int]:
-    if seed is None:
-        return None
-    return check_int("seed", seed, 0)

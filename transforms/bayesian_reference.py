@@ -88,7 +88,7 @@ def finalize(
     z = K.standard_noise("gaussian", prior.vocab, K.PURPOSE_GAUSSIAN, seed, rng)
     theta = K.sample_posterior(mu_ps, sigma, z)
     public.update(
-        S=S, rho=rho, release_epsilon=eps, delta=params.delta,
+        S=S, rho=rho, delta=params.delta,
         sigma_per_unit_sensitivity=analytic_gaussian_sigma(eps, params.delta, 1.0),
         sensitivity="data-dependent", sensitivity_method=params.sensitivity,
     )
