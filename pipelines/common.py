@@ -85,6 +85,9 @@ def input_error_message(exc: BaseException):
     for line in msg.splitlines():
         if "BadRecordError" in line:
             return "bad input record: " + line.split("BadRecordError:", 1)[-1].strip()
+    for line in msg.splitlines():  # the sequential policy algorithms' memory guard (transforms/policy.py)
+        if "SequentialSizeError:" in line:
+            return "input too large for a sequential algorithm: " + line.split("SequentialSizeError:")[-1].strip()
     if "Empty match for pattern" in msg:
         line = next(l for l in msg.splitlines() if "Empty match for pattern" in l)
         pattern = line.split("Empty match for pattern", 1)[1].split(". Disallowed")[0].strip()
