@@ -29,9 +29,10 @@ ALGORITHMS = (
 #: the sequential (single-worker) algorithms of the DP set union paper (Algorithms 4 and 6)
 SEQUENTIAL_ALGORITHMS = ("policy_gaussian", "policy_laplace")
 #: Default limit on the (user, item) pairs, after contribution bounding, that the sequential policy
-#: algorithms gather on one worker. Measured peak memory of that worker (benchmarks/bench_policy.py,
-#: Python 3.11): about 250 bytes per pair (item lists + weighted histogram), so 20M pairs need about
-#: 5 GB: a quarter of this 24 GB development machine and within a 15 GB n1-standard-4 Dataflow
+#: algorithms gather on one worker. benchmarks/bench_policy.py measures the Python heap of that worker
+#: (decoded user sets + order keys + histogram) at ~110 bytes per pair with short synthetic items
+#: (Python 3.11); we budget 250 bytes per pair for longer items and runner overhead, so 20M pairs take
+#: about 5 GB: a quarter of the 24 GB development machine and within a 15 GB n1-standard-4 Dataflow
 #: worker. Raise it with --max_sequential_pairs on bigger machines.
 DEFAULT_MAX_SEQUENTIAL_PAIRS = 20_000_000
 ACCOUNTINGS = ("gdp", "basic")

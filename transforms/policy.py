@@ -22,7 +22,8 @@ from transforms import policy_kernels
 from transforms.bounding import BoundContributions
 from transforms.threshold import NoisyThreshold
 
-#: peak bytes per gathered (user, item) pair measured by benchmarks/bench_policy.py (see params.py)
+#: budgeted bytes per gathered (user, item) pair on the single worker (measured ~110 by
+#: benchmarks/bench_policy.py with short items; see DEFAULT_MAX_SEQUENTIAL_PAIRS in privacy/params.py)
 BYTES_PER_PAIR = 250
 
 
