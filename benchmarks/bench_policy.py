@@ -7,9 +7,9 @@ Part 1 (utility): released counts at epsilon = 3, delta = exp(-10) (the paper's 
 max_contributions (Delta_0) in {1, 10, 50, 100, 300}, on the bundled real sample
 (data/commits_sample.tsv.gz) and on synthetic Zipf data (transforms/synthetic.py), with the in-memory
 reference in production mode (OS entropy), mean +- std over ``--repeats`` runs (the paper: 5 user
-orders). Part 2 (speed): wall time of ``SelectPartitions('policy_gaussian')`` on the DirectRunner
-(in_memory), synthetic pairs generated inside the pipeline, per million input pairs, and the time of
-the histogram kernel alone. Part 3 (memory): peak Python-allocated bytes (tracemalloc) per gathered (user, item) pair of
+orders). Part 2 (speed): wall time of ``SelectPartitions('policy_gaussian')`` (and of 'basic' for
+comparison, same conditions) on the DirectRunner (in_memory), synthetic pairs generated inside the
+pipeline, per million input pairs, and the time of the histogram kernel alone. Part 3 (memory): peak Python-allocated bytes (tracemalloc) per gathered (user, item) pair of
 the single worker (user sets as they arrive from the GroupByKey plus the histogram), measured in a
 fresh subprocess; this sizes ``DEFAULT_MAX_SEQUENTIAL_PAIRS`` (privacy/params.py).
 """
@@ -61,22 +61,24 @@ def utility_table(name, sets, repeats, alpha):
     header = f"{'Delta_0':28s}" + "".join(f"{d:>14d}" for d in D0S)
     print(header)
     means = {}
-    for alg in ALGORITHMS:
+    rows = [(alg, 1) for alg in ALGORITHMS] + [("policy_laplace", 2), ("policy_gaussian", 2)]
+    for alg, passes in rows:  # the last two rows: section 6.2.1's two passes (paper's Table 4)
         cells = []
         for d0 in D0S:
-            params = SelectionParams(EPS, DELTA, max_contributions=d0, alpha=alpha)
+            params = SelectionParams(EPS, DELTA, max_contributions=d0, alpha=alpha, passes=passes)
             counts = [len(reference.select(sets, alg, params)) for _ in range(repeats)]
             m = statistics.mean(counts)
             s = statistics.stdev(counts) if len(counts) > 1 else 0.0
-            means[alg, d0] = m
+            means[alg, d0, passes] = m
             cells.append(f"{m:8.0f} +-{s:4.0f}")
-        print(f"{LABELS.get(alg, alg):28s}" + "".join(f"{c:>14s}" for c in cells), flush=True)
-    best = {a: max(means[a, d] for d in D0S) for a in ALGORITHMS}
+        label = LABELS.get(alg, alg) + (f" ({passes} passes)" if passes > 1 else "")
+        print(f"{label:28s}" + "".join(f"{c:>14s}" for c in cells), flush=True)
+    best = {a: max(means[a, d, 1] for d in D0S) for a in ALGORITHMS}
     print("best over Delta_0: " + ", ".join(f"{a} {best[a]:.0f}" for a in ALGORITHMS))
     return best
 
 
-def beam_time(n_users, d0, mode="in_memory"):
+def beam_time(n_users, d0, algorithm="policy_gaussian", mode="in_memory"):
     args = ["--runner=DirectRunner", f"--direct_running_mode={mode}"]
     chunk = 10_000
     n_chunks = max(1, n_users // chunk)
@@ -87,7 +89,7 @@ def beam_time(n_users, d0, mode="in_memory"):
         with beam.Pipeline(options=PipelineOptions(args)) as p:
             _ = (p | beam.Create(list(range(n_chunks))) | beam.Reshuffle()
                  | beam.FlatMap(zipf_pairs_of_chunk, chunk)  # (user, item)
-                 | SelectPartitions("policy_gaussian", params)  # item
+                 | SelectPartitions(algorithm, params)  # item
                  | beam.io.WriteToText(os.path.join(tmp, "items")))
         elapsed = time.perf_counter() - t0
     return n_pairs, elapsed
@@ -154,8 +156,10 @@ def main():
                       f"({best[pol]:.0f} vs {best[base]:.0f})")
     if not args.skip_beam:
         print("\nSequential transform speed (policy_gaussian, Delta_0=100, unseeded, DirectRunner in_memory)")
-        n, t = beam_time(args.beam_users, 100)
-        print(f"  Beam end to end: {n:,d} input pairs in {t:.1f}s = {t / n * 1e6:.1f} s per million pairs")
+        for alg in ("policy_gaussian", "basic"):
+            n, t = beam_time(args.beam_users, 100, alg)
+            print(f"  Beam end to end, {alg}: {n:,d} input pairs in {t:.1f}s = {t / n * 1e6:.1f} s per million pairs",
+                  flush=True)
         n, t = kernel_time(args.beam_users, 100)
         print(f"  histogram kernel alone: {n:,d} bounded pairs in {t:.2f}s = {t / n * 1e6:.2f} s per million pairs")
         for users in (50_000, 200_000):

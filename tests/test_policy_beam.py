@@ -53,12 +53,20 @@ def test_output_does_not_depend_on_input_order():
 
 
 def test_unseeded_run_releases_items_every_user_holds():
-    """Production mode (OS entropy). An item held by all 1500 users reaches the cutoff Gamma = rho +
-    5 sigma, so it is missed only if its noise is below -5 sigma: probability 2.9e-7 per run."""
+    """Production mode (OS entropy). An item in all 1500 sets survives the cap to 8 in most of them
+    and is pushed to the cutoff Gamma = rho + 15 * noise_scale (alpha = 15); it is then missed
+    only if its noise is below -15 scales: probability 0.5 e^-15 = 1.5e-7 (Laplace), < 1e-50
+    (Gaussian) per run."""
     sets = {u: items + ["everyone"] for u, items in SETS.items()}
     for alg in ("policy_gaussian", "policy_laplace"):
-        got = run_beam(pairs_of(sets), alg, PARAMS, None)
+        got = run_beam(pairs_of(sets), alg, PARAMS.replace(alpha=15.0), None)
         assert "everyone" in got and set(got) <= {i for v in sets.values() for i in v}
+
+
+def test_empty_input_releases_nothing():
+    got = collect(lambda p: p | beam.Create([("u", "x")]) | beam.Filter(lambda e: False)
+                  | SelectPartitions("policy_laplace", PARAMS, seed=1))
+    assert got == []
 
 
 def _bounded_pairs(seed):
