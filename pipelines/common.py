@@ -11,7 +11,12 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, SetupOptions
 
-from pipelines.io import INPUT_FORMATS
+from pipelines.io import DEFAULT_MAX_ITEM_LENGTH, DEFAULT_MAX_TEXT_LENGTH, INPUT_FORMATS
+
+_LOG = logging.getLogger(__name__)
+
+# The PipelineResult of the most recent run_main in this process (tests read its Beam metrics).
+last_result = None
 
 
 def add_input_args(parser: argparse.ArgumentParser, value_column: str) -> None:
@@ -24,6 +29,10 @@ def add_input_args(parser: argparse.ArgumentParser, value_column: str) -> None:
     parser.add_argument("--skip_bad_records", action="store_true",
                         help="skip malformed records and report how many were skipped "
                              "(default: fail on the first one, naming its file and line)")
+    default_max = DEFAULT_MAX_TEXT_LENGTH if value_column == "text" else DEFAULT_MAX_ITEM_LENGTH
+    parser.add_argument(f"--max_{value_column}_length", type=int, default=default_max,
+                        help=f"longest accepted {value_column}, in characters (default %(default)s); longer "
+                             "ones are bad records (read in bounded chunks, never loaded whole)")
     parser.add_argument("--seed", type=int, default=None,
                         help="reproducible mode: every random draw is a function of the seed. NOT private "
                              "against anyone who knows the seed; for tests and demos only")
@@ -79,7 +88,14 @@ def input_error_message(exc: BaseException):
     """A one-line message for errors caused by the input (bad record, no file), else None."""
     from pipelines.io import BadRecordError
 
+    from pipelines.io import EmptyInputError
+
     msg = str(exc)
+    if isinstance(exc, EmptyInputError):
+        return msg.splitlines()[0].split(" [while running")[0]
+    for line in msg.splitlines():
+        if "EmptyInputError" in line:
+            return line.split("EmptyInputError:", 1)[-1].strip().split(" [while running")[0]
     if isinstance(exc, BadRecordError):
         return "bad input record: " + msg.splitlines()[0].split(" [while running")[0]
     for line in msg.splitlines():
@@ -103,6 +119,7 @@ def run_main(parser: argparse.ArgumentParser, argv, make_params, build_pipeline,
     and prints ``summarize(report, args, params)`` (or the output locations if the report cannot be
     read yet, e.g. on an asynchronous remote runner).
     """
+    global last_result
     args, beam_args = parser.parse_known_args(argv)
     configure_logging()
     try:
@@ -111,9 +128,15 @@ def run_main(parser: argparse.ArgumentParser, argv, make_params, build_pipeline,
         build_pipeline(pipeline, args, params)
     except ValueError as e:
         parser.error(str(e))
+    outputs = [args.output, args.report]
+    before = snapshot_outputs(outputs)
     try:
-        pipeline.run().wait_until_finish()
+        last_result = pipeline.run()
+        last_result.wait_until_finish()
     except Exception as e:  # Beam wraps worker exceptions; show the root cause plainly.
+        removed = remove_new_outputs(outputs, before)  # a failed run leaves no partial output
+        if removed:
+            print(f"removed {len(removed)} partial output file(s) of the failed run", file=sys.stderr)
         message = input_error_message(e)
         if message is None:
             raise
@@ -128,6 +151,74 @@ def run_main(parser: argparse.ArgumentParser, argv, make_params, build_pipeline,
     return 0
 
 
+def _output_matches(prefixes: Sequence[str]) -> Dict[str, float]:
+    """path -> last-modified time of every file starting with one of ``prefixes`` or in a beam-temp
+    directory next to them (WriteToText stages shards in ``<dir>/beam-temp-<name>-<uuid>/``)."""
+    patterns = []
+    for prefix in prefixes:
+        patterns.append(prefix + "*")
+        directory, name = FileSystems.split(prefix)
+        patterns.append(FileSystems.join(directory, f"beam-temp-{name}*", "*"))
+    found: Dict[str, float] = {}
+    for result in FileSystems.match(patterns):
+        for m in result.metadata_list:
+            found[m.path] = getattr(m, "last_updated_in_seconds", 0.0)
+    return found
+
+
+def snapshot_outputs(prefixes: Sequence[str]) -> Dict[str, float]:
+    try:
+        return _output_matches(prefixes)
+    except Exception:  # pragma: no cover - an unreachable filesystem fails the run later anyway
+        return {}
+
+
+def remove_new_outputs(prefixes: Sequence[str], before: Dict[str, float]) -> List[str]:
+    """Deletes the files a failed run created or rewrote (outputs, report, beam-temp staging), so a
+    failed run leaves no partial output; files that were there before and untouched stay."""
+    try:
+        now = _output_matches(prefixes)
+    except Exception:  # pragma: no cover
+        return []
+    stale = sorted(p for p, t in now.items() if p not in before or t != before[p])
+    if stale:
+        FileSystems.delete(stale)
+    for prefix in prefixes:  # now-empty staging directories
+        directory, name = FileSystems.split(prefix)
+        if directory and FileSystems.exists(directory) and "://" not in directory:
+            import glob
+            import os
+
+            for d in glob.glob(os.path.join(directory, f"beam-temp-{name}*")):
+                if os.path.isdir(d) and not os.listdir(d):
+                    os.rmdir(d)
+    return stale
+
+
+class InputErrorTracebackFilter(logging.Filter):
+    """Drops Beam's ERROR log of a worker exception caused by the input (bad record, empty input):
+    run_main prints those as one ``error: <file>:<line>: ...`` line instead of a Beam stack trace."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from pipelines.io import BadRecordError, EmptyInputError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        while exc is not None:
+            if isinstance(exc, (BadRecordError, EmptyInputError)):
+                return False
+            exc = exc.__cause__ or exc.__context__
+        text = record.getMessage() if record.levelno >= logging.ERROR else ""
+        return not ("BadRecordError" in text or "EmptyInputError" in text)
+
+
 def configure_logging(verbose: bool = False) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, InputErrorTracebackFilter) for f in handler.filters):
+            handler.addFilter(InputErrorTracebackFilter())
+    # Beam's worker DEBUG logs print raw elements (e.g. "Processing [...(user, item)...]" in
+    # apache_beam.runners.worker.operations): never let them through, whatever the root level is.
+    beam_logger = logging.getLogger("apache_beam")
+    if beam_logger.level < logging.INFO:  # NOTSET or DEBUG
+        beam_logger.setLevel(logging.INFO)

@@ -20,7 +20,7 @@ from typing import List, Optional
 import apache_beam as beam
 
 from pipelines import common
-from pipelines.io import ReadRecords
+from pipelines.io import FailIfEmpty, ReadRecords
 from privacy.params import ACCOUNTINGS, ALGORITHMS, SelectionParams
 from transforms.select import SelectPartitions
 
@@ -84,8 +84,9 @@ def params_from_args(args) -> SelectionParams:
 def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> SelectPartitions:
     """Adds the whole job to ``pipeline``; returns the selection transform (for its plan)."""
     read = pipeline | "Read" >> ReadRecords(
-        args.input, args.input_format, args.user_column, args.item_column, args.skip_bad_records
+        args.input, args.input_format, args.user_column, args.item_column, args.skip_bad_records, max_value_length=args.max_item_length,
     )
+    _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
     select = SelectPartitions(args.algorithm, params, seed=args.seed, output_rounds=True)
     tagged = read.records | "Select" >> select  # (round, item)
     items = tagged | "Items" >> beam.Values()  # item
