@@ -79,23 +79,27 @@ def bench_dpne(seeds: int, max_n: int):
     deg = np.array([len(v) for v in ug[1].values()])
     print(f"distinct 1-grams per user: median={np.median(deg):.0f} p90={np.percentile(deg, 90):.0f}")
 
+    present = {k: set().union(*ug[k].values()) if ug[k] else set() for k in ug}  # n-grams in the data
+
     def run(p):
-        rows = []
+        rows, spurious = [], []
         for s in range(seeds):
             r = dpne_reference(None, p, rng=np.random.default_rng(s), user_grams=ug)
             rows.append([len(r.ngrams.get(k, ())) for k in range(1, max_n + 1)])
+            spurious.append(sum(len(r.ngrams.get(k, set()) - present[k]) for k in range(1, max_n + 1)))
         rows = np.array(rows, dtype=float)
-        return rows.sum(axis=1), rows.mean(axis=0)
+        return rows.sum(axis=1), rows.mean(axis=0), spurious
 
-    header = f"{'':>22s} {'total':>16s}  per k (mean)"
+    header = f"{'':>22s} {'total':>16s} {'not in data':>16s}  per k (mean)"
     for title, key, values in (("eta", "eta", (0.001, 0.01, 0.05, 0.1)),
                                ("sigma_decay", "sigma_decay", (0.8, 0.9, 1.0, 1.1)),
                                ("Delta_k (max_contributions)", "max_contributions", (30, 100, 300, 1000))):
         print(f"\n### {title}")
         print(header)
         for v in values:
-            total, per_k = run(base.replace(**{key: v}))
-            print(f"{key + '=' + str(v):>22s} {cell(total):>16s}  " + " ".join(f"{x:.0f}" for x in per_k), flush=True)
+            total, per_k, spurious = run(base.replace(**{key: v}))
+            print(f"{key + '=' + str(v):>22s} {cell(total):>16s} {cell(spurious):>16s}  "
+                  + " ".join(f"{x:.0f}" for x in per_k), flush=True)
 
 
 def main(argv=None):
