@@ -129,6 +129,8 @@ def run_main(parser: argparse.ArgumentParser, argv, make_params, build_pipeline,
         observability.add_args(parser)
     args, beam_args = parser.parse_known_args(argv)
     configure_logging(args.log_level)
+    if args.evaluate_against and not hasattr(sys.modules[build_pipeline.__module__], "evaluation_pairs"):
+        parser.error(f"--evaluate_against is not supported by {parser.prog} (no item-level evaluation defined)")
     try:
         params = make_params(args)
         options = pipeline_options(beam_args)

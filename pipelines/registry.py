@@ -20,7 +20,9 @@ class PipelineSpec:
     stages:       labels of the top-level stages every run of the pipeline has (checked in the
                   Dataflow job graph).
     sample_input: a bundled sample file (``data/...``) in ``input_format``; tests cut it down.
-    sample_args:  the privacy/algorithm arguments of a small seeded demo run on that sample.
+    sample_args:  the privacy/algorithm arguments of a small seeded demo run on that sample
+                  (paths under data/ are relative to the repository root).
+    input_flag:   the flag of the private input files (``input``; ``private`` for bayesian_ngrams).
     """
 
     name: str
@@ -28,6 +30,7 @@ class PipelineSpec:
     sample_input: str
     input_format: str
     sample_args: Tuple[str, ...]
+    input_flag: str = "input"  # the flag naming the private input files
 
     def module(self):
         return importlib.import_module(f"pipelines.{self.name}")
@@ -47,6 +50,15 @@ PIPELINES: Tuple[PipelineSpec, ...] = (
         sample_input="data/dpne_commits_sample.jsonl.gz",
         input_format="jsonl",
         sample_args=("--max_n", "3", "--epsilon", "4", "--delta", "1e-6", "--max_contributions", "30"),
+    ),
+    PipelineSpec(
+        name="bayesian_ngrams",
+        stages=("ReadPrivate", "Bayesian", "Format", "WriteDistribution", "BuildReport", "WriteReport"),
+        sample_input="data/dpne_commits_sample.jsonl.gz",
+        input_format="jsonl",
+        sample_args=("--public", "data/bayesian_public_trigrams.tsv.gz", "--n", "3", "--epsilon", "1",
+                     "--delta", "1e-5", "--C", "1", "--W", "100"),
+        input_flag="private",
     ),
 )
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sys
 from typing import Dict, Iterable, List, Tuple
 
 import apache_beam as beam
@@ -211,7 +212,10 @@ def produce(report: dict, args, params, options, module_name: str) -> List[str]:
         written.append(path)
     if args.plots:
         os.makedirs(args.plots, exist_ok=True)
-        written.append(plot_released(report, args.plots))
+        if "rounds" in report or "levels" in report:
+            written.append(plot_released(report, args.plots))
+        else:
+            print(f"note: no released-count chart is defined for {module_name}'s report", file=sys.stderr)
         if evaluation is not None:
             written.append(plot_coverage(evaluation, args.plots))
     return written

@@ -24,10 +24,15 @@ def cut_sample(spec, tmp_path):
     return str(dst)
 
 
+def sample_args(spec):
+    """The registry's sample arguments with data/ paths made absolute (tests run from any cwd)."""
+    return [os.path.join(REPO, a) if a.startswith("data/") else a for a in spec.sample_args]
+
+
 def cli_args(spec, input_path, out_dir, *extra):
-    return ["--input", input_path, "--input_format", spec.input_format,
+    return [f"--{spec.input_flag}", input_path, "--input_format", spec.input_format,
             "--output", os.path.join(out_dir, "released"), "--report", os.path.join(out_dir, "report.json"),
-            *spec.sample_args, "--seed", str(SEED), *extra]
+            *sample_args(spec), "--seed", str(SEED), *extra]
 
 
 def run_cli(spec, argv, timeout=600):

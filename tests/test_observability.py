@@ -75,7 +75,10 @@ def test_frequency_bins_are_powers_of_two():
         (1, 1), (2, 3), (2, 3), (4, 7), (4, 7), (8, 15), (512, 1023)]
 
 
-@pytest.mark.parametrize("spec", PIPELINES, ids=IDS)
+EVALUATED = [s for s in PIPELINES if hasattr(s.module(), "evaluation_pairs")]
+
+
+@pytest.mark.parametrize("spec", EVALUATED, ids=[s.name for s in EVALUATED])
 def test_plots_and_non_private_evaluation(spec, tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="the plots extra is not installed")
     path = cut_sample(spec, tmp_path)
@@ -97,3 +100,13 @@ def test_plots_and_non_private_evaluation(spec, tmp_path, capsys):
         assert b["coverage"] == pytest.approx(b["released"] / b["items"])
     report = json.loads(open(os.path.join(out, "report.json")).read())
     assert sum(reporting.released_series(report)[2]) == report["released"] == len(released)
+
+
+def test_evaluate_against_is_refused_up_front_where_undefined(tmp_path, capsys):
+    for spec in PIPELINES:
+        if hasattr(spec.module(), "evaluation_pairs"):
+            continue
+        argv = cli_args(spec, str(tmp_path / "none.jsonl"), str(tmp_path / "out"), "--evaluate_against", "x")
+        with pytest.raises(SystemExit) as e:
+            spec.module().run(argv)
+        assert e.value.code == 2 and "--evaluate_against" in capsys.readouterr().err

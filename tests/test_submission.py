@@ -9,7 +9,7 @@ import tarfile
 import apache_beam as beam
 import pytest
 
-from pipeline_cases import IDS, PIPELINES, REPO
+from pipeline_cases import IDS, PIPELINES, REPO, sample_args
 from pipelines import common
 
 # Builds the pipeline for DataflowRunner --dry_run=True (no job is sent) and prints the Runner API
@@ -50,9 +50,9 @@ DATAFLOW_ARGS = ["--runner", "DataflowRunner", "--dry_run=True", "--project", "f
 
 
 def _dry_run(spec, tmp_path, *extra):
-    argv = ["--input", "gs://fake-bucket/in/*", "--input_format", spec.input_format,
+    argv = [f"--{spec.input_flag}", "gs://fake-bucket/in/*", "--input_format", spec.input_format,
             "--output", "gs://fake-bucket/out/released", "--report", "gs://fake-bucket/out/report.json",
-            *spec.sample_args, *DATAFLOW_ARGS, "--setup_file", os.path.join(REPO, "setup.py"), *extra]
+            *sample_args(spec), *DATAFLOW_ARGS, "--setup_file", os.path.join(REPO, "setup.py"), *extra]
     # No network here: a hang (credentials, metadata server) must fail the test, not stall the suite.
     env = dict(os.environ, GCE_METADATA_HOST="127.0.0.1:9", NO_GCE_CHECK="True")
     proc = subprocess.run([sys.executable, "-c", DRY_RUN, spec.name, *argv], cwd=str(tmp_path),
@@ -75,7 +75,7 @@ def test_dataflow_dry_run_builds_the_job_graph_with_the_pipeline_stages(spec, dr
     names = set(out["transforms"])
     for stage in spec.stages:
         assert stage in names, f"stage {stage} missing from the Dataflow graph"
-    assert any(n.startswith("Read/Parse") for n in names)
+    assert any(n.endswith("/Parse") and n.startswith(spec.stages[0]) for n in names)  # the file reader
     # No NON-PRIVATE diagnostics branch unless asked for.
     assert not any(n.startswith("Diag") for n in names)
 
@@ -135,9 +135,9 @@ def test_flex_template_launch_submits_without_waiting(spec, monkeypatch, capsys,
     log = []
     monkeypatch.setenv(common.FLEX_TEMPLATE_ENV, f"/template/pipelines/{spec.name}.py")
     monkeypatch.setattr(beam.Pipeline, "run", lambda self, *a, **k: log.append("run") or _Result(log))
-    argv = ["--input", "gs://fake-bucket/in/*", "--input_format", spec.input_format,
+    argv = [f"--{spec.input_flag}", "gs://fake-bucket/in/*", "--input_format", spec.input_format,
             "--output", "gs://fake-bucket/out/released", "--report", "gs://fake-bucket/out/report.json",
-            *spec.sample_args]
+            *sample_args(spec)]
     assert spec.module().run(argv) == 0
     assert log == ["run"]
     assert "submitted without waiting" in capsys.readouterr().out

@@ -41,7 +41,7 @@ def as_text(value):
 
 def examples(spec):
     """A valid value for every flag of a sample launch (the registry's demo run + gs:// paths)."""
-    ex = {"input": "gs://bucket/in/*.jsonl.gz", "input_format": spec.input_format,
+    ex = {spec.input_flag: "gs://bucket/in/*.jsonl.gz", "input_format": spec.input_format,
           "output": "gs://bucket/out/released", "report": "gs://bucket/out/report.json",
           "diagnostics": "gs://bucket/private/diagnostics.json"}
     args = list(spec.sample_args)
@@ -123,7 +123,7 @@ def test_regexes_accept_defaults_and_examples_and_reject_bad_values(name):
         if a.type in (int, float):
             for bad in BAD_NUMBERS:
                 assert not ok(bad), (p["name"], bad)
-        if getattr(a.type, "__name__", "") in ("_fractions", "_int_list"):  # comma-separated lists
+        if getattr(a.type, "__name__", "") in ("_fractions", "_int_list", "_float_list"):  # comma-separated lists
             for bad in [b for b in BAD_NUMBERS if b != "1,5"] + ["1,,5", ",", "1,"]:
                 assert not ok(bad), (p["name"], bad)
         if a.type is int:
