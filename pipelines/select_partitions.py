@@ -19,7 +19,7 @@ from typing import List, Optional
 
 import apache_beam as beam
 
-from pipelines import common
+from pipelines import common, observability
 from pipelines.io import FailIfEmpty, ReadRecords
 from privacy.params import ACCOUNTINGS, ALGORITHMS, SelectionParams
 from transforms.select import SelectPartitions
@@ -86,9 +86,11 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
     read = pipeline | "Read" >> ReadRecords(
         args.input, args.input_format, args.user_column, args.item_column, args.skip_bad_records, max_value_length=args.max_item_length,
     )
+    records = observability.mark(read.records, "Read", args)  # (user, item)
     _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
     select = SelectPartitions(args.algorithm, params, seed=args.seed, output_rounds=True)
-    tagged = read.records | "Select" >> select  # (round, item)
+    tagged = records | "Select" >> select  # (round, item)
+    tagged = observability.mark(tagged, "Select", args)  # (round, item)
     items = tagged | "Items" >> beam.Values()  # item
     _ = items | "WriteItems" >> beam.io.WriteToText(args.output)
     round_counts = (
@@ -96,7 +98,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
         | "Rounds" >> beam.Keys()  # round
         | "CountPerRound" >> beam.combiners.Count.PerElement()  # (round, released)
     )
-    bad = read.bad | "CountBad" >> beam.CombineGlobally(sum)  # number of skipped records
+    observability.attach_diagnostics(pipeline, read, args, "select_partitions", params.max_contributions)
     base = {
         "algorithm": args.algorithm,
         "epsilon": params.epsilon,
@@ -123,12 +125,22 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
         pipeline
         | "ReportSeed" >> beam.Create([None])
         | "BuildReport" >> beam.Map(
-            common.build_report, base, beam.pvalue.AsDict(round_counts), beam.pvalue.AsSingleton(bad),
-            bool(args.skip_bad_records),
-        )
+            common.build_report, base, beam.pvalue.AsDict(round_counts))
     )
     common.write_single_file(report, args.report, "WriteReport")
     return select
+
+
+def evaluation_pairs(pipeline: beam.Pipeline, path: str, args):
+    """NON-PRIVATE evaluation input (``--evaluate_against``): (user, item) of the true data, read like --input."""
+    read = pipeline | "ReadTrue" >> ReadRecords(
+        path, args.input_format, args.user_column, args.item_column, args.skip_bad_records)
+    return read.records  # (user, item)
+
+
+def evaluation_group(line: str) -> str:
+    """One coverage series for all items."""
+    return "all"
 
 
 def summarize(report: dict, args, params: SelectionParams) -> str:
