@@ -121,3 +121,25 @@ def test_the_canary_check_can_fail(tmp_path):
     with pytest.raises(AssertionError):
         _assert_clean([f"processed {COUNTS['users']} users"], COUNTS)
     _assert_clean([f"sigma {COUNTS['users']}1.5 0.{COUNTS['users']}"], COUNTS)  # digits inside numbers are not counts
+
+
+def test_diagnostics_is_the_only_place_with_exact_counts(tmp_path, caplog, capsys):
+    # With --diagnostics PATH the exact counts go to that clearly labelled NON-PRIVATE file (and to
+    # Beam counters in namespace diagnostics_non_private); the report, outputs and logs stay clean.
+    src = tmp_path / "in.tsv"
+    src.write_text("user\titem\n" + "".join(f"{u}\t{i}\n" for u, i in RECORDS), encoding="utf-8")
+    out, rep, diag = tmp_path / "out" / "items", tmp_path / "out" / "report.json", tmp_path / "diag.json"
+    code, captured, logs, metrics = _run(tmp_path, caplog, capsys, select_partitions.run, [
+        "--input", str(src), "--input_format", "tsv", "--output", str(out), "--report", str(rep),
+        "--algorithm", "mad2r", "--epsilon", "4", "--delta", "1e-10", "--diagnostics", str(diag),
+        "--max_contributions", str(MAX_CONTRIBUTIONS), "--direct_running_mode", "in_memory"])
+    assert code == 0
+    diagnostics = json.loads(diag.read_text(encoding="utf-8"))
+    assert diagnostics["NON_PRIVATE_DIAGNOSTICS"] is True
+    text = json.dumps(diagnostics)
+    for name in ("users", "records", "pairs_after_bounding"):
+        assert re.search(rf"(?<![\d.]){COUNTS[name]}(?![\d])", text), name  # the opt-in does carry them
+    assert CANARY not in text  # counts only, never items
+    released = "".join(p.read_text(encoding="utf-8") for p in (tmp_path / "out").glob("items*"))
+    report = rep.read_text(encoding="utf-8")
+    _assert_clean([report, released, *logs], COUNTS)
