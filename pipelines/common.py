@@ -197,15 +197,28 @@ def run_main(parser: argparse.ArgumentParser, argv, make_params, build_pipeline,
     return 0
 
 
+def is_local_path(path: str) -> bool:
+    """True for a plain filesystem path (no ``scheme://``, or ``file://``)."""
+    return "://" not in path or path.startswith("file://")
+
+
 def _output_matches(prefixes: Sequence[str]) -> Dict[str, float]:
     """path -> last-modified time of every file starting with one of ``prefixes`` or in a beam-temp
-    directory next to them (WriteToText stages shards in ``<dir>/beam-temp-<name>-<uuid>/``)."""
+    directory next to them (WriteToText stages shards in ``<dir>/beam-temp-<name>-<uuid>/``).
+
+    Local paths only: remote outputs (``gs://``, ``s3://``, ...) are written by the runner's file
+    sinks, which finalise atomically on the workers, and listing them from the launcher would need
+    network access and credentials (and hangs in GCS client retries when there is none)."""
     patterns = []
     for prefix in prefixes:
+        if not is_local_path(prefix):
+            continue
         patterns.append(prefix + "*")
         directory, name = FileSystems.split(prefix)
         patterns.append(FileSystems.join(directory, f"beam-temp-{name}*", "*"))
     found: Dict[str, float] = {}
+    if not patterns:
+        return found
     for result in FileSystems.match(patterns):
         for m in result.metadata_list:
             found[m.path] = getattr(m, "last_updated_in_seconds", 0.0)
