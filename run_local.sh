@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ./run_local.sh        run the main job on the bundled sample with the DirectRunner
 # ./run_local.sh test   run the full test suite
-# Both create .venv (if missing) and install the package with its test extra.
+# Both create .venv (if missing) and install the package with its test and bench extras.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -13,7 +13,7 @@ fi
 stamp=.venv/.installed-$(cat setup.py | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e '.[test]'
+  .venv/bin/python -m pip install --quiet -e '.[test,bench]'
   touch "$stamp"
 fi
 export PYTHONWARNINGS="ignore::DeprecationWarning"
