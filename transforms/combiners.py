@@ -80,3 +80,26 @@ class ExactSumFn(beam.CombineFn):
 
     def extract_output(self, acc):
         return from_fixed_point(acc)
+
+
+class FixedPointSumFn(beam.CombineFn):
+    """Sums exact fixed-point partial sums (ints from :func:`to_fixed_point`); outputs the float.
+
+    The counterpart of :class:`ExactSumFn` for inputs already pre-summed in fixed point (e.g. per
+    bundle by :class:`transforms.basic.BundleWeightSumsFn`): same correctly rounded result.
+    """
+
+    def create_accumulator(self):
+        return 0
+
+    def add_input(self, acc, x):
+        return acc + x
+
+    def add_inputs(self, acc, xs):
+        return acc + sum(xs)
+
+    def merge_accumulators(self, accumulators):
+        return sum(accumulators)
+
+    def extract_output(self, acc):
+        return from_fixed_point(acc)
