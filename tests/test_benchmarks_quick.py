@@ -55,6 +55,7 @@ def test_speed_and_scaling_csv(results):
     assert len(rows) == 2 * len(modes)
     for r in rows:
         assert float(r["wall_s"]) > 0 and float(r["pairs_per_s"]) > 0 and float(r["peak_rss_mb"]) > 10
+        assert float(r["cpu_s"]) > 0
         assert math.isclose(float(r["pairs_per_s"]) * float(r["wall_s"]), int(r["pairs"]), rel_tol=1e-6)
         if r["tool"] == "basic":
             assert math.isclose(float(r["time_vs_basic"]), 1.0)
