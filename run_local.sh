@@ -46,6 +46,17 @@ case "$cmd" in
         --runner DirectRunner --direct_running_mode in_memory
       echo "released n-grams: $(cat "$out"/ngrams-* | wc -l) in $out/ngrams-*; report: $out/ngrams_report.json"
     fi
+    if [ -f pipelines/bayesian_ngrams.py ] && [ -f data/bayesian_public_trigrams.tsv.gz ]; then
+      rm -f "$out"/trigram_probs-* "$out"/bayesian_report.json
+      echo "== bayesian_ngrams: trigram distribution with a public prior (Algorithm 2), DirectRunner =="
+      .venv/bin/python -m pipelines.bayesian_ngrams \
+        --private data/dpne_commits_sample.jsonl.gz --input_format jsonl \
+        --public data/bayesian_public_trigrams.tsv.gz \
+        --output "$out/trigram_probs" --report "$out/bayesian_report.json" \
+        --n 3 --epsilon 1 --delta 1e-5 --C 1 --W 100 \
+        --tune --S_grid 0.001,0.01 --rho_grid 0.05,0.1,0.3 \
+        --runner DirectRunner --direct_running_mode in_memory
+    fi
     ;;
   *)
     echo "usage: ./run_local.sh [test [pytest args...]]" >&2

@@ -1,0 +1,184 @@
+"""Offline evaluation: KL(private || released) of each mechanism vs epsilon (paper Figures 1-3).
+
+    python -m pipelines.bayesian_eval --private data/dpne_commits_sample.jsonl.gz --input_format jsonl \\
+        --public data/bayesian_public_trigrams.tsv.gz [--epsilons 0.1,0.2,0.5,1,2] [--repeats 5] \\
+        [--mechanisms bayesian,laplace,laplace_public] [--C 1 --W 100 --S 1 --rho 0.5 | --tune] \\
+        [--distribution NAME=PATH ...] [--seed 0]
+
+NOT a private computation: it reads the true private counts to score the mechanisms, for offline
+evaluation of parameters only. The private distribution is the users' (unclamped) n-gram counts over
+the public vocabulary, normalised. Mechanisms run in memory (:mod:`transforms.bayesian_reference`,
+identical to the Beam pipeline under a seed); ``--distribution NAME=PATH`` also scores released
+``n-gram<TAB>probability`` files (e.g. the pipeline's output). Rows "public" (the prior alone,
+``softmax(mu_p)``) and "uniform" are references. KL is in nats, the released distribution mixed with
+1e-9 of the uniform one so that zeros of the Laplace baselines stay finite.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+
+from pipelines.bayesian_ngrams import _float_list, load_public_counts
+from pipelines.io import INPUT_FORMATS, ParseFileFn
+from privacy.bayesian_params import MECHANISMS, SENSITIVITIES, BayesianParams
+from transforms import bayesian_kernels as K
+from transforms.bayesian_reference import release_from_user_counts, user_counts_from_texts
+
+
+def read_user_texts(pattern: str, input_format: str, user_column: str, text_column: str) -> Dict[str, List[str]]:
+    """user -> texts, with the pipelines' strict record parser (bad records raise)."""
+    fn = ParseFileFn(input_format, user_column, text_column, skip_bad_records=False, allow_newlines=True)
+    out: Dict[str, List[str]] = {}
+    matches = FileSystems.match([pattern])[0].metadata_list
+    if not matches:
+        raise ValueError(f"--private: no file matches {pattern}")
+    for meta in matches:
+        for user, text in fn.process(meta):
+            out.setdefault(user, []).append(text)
+    return out
+
+
+def private_distribution(texts: Mapping[Any, Sequence[str]], prior: K.PublicPrior, n: int) -> np.ndarray:
+    """The users' unclamped n-gram counts over the public vocabulary, normalised (the evaluation target)."""
+    index = prior.index()
+    c = np.zeros(prior.size)
+    for docs in texts.values():
+        for text in docs:
+            for g, k in K.text_ngram_counts(text, n).items():
+                i = index.get(g)
+                if i is not None:
+                    c[i] += k
+    if c.sum() == 0:
+        raise ValueError("the private data has no n-gram of the public vocabulary: nothing to evaluate")
+    return c / c.sum()
+
+
+def evaluate(
+    users: Mapping[Any, K.UserCounts],
+    p_private: np.ndarray,
+    prior: K.PublicPrior,
+    base: BayesianParams,
+    epsilons: Sequence[float],
+    mechanisms: Sequence[str],
+    repeats: int,
+    seed: int,
+) -> List[Dict[str, Any]]:
+    """Mean and standard deviation of KL(p_private || released) over ``repeats`` seeds per (mechanism, eps).
+
+    Reference rows: ``public`` (softmax(mu_p), no private data) and ``uniform``."""
+    rows = [
+        {"mechanism": "public", "epsilon": None, "kl_mean": K.kl_divergence(p_private, K.softmax(K.mu_prior(prior.alpha))),
+         "kl_std": 0.0},
+        {"mechanism": "uniform", "epsilon": None,
+         "kl_mean": K.kl_divergence(p_private, np.full(prior.size, 1.0 / prior.size)), "kl_std": 0.0},
+    ]
+    for mech in mechanisms:
+        for eps in epsilons:
+            params = base.replace(mechanism=mech, epsilon=eps, tune=base.tune and mech == "bayesian")
+            kls = []
+            for r in range(repeats):
+                theta, _ = release_from_user_counts(users, prior, params, seed=seed + r)
+                kls.append(K.kl_divergence(p_private, theta))
+            rows.append({"mechanism": mech, "epsilon": eps, "kl_mean": float(np.mean(kls)),
+                         "kl_std": float(np.std(kls))})
+    return rows
+
+
+def format_table(rows: List[Dict[str, Any]]) -> str:
+    lines = ["mechanism        epsilon   KL mean    KL std", "-" * 44]
+    for r in rows:
+        eps = "-" if r["epsilon"] is None else f"{r['epsilon']:g}"
+        lines.append(f"{r['mechanism']:<16} {eps:>7} {r['kl_mean']:>9.4f} {r['kl_std']:>9.4f}")
+    return "\n".join(lines)
+
+
+def read_distribution(path: str, prior: K.PublicPrior) -> np.ndarray:
+    """A released ``n-gram<TAB>probability`` file set (prefix or glob) as a vector over the vocabulary."""
+    index = prior.index()
+    q = np.zeros(prior.size)
+    matches = FileSystems.match([path if any(ch in path for ch in "*?[") else path + "*"])[0].metadata_list
+    if not matches:
+        raise ValueError(f"--distribution: no file matches {path}")
+    for meta in matches:
+        with FileSystems.open(meta.path) as f:
+            for line_no, raw in enumerate(iter(f.readline, b""), 1):
+                line = raw.decode("utf-8").rstrip("\n")
+                if not line:
+                    continue
+                gram, _, value = line.rpartition("\t")
+                if gram not in index:
+                    raise ValueError(f"{meta.path}:{line_no}: n-gram {gram!r} is not in the public vocabulary")
+                q[index[gram]] = float(value)
+    return q
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = BayesianParams()
+    p = argparse.ArgumentParser(prog="python -m pipelines.bayesian_eval",
+                                description="KL(private || mechanism) vs epsilon (offline, NOT private).")
+    p.add_argument("--private", required=True)
+    p.add_argument("--input_format", required=True, choices=INPUT_FORMATS)
+    p.add_argument("--user_column", default="user")
+    p.add_argument("--text_column", default="text")
+    p.add_argument("--public", required=True)
+    p.add_argument("--n", type=int, default=d.n)
+    p.add_argument("--epsilons", type=_float_list, default=[0.1, 0.2, 0.5, 1.0, 2.0])
+    p.add_argument("--mechanisms", default=",".join(MECHANISMS),
+                   help="comma-separated subset of " + ", ".join(MECHANISMS))
+    p.add_argument("--delta", type=float, default=d.delta)
+    p.add_argument("--C", type=int, default=d.C)
+    p.add_argument("--W", type=int, default=d.W)
+    p.add_argument("--S", type=float, default=d.S)
+    p.add_argument("--rho", type=float, default=d.rho)
+    p.add_argument("--tune", action="store_true")
+    p.add_argument("--sensitivity", default=d.sensitivity, choices=SENSITIVITIES)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--seed", type=int, default=0, help="first seed of the repeats (default 0)")
+    p.add_argument("--distribution", action="append", default=[], metavar="NAME=PATH",
+                   help="also score a released distribution (pipeline output prefix or glob)")
+    return p
+
+
+def run(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        mechanisms = [m.strip() for m in args.mechanisms.split(",") if m.strip()]
+        for m in mechanisms:
+            if m not in MECHANISMS:
+                raise ValueError(f"mechanisms: unknown mechanism {m!r} (allowed: {', '.join(MECHANISMS)})")
+        if args.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {args.repeats}")
+        base = BayesianParams(n=args.n, delta=args.delta, C=args.C, W=args.W, S=args.S, rho=args.rho,
+                              tune=args.tune, sensitivity=args.sensitivity)
+        prior = load_public_counts(args.public, args.n)
+        texts = read_user_texts(args.private, args.input_format, args.user_column, args.text_column)
+        p_private = private_distribution(texts, prior, args.n)
+        named = []
+        for spec in args.distribution:
+            if "=" not in spec:
+                raise ValueError(f"--distribution must be NAME=PATH, got {spec!r}")
+            name, path = spec.split("=", 1)
+            named.append((name, read_distribution(path, prior)))
+    except ValueError as e:
+        parser.error(str(e))
+    users = user_counts_from_texts(texts, prior, base, seed=args.seed, rng=None)
+    rows = evaluate(users, p_private, prior, base, args.epsilons, mechanisms, args.repeats, args.seed)
+    for name, q in named:
+        rows.append({"mechanism": name, "epsilon": None, "kl_mean": K.kl_divergence(p_private, q), "kl_std": 0.0})
+    print(f"KL(private || released), nats; {len(users)} users with an n-gram of the public vocabulary, "
+          f"|V| = {prior.size}, C={base.C}, W={base.W}, {args.repeats} seeds (offline evaluation, NOT private)")
+    print(format_table(rows))
+    return 0
+
+
+def main():
+    sys.exit(run())
+
+
+if __name__ == "__main__":
+    main()

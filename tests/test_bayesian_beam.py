@@ -1,0 +1,91 @@
+"""Beam BayesianNgrams == the in-memory reference under a seed; unseeded outputs are distributions."""
+import math
+import random
+
+import apache_beam as beam
+import numpy as np
+import pytest
+
+from beam_helpers import collect
+from privacy.bayesian_params import BayesianParams
+from transforms import bayesian_kernels as K
+from transforms.bayesian import BayesianNgrams
+from transforms.bayesian_reference import release
+
+WORDS = ["the", "a", "fix", "bug", "add", "test", "docs", "update"]
+
+
+def make_texts(seed=11, users=80):
+    rnd = random.Random(seed)
+    texts = {}
+    for u in range(users):
+        docs = []
+        for _ in range(rnd.randint(1, 3)):
+            lines = [" ".join(rnd.choice(WORDS[: rnd.randint(3, 8)]) for _ in range(rnd.randint(1, 9)))
+                     for _ in range(rnd.randint(1, 3))]
+            docs.append("\n".join(lines))
+        texts[f"user{u}"] = docs
+    return texts
+
+
+TEXTS = make_texts()
+RECORDS = [(u, t) for u, docs in TEXTS.items() for t in docs]
+PRIOR = K.PublicPrior.from_counts(
+    {f"{a} {b}": float((i * 7 + j * 3) % 11) for i, a in enumerate(WORDS) for j, b in enumerate(WORDS)
+     if (i + j) % 3 != 0} | {"not private": 5.0}
+)
+
+
+def run_beam(params, seed, mode="in_memory", workers=None, records=RECORDS):
+    def build(p):
+        return (p | beam.Create(records) | BayesianNgrams(PRIOR, params, seed=seed))["distribution"]
+
+    lines = collect(build, mode=mode, workers=workers, fmt=lambda kv: f"{kv[0]}\t{kv[1]!r}")
+    return {l.split("\t")[0]: float(l.split("\t")[1]) for l in lines}
+
+
+CASES = [
+    BayesianParams(n=2, C=2, W=6),
+    BayesianParams(n=2, C=1, W=4, S=0.3, rho=0.6, sensitivity="bound"),
+    BayesianParams(n=2, C=2, W=6, tune=True, validation_fraction=0.3, S_grid=(0.01, 0.3, 3.0), rho_grid=(0.2, 0.8)),
+    BayesianParams(n=2, C=2, W=6, tune=True, sensitivity="bound", S_grid=(0.1, 1.0), rho_grid=(0.5,)),
+    BayesianParams(n=2, mechanism="laplace", C=3, W=10, epsilon=5.0),
+    BayesianParams(n=2, mechanism="laplace_public", C=3, W=10, epsilon=5.0),
+]
+
+
+@pytest.mark.parametrize("params", CASES, ids=lambda p: f"{p.mechanism}-{p.sensitivity}-tune{p.tune}")
+def test_beam_equals_reference(params):
+    want, _ = release(TEXTS, PRIOR, params, seed=7)
+    got = run_beam(params, 7)
+    assert got == want  # bit for bit
+    assert set(got) == set(PRIOR.vocab)
+    assert math.fsum(got.values()) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_beam_equals_reference_multi_processing():
+    params = CASES[2]
+    want, _ = release(TEXTS, PRIOR, params, seed=3)
+    assert run_beam(params, 3, mode="multi_processing", workers=2) == want
+
+
+def test_seed_changes_output():
+    params = BayesianParams(n=2, C=2, W=6, S=1.0, rho=0.5)
+    assert run_beam(params, 1) != run_beam(params, 2)
+
+
+@pytest.mark.parametrize("params", [CASES[0], CASES[3], CASES[4]], ids=["bayesian", "tuned", "laplace"])
+def test_unseeded_beam_output_is_a_distribution(params):
+    got = run_beam(params, None)
+    vals = np.array(list(got.values()))
+    assert set(got) == set(PRIOR.vocab)
+    assert np.all(np.isfinite(vals)) and np.all(vals >= 0)
+    assert math.fsum(vals) == pytest.approx(1.0, abs=1e-12)
+    assert got != run_beam(params, None)  # fresh OS-entropy noise each run
+
+
+def test_private_users_without_vocabulary_ngrams_and_empty_input():
+    params = BayesianParams(n=2, rho=0.4)
+    got = run_beam(params, 9, records=[("u1", "zzz yyy xxx"), ("u2", "nothing here")])
+    want = dict(zip(PRIOR.vocab, K.softmax(0.6 * K.mu_prior(PRIOR.alpha)).tolist()))
+    assert got == pytest.approx(want, rel=1e-12)
