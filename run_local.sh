@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ./run_local.sh        run the main job on the bundled sample with the DirectRunner
 # ./run_local.sh test   run the full test suite
-# Both create .venv (if missing) and install the package with its test and bench extras.
+# Both create .venv (if missing) and install the package with its test, gcp and bench extras.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -13,7 +13,9 @@ fi
 stamp=.venv/.installed-$(cat setup.py | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e '.[test,bench]'
+  # gcp: the Dataflow dry-run and staging tests; test includes matplotlib for the plot tests;
+  # bench: PipelineDP for benchmarks/run_all.py and its smoke test.
+  .venv/bin/python -m pip install --quiet -e '.[test,gcp,bench]'
   touch "$stamp"
 fi
 export PYTHONWARNINGS="ignore::DeprecationWarning"
@@ -34,8 +36,9 @@ case "$cmd" in
       --input data/commits_sample.tsv.gz --input_format tsv \
       --output "$out/items" --report "$out/report.json" \
       --algorithm mad2r --epsilon 1 --delta 1e-5 --max_contributions 100 \
+      --plots "$out/plots" \
       --runner DirectRunner --direct_running_mode in_memory
-    echo "released items: $(cat "$out"/items-* | wc -l) in $out/items-*; report: $out/report.json"
+    echo "released items: $(cat "$out"/items-* | wc -l) in $out/items-*; report: $out/report.json; chart: $out/plots/released.png"
     if [ -f pipelines/extract_ngrams.py ] && [ -f data/dpne_commits_sample.jsonl.gz ]; then
       rm -f "$out"/ngrams-* "$out"/ngrams_report.json
       echo "== extract_ngrams: DPNE on data/dpne_commits_sample.jsonl.gz, DirectRunner =="

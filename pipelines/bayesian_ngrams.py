@@ -29,9 +29,9 @@ from typing import List, Optional
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines import common
+from pipelines import common, observability
 from pipelines.extract_ngrams import load_tokenizer
-from pipelines.io import INPUT_FORMATS, ReadRecords
+from pipelines.io import DEFAULT_MAX_TEXT_LENGTH, INPUT_FORMATS, ReadRecords
 from privacy.bayesian_params import MECHANISMS, SENSITIVITIES, BayesianParams
 from transforms.bayesian import BayesianNgrams
 from transforms.bayesian_kernels import PublicPrior
@@ -75,7 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user_column", default="user", help="name of the user column/key (default: user)")
     p.add_argument("--text_column", default="text", help="name of the text column/key (default: text)")
     p.add_argument("--skip_bad_records", action="store_true",
-                   help="skip malformed private records and report how many were skipped (default: fail)")
+                   help="skip malformed private records (default: fail); how many is data-dependent and "
+                        "only written with --diagnostics PATH (non-private)")
+    p.add_argument("--max_text_length", type=int, default=DEFAULT_MAX_TEXT_LENGTH,
+                   help="longest accepted private text, in characters (default %(default)s); longer ones are "
+                        "bad records (read in bounded chunks)")
     p.add_argument("--public", required=True, help="public n-gram counts, n-gram<TAB>count per line")
     p.add_argument("--output", required=True, help="prefix of the output files (n-gram<TAB>probability)")
     p.add_argument("--report", required=True, help="path of the JSON report")
@@ -102,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "against anyone who knows the seed; for tests and demos only")
     p.add_argument("--tokenizer", default=None,
                    help="module:function replacing the default tokenizer (NFKC, lowercase, word runs)")
+    observability.add_args(p)  # --diagnostics, --progress_interval, --log_level, --no_wait, --plots
     return p
 
 
@@ -155,13 +160,11 @@ def format_probability(element) -> str:
     return f"{gram}\t{p!r}"
 
 
-def build_report(_, base: dict, infos: list, bad_records: int, skip_bad_records: bool) -> str:
+def build_report(_, base: dict, infos: list) -> str:
     report = dict(base)
     for info in infos:  # exactly one
         report.update(info)
     report["guarantee"] = GUARANTEE[report["sensitivity"]]
-    if skip_bad_records:
-        report["diagnostics_non_private"] = {"bad_records_skipped": int(bad_records)}
     return json.dumps(report, indent=2, sort_keys=True)
 
 
@@ -170,13 +173,14 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: BayesianParams):
     tokenizer = load_tokenizer(args.tokenizer)
     read = pipeline | "ReadPrivate" >> ReadRecords(
         args.private, args.input_format, args.user_column, args.text_column, args.skip_bad_records,
-        allow_newlines=True,
+        allow_newlines=True, max_value_length=args.max_text_length,
     )  # records: (user, text)
-    out = read.records | "Bayesian" >> BayesianNgrams(prior, params, seed=args.seed, tokenizer=tokenizer)
+    records = observability.mark(read.records, "Read", args)  # (user, text)
+    out = records | "Bayesian" >> BayesianNgrams(prior, params, seed=args.seed, tokenizer=tokenizer)
     _ = (out["distribution"]  # (n-gram, probability)
          | "Format" >> beam.Map(format_probability)
          | "WriteDistribution" >> beam.io.WriteToText(args.output))
-    bad = read.bad | "CountBad" >> beam.CombineGlobally(sum)  # number of skipped records
+    observability.attach_diagnostics(pipeline, read, args, "bayesian_ngrams")  # only with --diagnostics
     summary = {
         "params": params.as_dict(),
         "epsilon": params.epsilon,
@@ -191,8 +195,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: BayesianParams):
     report = (
         pipeline
         | "ReportSeed" >> beam.Create([None])
-        | "BuildReport" >> beam.Map(build_report, summary, beam.pvalue.AsList(out["info"]),
-                                    beam.pvalue.AsSingleton(bad), bool(args.skip_bad_records))
+        | "BuildReport" >> beam.Map(build_report, summary, beam.pvalue.AsList(out["info"]))
     )
     common.write_single_file(report, args.report, "WriteReport")
 

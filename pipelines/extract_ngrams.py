@@ -26,8 +26,8 @@ from typing import List, Optional
 
 import apache_beam as beam
 
-from pipelines import common
-from pipelines.io import ReadRecords
+from pipelines import common, observability
+from pipelines.io import FailIfEmpty, ReadRecords
 from privacy.dpne_accounting import (
     DPNE_ALGORITHMS,
     DPNE_WEIGHTINGS,
@@ -113,26 +113,27 @@ def format_ngram(element) -> str:
     return f"{k}\t{gram}"
 
 
-def build_report(_, base: dict, levels: list, bad_records: int, skip_bad_records: bool) -> str:
+def build_report(_, base: dict, levels: list) -> str:
     report = dict(base)
     levels = sorted(levels, key=lambda d: (d.get("k", 0), d.get("lengths", [0])))
     report["levels"] = levels
     report["released"] = int(sum(d["released"] for d in levels))
     report["expected_spurious_bound_total"] = float(sum(d.get("expected_spurious_bound", 0.0) for d in levels))
-    if skip_bad_records:
-        report["diagnostics_non_private"] = {"bad_records_skipped": int(bad_records)}
     return json.dumps(report, indent=2, sort_keys=True)
 
 
 def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
     read = pipeline | "Read" >> ReadRecords(
         args.input, args.input_format, args.user_column, args.text_column, args.skip_bad_records,
-        allow_newlines=True,
+        allow_newlines=True, max_value_length=args.max_text_length,
     )
+    _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
     dpne = DPNE(params, seed=args.seed, tokenizer=load_tokenizer(args.tokenizer), num_shards=args.num_shards)
-    out = read.records | "DPNE" >> dpne  # {'ngrams': (k, n-gram), 'levels': dict}
-    _ = out["ngrams"] | "Format" >> beam.Map(format_ngram) | "WriteNgrams" >> beam.io.WriteToText(args.output)
-    bad = read.bad | "CountBad" >> beam.CombineGlobally(sum)  # number of skipped records
+    records = observability.mark(read.records, "Read", args)  # (user, text)
+    out = records | "DPNE" >> dpne  # {'ngrams': (k, n-gram), 'levels': dict}
+    released = observability.mark(out["ngrams"], "DPNE", args)  # (k, n-gram)
+    _ = released | "Format" >> beam.Map(format_ngram) | "WriteNgrams" >> beam.io.WriteToText(args.output)
+    observability.attach_diagnostics(pipeline, read, args, "extract_ngrams")
     summary = {
         "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(params).items()},
         "algorithm": params.algorithm,
@@ -152,12 +153,31 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
         pipeline
         | "ReportSeed" >> beam.Create([None])
         | "BuildReport" >> beam.Map(
-            build_report, summary, beam.pvalue.AsList(out["levels"]), beam.pvalue.AsSingleton(bad),
-            bool(args.skip_bad_records),
-        )
+            build_report, summary, beam.pvalue.AsList(out["levels"]))
     )
     common.write_single_file(report, args.report, "WriteReport")
     return dpne
+
+
+def true_ngram_lines(record, max_n: int, tokenizer):
+    """(user, text) -> (user, ``k<TAB>n-gram``) for every k-gram, k <= max_n, of the text (output format)."""
+    user, text = record
+    for k, grams in ngrams.text_all_kgrams(text, max_n, tokenizer).items():
+        for gram in grams:
+            yield user, f"{k}\t{gram}"
+
+
+def evaluation_pairs(pipeline: beam.Pipeline, path: str, args):
+    """NON-PRIVATE evaluation input (``--evaluate_against``): (user, ``k<TAB>n-gram``) of the true data."""
+    read = pipeline | "ReadTrue" >> ReadRecords(
+        path, args.input_format, args.user_column, args.text_column, args.skip_bad_records, allow_newlines=True)
+    return read.records | "TrueNgrams" >> beam.FlatMap(
+        true_ngram_lines, args.max_n, load_tokenizer(args.tokenizer))  # (user, k<TAB>n-gram)
+
+
+def evaluation_group(line: str) -> int:
+    """One coverage series per n-gram length k."""
+    return int(line.split("\t", 1)[0])
 
 
 def summarize(report: dict, args, params) -> str:

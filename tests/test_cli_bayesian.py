@@ -101,8 +101,11 @@ def test_bad_parameters_and_bad_private_record(tmp_path, capsys):
     bad.write_text('{"user": "a", "text": "fix bug"}\n{"user": "b"}\n', encoding="utf-8")
     code, _, _ = run_cli(tmp_path, str(bad), "jsonl", public, name="bad")
     assert code == 3 and "bad.jsonl:2" in capsys.readouterr().err
-    code, dist, rep = run_cli(tmp_path, str(bad), "jsonl", public, "--skip_bad_records", name="skip")
-    assert code == 0 and rep["diagnostics_non_private"] == {"bad_records_skipped": 1}
+    diag = tmp_path / "diag.json"
+    code, dist, rep = run_cli(tmp_path, str(bad), "jsonl", public, "--skip_bad_records", "--diagnostics",
+                              str(diag), name="skip")
+    assert code == 0 and "diagnostics_non_private" not in rep  # the exact count is not in the report
+    assert json.loads(diag.read_text())["counts"]["malformed_records"] == 1
 
 
 def test_eval_command_prints_kl_per_mechanism(tmp_path, capsys):

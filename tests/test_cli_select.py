@@ -104,13 +104,22 @@ def test_bad_jsonl_records_are_reported(tmp_path, capsys, content, line):
     assert f"{path}:{line}:" in capsys.readouterr().err
 
 
-def test_skip_bad_records_counts_them(tmp_path):
+def test_skip_bad_records_counts_them_only_in_non_private_diagnostics(tmp_path, capsys):
     good = "".join(f"{u}\t{i}\n" for u, i in PAIRS)
     path = tmp_path / "mixed.tsv"
     path.write_bytes(("user\titem\n" + good + "no tab here\n\tempty user\nu9\t\n").encode() + b"u1\t\xff\xfe\n")
-    code, items, rep = run_cli(tmp_path, str(path), "tsv", "--skip_bad_records", "--seed", "5")
+    diag = tmp_path / "diag.json"
+    code, items, rep = run_cli(tmp_path, str(path), "tsv", "--skip_bad_records", "--seed", "5",
+                               "--diagnostics", str(diag))
     assert code == 0
-    assert rep["diagnostics_non_private"]["bad_records_skipped"] == 4
+    assert "--skip_bad_records" in capsys.readouterr().err  # the operator is warned
+    assert "diagnostics_non_private" not in rep and "malformed_records" not in json.dumps(rep)
+    d = json.loads(diag.read_text())
+    assert d["NON_PRIVATE_DIAGNOSTICS"] is True and "not differentially private" in d["warning"]
+    assert d["counts"]["malformed_records"] == 4
+    assert d["counts"]["records_read"] == len(PAIRS)
+    assert d["counts"]["users"] == len(SETS)
+    assert d["counts"]["pairs_after_bounding"] == sum(min(len(s), 8) for s in SETS.values())
     want = reference.select(SETS, "basic", SelectionParams(2.0, 1e-4, max_contributions=8), seed=5)
     assert set(items) == want  # the good records are all used
 

@@ -1,16 +1,12 @@
-"""The pipeline on Beam's portable job service (the path Flink/Spark runners take), offline."""
-import glob
-import os
+"""Every pipeline on Beam's portable job service (the Job API a Flink/Spark job server speaks), offline."""
 import socket
 import subprocess
 import sys
 import time
 
-from test_cli_select import PAIRS, SETS, write_input
-from privacy.params import SelectionParams
-from transforms import reference
+import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from pipeline_cases import IDS, PIPELINES, cli_args, cut_sample, released_lines, run_cli
 
 
 def _free_port():
@@ -31,7 +27,8 @@ def _wait_for_port(port, proc, timeout=60):
     raise TimeoutError("job service did not start")
 
 
-def test_select_partitions_on_portable_runner_matches_reference(tmp_path):
+@pytest.fixture(scope="module")
+def job_endpoint():
     port = _free_port()
     service = subprocess.Popen(
         [sys.executable, "-m", "apache_beam.runners.portability.local_job_service_main", "--port", str(port)],
@@ -39,17 +36,25 @@ def test_select_partitions_on_portable_runner_matches_reference(tmp_path):
     )
     try:
         _wait_for_port(port, service)
-        path = write_input(tmp_path, "jsonl")
-        out = tmp_path / "portable"
-        cmd = [sys.executable, "-m", "pipelines.select_partitions", "--input", path, "--input_format", "jsonl",
-               "--output", str(out / "items"), "--report", str(out / "report.json"), "--algorithm", "mad2r",
-               "--epsilon", "2", "--delta", "1e-4", "--max_contributions", "8", "--d_max", "6", "--seed", "8",
-               "--runner", "PortableRunner", "--job_endpoint", f"localhost:{port}", "--environment_type", "LOOPBACK"]
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        items = {l.rstrip("\n") for p in glob.glob(str(out / "items*")) for l in open(p)}
-        params = SelectionParams(2.0, 1e-4, max_contributions=8, d_max=6)
-        assert items == reference.select(SETS, "mad2r", params, seed=8) and items
+        yield f"localhost:{port}"
     finally:
         service.terminate()
-        service.wait(timeout=30)
+        try:
+            service.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            service.kill()
+            service.wait(timeout=30)
+
+
+@pytest.mark.parametrize("spec", PIPELINES, ids=IDS)
+def test_portable_runner_releases_what_the_direct_runner_releases(spec, job_endpoint, tmp_path):
+    path = cut_sample(spec, tmp_path)
+    direct = run_cli(spec, cli_args(spec, path, str(tmp_path / "direct"),
+                                    "--runner", "DirectRunner", "--direct_running_mode", "in_memory"))
+    assert direct.returncode == 0, direct.stderr[-3000:]
+    portable = run_cli(spec, cli_args(spec, path, str(tmp_path / "portable"), "--runner", "PortableRunner",
+                                      "--job_endpoint", job_endpoint, "--environment_type", "LOOPBACK"))
+    assert portable.returncode == 0, portable.stderr[-3000:]
+    want = released_lines(str(tmp_path / "direct"))
+    assert want, "the sample run releases nothing: the comparison would be vacuous"
+    assert released_lines(str(tmp_path / "portable")) == want

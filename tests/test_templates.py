@@ -1,29 +1,170 @@
-"""The Flex Template files agree with the CLI they launch."""
+"""The Flex Template files agree with the CLIs they launch (one metadata file per registered pipeline)."""
+import argparse
 import json
 import os
+import re
+import shutil
+import subprocess
 
-from pipelines import select_partitions
+import pytest
 
-TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "templates")
+from pipelines import registry
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEMPLATES = os.path.join(REPO, "templates")
+SPECS = {s.name: s for s in registry.PIPELINES}
+# Values a demanding user could type and that must never pass a parameter's regex.
+BAD_NUMBERS = ["", "abc", "1,5", "--epsilon", "1 2", "nan", "-1"]
+# The documented Dataflow ParameterType enum (google.cloud.dataflow_v1beta3.types.ParameterType).
+PARAM_TYPES = {"DEFAULT", "TEXT", "GCS_READ_BUCKET", "GCS_WRITE_BUCKET", "GCS_READ_FILE", "GCS_WRITE_FILE",
+               "GCS_READ_FOLDER", "GCS_WRITE_FOLDER", "PUBSUB_TOPIC", "PUBSUB_SUBSCRIPTION", "BIGQUERY_TABLE",
+               "JAVASCRIPT_UDF_FILE", "SERVICE_ACCOUNT", "MACHINE_TYPE", "KMS_KEY_NAME", "WORKER_REGION",
+               "WORKER_ZONE", "BOOLEAN", "ENUM", "NUMBER", "KAFKA_TOPIC", "KAFKA_READ_TOPIC", "KAFKA_WRITE_TOPIC"}
 
 
-def test_select_partitions_metadata_matches_cli_flags():
-    meta = json.load(open(os.path.join(TEMPLATES, "select_partitions_metadata.json")))
-    parser = select_partitions.build_parser()
-    flags = {a.dest: a for a in parser._actions}
+def metadata_path(name):
+    return os.path.join(TEMPLATES, name, "metadata.json")
+
+
+def load(name):
+    with open(metadata_path(name)) as f:
+        return json.load(f)
+
+
+def actions(name):
+    return {a.dest: a for a in SPECS[name].module().build_parser()._actions}
+
+
+def as_text(value):
+    return ",".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+
+
+def examples(spec):
+    """A valid value for every flag of a sample launch (the registry's demo run + gs:// paths)."""
+    ex = {spec.input_flag: "gs://bucket/in/*.jsonl.gz", "input_format": spec.input_format,
+          "output": "gs://bucket/out/released", "report": "gs://bucket/out/report.json",
+          "diagnostics": "gs://bucket/private/diagnostics.json"}
+    args = list(spec.sample_args)
+    for flag, value in zip(args[::2], args[1::2]):
+        ex[flag.lstrip("-")] = value
+    return ex
+
+
+NAMES = [s.name for s in registry.PIPELINES]
+
+
+def test_every_registered_pipeline_has_a_template_and_nothing_else_does():
+    dirs = sorted(d for d in os.listdir(TEMPLATES) if os.path.isdir(os.path.join(TEMPLATES, d)))
+    assert dirs == sorted(NAMES)
+
+
+def test_documented_param_types_match_the_installed_dataflow_client():
+    types = pytest.importorskip("google.cloud.dataflow_v1beta3.types",
+                                reason="the gcp extra (google-cloud-dataflow-client) is not installed")
+    assert {e.name for e in types.ParameterType} >= PARAM_TYPES
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_metadata_is_complete_and_well_typed(name):
+    meta = load(name)
+    assert meta["name"] and meta["description"]
     names = [p["name"] for p in meta["parameters"]]
     assert len(names) == len(set(names))
     for p in meta["parameters"]:
-        assert p["name"] in flags, p["name"]
-        # a CLI-required flag must not be optional in the template, and vice versa
-        assert flags[p["name"]].required == (not p["isOptional"]), p["name"]
-    required = {a.dest for a in parser._actions if a.required}
-    assert required <= set(names)
+        for key in ("name", "label", "helpText"):
+            assert isinstance(p[key], str) and p[key].strip(), (p["name"], key)
+        assert isinstance(p["isOptional"], bool)
+        assert p.get("paramType", "TEXT") in PARAM_TYPES, p
+        assert p["regexes"] and all(re.compile(r) for r in p["regexes"]), p["name"]
 
 
-def test_dockerfile_points_at_the_pipeline_and_setup_file():
+@pytest.mark.parametrize("name", NAMES)
+def test_metadata_parameters_are_the_cli_flags(name):
+    """Every parameter is a flag the parser accepts as the launcher passes it (--name=value); every
+    required flag is a non-optional parameter; no store_true flag (a launcher cannot pass it)."""
+    spec, meta, acts = SPECS[name], load(name), actions(name)
+    ex = examples(spec)
+    argv = []
+    for p in meta["parameters"]:
+        a = acts.get(p["name"])
+        assert a is not None, f"{p['name']} is not a flag of pipelines.{name}"
+        assert not isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction)), p["name"]
+        assert a.help != argparse.SUPPRESS, p["name"]
+        assert a.required == (not p["isOptional"]), p["name"]
+        value = ex.get(p["name"], a.default)
+        if value is not None:
+            argv.append(f"--{p['name']}={as_text(value)}")
+    parsed, unknown = spec.module().build_parser().parse_known_args(argv)
+    assert unknown == []
+    required = {a.dest for a in acts.values() if a.required}
+    assert required <= {p["name"] for p in meta["parameters"]}
+    spec.module().params_from_args(parsed)  # the launch values are valid parameters, too
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_regexes_accept_defaults_and_examples_and_reject_bad_values(name):
+    spec, meta, acts = SPECS[name], load(name), actions(name)
+    ex = examples(spec)
+    for p in meta["parameters"]:
+        a = acts[p["name"]]
+
+        def ok(v):
+            return all(re.fullmatch(r, v) for r in p["regexes"])
+
+        if a.default is not None:
+            assert ok(as_text(a.default)), (p["name"], a.default)
+        if p["name"] in ex:
+            assert ok(ex[p["name"]]), (p["name"], ex[p["name"]])
+        assert not ok(""), p["name"]
+        assert not ok("two words"), p["name"]
+        if a.choices:
+            assert all(ok(c) for c in a.choices)
+            assert not ok("not_a_choice") and not ok(a.choices[0] + "x") and not ok(a.choices[0].upper() + "!")
+        if a.type in (int, float):
+            for bad in BAD_NUMBERS:
+                assert not ok(bad), (p["name"], bad)
+        if getattr(a.type, "__name__", "") in ("_fractions", "_int_list", "_float_list"):  # comma-separated lists
+            for bad in [b for b in BAD_NUMBERS if b != "1,5"] + ["1,,5", ",", "1,"]:
+                assert not ok(bad), (p["name"], bad)
+        if a.type is int:
+            assert not ok("1.5") and not ok("0"), p["name"]
+
+
+def test_dockerfile_builds_any_registered_pipeline():
     text = open(os.path.join(TEMPLATES, "Dockerfile")).read()
-    assert "FLEX_TEMPLATE_PYTHON_PY_FILE=\"${WORKDIR}/pipelines/select_partitions.py\"" in text
-    assert "FLEX_TEMPLATE_PYTHON_SETUP_FILE" in text
-    for path in ("privacy", "transforms", "pipelines", "setup.py"):
-        assert path in text
+    assert re.search(r"^FROM gcr\.io/dataflow-templates-base/python3\d+-template-launcher-base$", text, re.M)
+    assert 'ENV FLEX_TEMPLATE_PYTHON_PY_FILE="${WORKDIR}/pipelines/${PIPELINE}.py"' in text
+    assert 'ENV FLEX_TEMPLATE_PYTHON_SETUP_FILE="${WORKDIR}/setup.py"' in text
+    assert re.search(r'pip install .*-e "\.\[gcp\]"', text)
+    for path in ("privacy", "transforms", "pipelines", "setup.py", "README.md"):
+        assert re.search(rf"^COPY .*\b{re.escape(path)}\b", text, re.M), path
+    for name in NAMES:  # the PY_FILE the image points at exists for every pipeline
+        assert os.path.isfile(os.path.join(REPO, "pipelines", f"{name}.py"))
+
+
+def test_templates_readme_has_build_and_run_commands_for_every_pipeline():
+    text = open(os.path.join(TEMPLATES, "README.md")).read()
+    for name in NAMES:
+        assert f"--metadata-file templates/{name}/metadata.json" in text
+        assert f"gs://BUCKET/templates/{name}.json" in text
+    assert "gcloud dataflow flex-template run" in text
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gcloud_flex_template_build_print_only_accepts_metadata(name, tmp_path):
+    gcloud = shutil.which("gcloud")
+    if gcloud is None:
+        pytest.skip("gcloud is not installed on this machine")
+    cmd = [gcloud, "dataflow", "flex-template", "build", f"gs://fake-bucket/templates/{name}.json",
+           "--image", "gcr.io/fake-project/dp-partition-beam:test", "--sdk-language", "PYTHON",
+           "--metadata-file", metadata_path(name), "--print-only", "--quiet"]
+    env = dict(os.environ, CLOUDSDK_CONFIG=str(tmp_path / "gcloud"), CLOUDSDK_CORE_DISABLE_PROMPTS="1")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    if proc.returncode != 0 and re.search(r"credential|auth|network|connect|resolve", proc.stderr, re.I):
+        pytest.skip(f"gcloud --print-only needs what this machine lacks: {proc.stderr.strip()[-300:]}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    spec = json.loads(out[out.index("{"):]) if not out.startswith("{") else json.loads(out)
+    assert spec["image"] == "gcr.io/fake-project/dp-partition-beam:test"
+    assert spec["sdkInfo"]["language"] == "PYTHON"
+    assert spec["metadata"] == load(name)  # gcloud parsed our file and kept every field
