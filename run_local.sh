@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ./run_local.sh        run the main job on the bundled sample with the DirectRunner
 # ./run_local.sh test   run the full test suite
-# Both create .venv (if missing) and install the package with its test and gcp extras.
+# Both create .venv (if missing) and install the package with its test, gcp and bench extras.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -13,8 +13,9 @@ fi
 stamp=.venv/.installed-$(cat setup.py | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  # gcp: the Dataflow dry-run and staging tests; test includes matplotlib for the plot tests.
-  .venv/bin/python -m pip install --quiet -e '.[test,gcp]'
+  # gcp: the Dataflow dry-run and staging tests; test includes matplotlib for the plot tests;
+  # bench: PipelineDP for benchmarks/run_all.py and its smoke test.
+  .venv/bin/python -m pip install --quiet -e '.[test,gcp,bench]'
   touch "$stamp"
 fi
 export PYTHONWARNINGS="ignore::DeprecationWarning"

@@ -23,5 +23,7 @@ setuptools.setup(
         "test": ["pytest>=7.0", "hypothesis>=6.80", "dp-accounting>=0.4.3", "mpmath>=1.2", "matplotlib>=3.7"],
         "gcp": ["apache-beam[gcp]>=2.50.0"],
         "plots": ["matplotlib>=3.7"],
+        # Peers for benchmarks/run_all.py (PipelineDP's select_partitions on the same Beam runner).
+        "bench": ["pipeline-dp>=0.3.1", "python-dp>=1.1.5,<2", "matplotlib>=3.7"],
     },
 )

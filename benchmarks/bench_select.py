@@ -20,12 +20,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from privacy.params import SelectionParams  # noqa: E402
 from transforms import reference  # noqa: E402
 from transforms.select import SelectPartitions  # noqa: E402
-from transforms.synthetic import zipf_pairs, zipf_pairs_of_chunk  # noqa: E402
+from transforms.synthetic import zipf_pair_count, zipf_pairs, zipf_pairs_of_chunk  # noqa: E402
 
 USERS_PER_CHUNK = 10_000  # ~100k pairs per chunk
 
 
 def run_beam(algorithm, n_chunks, mode, params, seed):
+    return run_beam_transform(SelectPartitions(algorithm, params, seed=seed), n_chunks, mode)
+
+
+def run_beam_transform(select, n_chunks, mode, users_per_chunk=USERS_PER_CHUNK):
+    """Wall time and released items of ``select`` ((user, item) -> item) on Zipf chunks 0..n_chunks-1."""
     args = ["--runner=DirectRunner", f"--direct_running_mode={mode}"]
     if mode == "multi_processing":
         args.append("--direct_num_workers=2")
@@ -36,8 +41,8 @@ def run_beam(algorithm, n_chunks, mode, params, seed):
             _ = (
                 p | beam.Create(list(range(n_chunks)))
                 | beam.Reshuffle()
-                | beam.FlatMap(zipf_pairs_of_chunk, USERS_PER_CHUNK)  # (user, item)
-                | SelectPartitions(algorithm, params, seed=seed)  # item
+                | beam.FlatMap(zipf_pairs_of_chunk, users_per_chunk)  # (user, item)
+                | select  # item
                 | beam.io.WriteToText(prefix)
             )
         elapsed = time.perf_counter() - t0
@@ -76,7 +81,7 @@ def main():
                 else:
                     t, items = run_beam(algorithm, n_chunks, mode, params, args.seed)
                 if n_pairs is None:
-                    n_pairs = sum(1 for c in range(n_chunks) for _ in zipf_pairs_of_chunk(c, USERS_PER_CHUNK))
+                    n_pairs = zipf_pair_count(n_chunks, USERS_PER_CHUNK)
                 same = "" if ref_items is None else ("yes" if items == ref_items else "NO")
                 rows.append((algorithm, n_pairs, mode, t, n_pairs / t, len(items), same))
                 print(f"  {algorithm:8s} {n_pairs:>9,d} {mode:17s} {t:8.1f}s", file=sys.stderr, flush=True)

@@ -1,4 +1,4 @@
-"""Contribution bounding: distinct (user, item) pairs, grouped per user, capped to Delta_0."""
+"""Contribution bounding: (user, item) pairs grouped per user, distinct items capped to Delta_0."""
 from __future__ import annotations
 
 from typing import Optional
@@ -13,7 +13,7 @@ class CapUserItemsFn(beam.DoFn):
     """(user, iterable[item]) -> (user, [item]) with at most ``max_contributions`` items.
 
     Uniform subsample (MAD paper Alg. 1 lines 4-5) by bottom-k priorities, streaming with O(Delta_0)
-    memory (:func:`transforms.randomness.subsample`). The input items must be distinct.
+    memory (:func:`transforms.randomness.subsample`). Duplicate items count once.
     """
 
     def __init__(self, max_contributions: int, seed: Optional[int], round_: int):
@@ -36,9 +36,12 @@ class BoundContributions(beam.PTransform):
     """(user, item) pairs -> (user, [items]) with distinct items, at most ``max_contributions`` each.
 
     Stages:
-      DistinctPairs   (user, item)         duplicates removed (combiner-lifted)
-      GroupByUser     (user, [item])
-      CapToDelta0     (user, [item])       uniform random subset of size <= Delta_0
+      GroupByUser     (user, [item])       duplicates allowed
+      CapToDelta0     (user, [item])       uniform random subset of <= Delta_0 distinct items
+
+    One shuffle: the bottom-k subsample already sees all of a user's items and drops repeats
+    (a repeat has the same priority), so a separate Distinct (a second shuffle of every pair) is
+    not needed; benchmarks/BENCHMARKS.md shows the before/after throughput.
 
     Args:
       max_contributions: Delta_0.
@@ -55,7 +58,6 @@ class BoundContributions(beam.PTransform):
     def expand(self, pairs):
         return (
             pairs
-            | "DistinctPairs" >> beam.Distinct()  # (user, item), distinct
-            | "GroupByUser" >> beam.GroupByKey()  # (user, [item])
+            | "GroupByUser" >> beam.GroupByKey()  # (user, [item]) with repeats
             | "CapToDelta0" >> beam.ParDo(CapUserItemsFn(self._k, self._seed, self._round))  # (user, [item]) |.| <= D0
         )

@@ -48,11 +48,11 @@ class InitStatsFn(beam.CombineFn):
         self._sum = ExactSumFn()
 
     def create_accumulator(self):
-        return [], 0
+        return self._sum.create_accumulator(), 0
 
     def add_input(self, acc, x):
-        partials, n = acc
-        return self._sum.add_input(partials, x[0]), n + x[1]
+        partial, n = acc
+        return self._sum.add_input(partial, x[0]), n + x[1]
 
     def merge_accumulators(self, accs):
         accs = list(accs)

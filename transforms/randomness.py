@@ -132,6 +132,19 @@ def _scalar_uniform(seed: int, purpose: str, round_: int, key: Any) -> float:
     return (bits + 0.5) / _TWO_POW_53
 
 
+def _pair_prefix_hasher(seed: int, purpose: str, round_: int, user: Any):
+    """BLAKE2b state after hashing ``(seed, purpose, round)`` and the ``(user, ...`` prefix of the key.
+
+    ``encode_key((user, item))`` is ``b"t" + len 2 + encode_key(user) + encode_key(item)``, so
+    ``prefix.copy().update(encode_key(item))`` gives exactly ``_digest(seed, purpose, round_,
+    (user, item), 8)`` while encoding the seed, purpose, round and user once per user, not per item.
+    """
+    h = hashlib.blake2b(digest_size=8, person=b"dp-part-beam-v1")
+    h.update(encode_key((int(seed), str(purpose), int(round_))))
+    h.update(b"t" + struct.pack(">Q", 2) + encode_key(user))
+    return h
+
+
 def subsample(
     items: Iterable[Any],
     k: int,
@@ -141,38 +154,65 @@ def subsample(
     rng: Optional[np.random.Generator],
     purpose: str = "subsample",
 ) -> List[Any]:
-    """Uniform random subset of at most ``k`` of the (distinct) ``items`` (MAD Alg. 1 lines 4-5).
+    """Uniform random subset of at most ``k`` of the distinct ``items`` (MAD Alg. 1 lines 4-5).
 
-    Bottom-k sampling: every item gets an independent uniform priority and the ``k`` smallest are
-    kept, which is a uniformly random k-subset. It streams over ``items`` with O(k) memory (a user
-    with millions of items is never materialised). Seeded: the priority of ``item`` is
-    ``keyed_uniform(seed, purpose, round, (user, item))``, so the subset does not depend on input
-    order or bundling. Unseeded: priorities come from ``rng`` (OS entropy on the worker).
-    The result is in canonical order (sorted by :func:`sort_key`).
+    Bottom-k sampling: every distinct item gets a uniform priority and the ``k`` smallest are kept,
+    which is a uniformly random k-subset of the distinct items. It streams over ``items`` with O(k)
+    memory (a user with millions of items is never materialised). Duplicates in ``items`` are
+    allowed and count once: the priority of an item is a function of the item (below), so a repeat
+    either is already in the sample or loses again (so BoundContributions needs no Distinct step).
+
+    Seeded: the priority of ``item`` is ``keyed_uniform(seed, purpose, round, (user, item))``, so the
+    subset does not depend on input order or bundling. Unseeded: the same keyed hash under a fresh
+    128-bit key drawn from ``rng`` (OS entropy on the worker) for this call, i.e. independent uniform
+    priorities that are consistent across a user's duplicates. The result is in canonical order
+    (sorted by :func:`sort_key`).
     """
     if k < 1:
         raise ValueError(f"max_contributions must be >= 1, got {k!r}")
     if seed is None and rng is None:
         raise ValueError("unseeded subsampling needs a worker generator (rng)")
-    heap: List[tuple] = []  # max-heap on priority via negation: (-priority, sort_key, item)
-    buffer_u = None
-    pos = 0
-    for item in items:
-        if seed is not None:
-            p = _scalar_uniform(seed, purpose, round_, (user, item))
-        else:
-            if buffer_u is None or pos >= len(buffer_u):
-                buffer_u = rng.random(1024)
-                pos = 0
-            p = float(buffer_u[pos])
-            pos += 1
-        entry = (-p, sort_key(item), item)
-        if len(heap) < k:
-            heapq.heappush(heap, entry)
-        elif entry > heap[0]:
-            heapq.heapreplace(heap, entry)
+    distinct = {}  # sort key -> item, until more than k distinct items have been seen
+    it = iter(items)
+    for item in it:
+        key = _encode_item(item)
+        if key not in distinct:
+            distinct[key] = item
+            if len(distinct) > k:
+                break
+    else:  # at most k distinct items: all are kept whatever their priorities (no hashing needed)
+        return [distinct[key] for key in sorted(distinct)]
+    if seed is None:
+        seed = int.from_bytes(rng.bytes(16), "big")  # a fresh hash key for this call (see above)
+    prefix = _pair_prefix_hasher(seed, purpose, round_, user)
+
+    def entry(key, item):
+        h = prefix.copy()
+        h.update(key)
+        return -((int.from_bytes(h.digest(), "big") >> 11) + 0.5) / _TWO_POW_53, key, item
+
+    # max-heap on priority via negation: (-priority, sort_key, item), of the k smallest priorities
+    heap: List[tuple] = sorted(entry(key, item) for key, item in distinct.items())[-k:]
+    heapq.heapify(heap)
+    in_heap = {e[1] for e in heap}
+    for item in it:
+        key = _encode_item(item)
+        if key in in_heap:
+            continue  # a repeat of a sampled item; a repeat of a dropped item has the same priority
+        e = entry(key, item)
+        if e > heap[0]:
+            in_heap.discard(heapq.heapreplace(heap, e)[1])
+            in_heap.add(key)
     heap.sort(key=lambda e: e[1])
     return [e[2] for e in heap]
+
+
+def _encode_item(item: Any) -> bytes:
+    """:func:`encode_key` with the common ``str`` case inlined (hot path of :func:`subsample`)."""
+    if type(item) is str:
+        data = item.encode("utf-8")
+        return b"s" + len(data).to_bytes(8, "big") + data
+    return encode_key(item)
 
 
 def warn_if_seeded(seed: Optional[int]) -> None:

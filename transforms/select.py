@@ -33,7 +33,8 @@ def drop_released_items(element, released):
 
 
 def materialise(user, items):
-    return user, list(items)
+    """(user, iterable[item]) -> (user, [distinct item]) (repeats dropped: no separate Distinct shuffle)."""
+    return user, list(dict.fromkeys(items))
 
 
 def as_present(item):
@@ -84,9 +85,8 @@ class _DPSIPS(beam.PTransform):
     def expand(self, pairs):
         full_sets = (
             pairs
-            | "DistinctPairs" >> beam.Distinct()  # (user, item)
-            | "GroupByUser" >> beam.GroupByKey()  # (user, [item]) all distinct items
-            | "Materialise" >> beam.MapTuple(materialise)  # (user, [item])
+            | "GroupByUser" >> beam.GroupByKey()  # (user, [item]) with repeats
+            | "Materialise" >> beam.MapTuple(materialise)  # (user, [item]) all distinct items
         )
         outputs = []
         released_so_far = None

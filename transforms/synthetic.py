@@ -19,8 +19,7 @@ def zipf_pairs_of_chunk(chunk: int, users_per_chunk: int, mean_degree: float = 1
     ``users_per_chunk * mean_degree`` on average.
     """
     rng = np.random.default_rng([seed, chunk])
-    degrees = 1 + rng.geometric(1.0 / mean_degree, size=users_per_chunk) - 1
-    degrees = np.maximum(degrees, 1)
+    degrees = _chunk_degrees(rng, users_per_chunk, mean_degree)
     total = int(degrees.sum())
     ranks = rng.zipf(exponent, size=total * 2)
     ranks = ranks[ranks <= n_items][:total]
@@ -34,6 +33,16 @@ def zipf_pairs_of_chunk(chunk: int, users_per_chunk: int, mean_degree: float = 1
         for r in ranks[pos:pos + d]:
             yield user, f"w{r}"
         pos += d
+
+
+def _chunk_degrees(rng: np.random.Generator, users_per_chunk: int, mean_degree: float) -> np.ndarray:
+    return np.maximum(rng.geometric(1.0 / mean_degree, size=users_per_chunk), 1)
+
+
+def zipf_pair_count(n_chunks: int, users_per_chunk: int, mean_degree: float = 10.0, seed: int = 0) -> int:
+    """Number of pairs :func:`zipf_pairs_of_chunk` yields over chunks 0..n_chunks-1 (without generating them)."""
+    return sum(int(_chunk_degrees(np.random.default_rng([seed, c]), users_per_chunk, mean_degree).sum())
+               for c in range(n_chunks))
 
 
 def zipf_pairs(n_chunks: int, users_per_chunk: int, **kwargs) -> List[Tuple[str, str]]:

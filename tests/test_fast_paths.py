@@ -1,0 +1,70 @@
+"""Properties of the optimised hot paths (issue 8): fixed-point exact sums, duplicate-tolerant subsample.
+
+The Beam == reference tests (test_foundation_beam.py, test_mad_beam.py, ...) check the end result;
+these check the kernels directly on random inputs.
+"""
+import collections
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from transforms import randomness
+from transforms.combiners import ExactSumFn, from_fixed_point, to_fixed_point
+
+finite = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e300, max_value=1e300)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(finite, max_size=40), st.randoms(use_true_random=False))
+def test_exact_sum_fn_equals_fsum_in_any_order_and_split(xs, rnd):
+    fn = ExactSumFn()
+    shuffled = list(xs)
+    rnd.shuffle(shuffled)
+    cut = rnd.randint(0, len(shuffled))
+    a = fn.add_inputs(fn.create_accumulator(), shuffled[:cut])
+    b = fn.create_accumulator()
+    for x in shuffled[cut:]:
+        b = fn.add_input(b, x)
+    assert fn.extract_output(fn.merge_accumulators([b, a])) == math.fsum(xs)
+
+
+@given(finite)
+def test_fixed_point_round_trips(x):
+    assert from_fixed_point(to_fixed_point(x)) == x
+
+
+def test_fixed_point_rejects_non_finite():
+    with pytest.raises(ValueError, match="finite"):
+        ExactSumFn().add_input(0, float("inf"))
+
+
+items_st = st.lists(st.one_of(st.text(max_size=4), st.integers(-5, 5)), max_size=30)
+
+
+@settings(max_examples=200, deadline=None)
+@given(items_st, st.integers(1, 12), st.integers(0, 50), st.randoms(use_true_random=False))
+def test_seeded_subsample_ignores_repeats_and_order(items, k, seed, rnd):
+    distinct = list(dict.fromkeys(items))
+    noisy = items + [rnd.choice(items) for _ in range(len(items))] if items else []
+    rnd.shuffle(noisy)
+    got = randomness.subsample(noisy, k, "u", 0, seed, None)
+    assert got == randomness.subsample(distinct, k, "u", 0, seed, None)
+    assert len(got) == min(k, len(distinct)) and len(set(map(randomness.sort_key, got))) == len(got)
+    assert set(map(randomness.sort_key, got)) <= set(map(randomness.sort_key, distinct))
+
+
+def test_unseeded_subsample_with_repeats_is_uniform():
+    # 10 distinct items, item 'a0' repeated 20 times; k = 3: each item kept with probability 0.3.
+    # 20,000 draws: counts ~ Binomial(20000, 0.3), sd ~ 65; |z| > 6 has probability < 2e-8 per item.
+    items = [f"a{j}" for j in range(10)] + ["a0"] * 20
+    rng = np.random.default_rng(12345)
+    counts = collections.Counter()
+    for _ in range(20_000):
+        sample = randomness.subsample(items, 3, "u", 0, None, rng)
+        assert len(sample) == 3 and len(set(sample)) == 3
+        counts.update(sample)
+    sd = math.sqrt(20_000 * 0.3 * 0.7)
+    for j in range(10):
+        assert abs(counts[f"a{j}"] - 6000) < 6 * sd, counts
