@@ -31,7 +31,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines import common, observability
 from pipelines.extract_ngrams import load_tokenizer
-from pipelines.io import INPUT_FORMATS, ReadRecords
+from pipelines.io import DEFAULT_MAX_TEXT_LENGTH, INPUT_FORMATS, ReadRecords
 from privacy.bayesian_params import MECHANISMS, SENSITIVITIES, BayesianParams
 from transforms.bayesian import BayesianNgrams
 from transforms.bayesian_kernels import PublicPrior
@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip_bad_records", action="store_true",
                    help="skip malformed private records (default: fail); how many is data-dependent and "
                         "only written with --diagnostics PATH (non-private)")
+    p.add_argument("--max_text_length", type=int, default=DEFAULT_MAX_TEXT_LENGTH,
+                   help="longest accepted private text, in characters (default %(default)s); longer ones are "
+                        "bad records (read in bounded chunks)")
     p.add_argument("--public", required=True, help="public n-gram counts, n-gram<TAB>count per line")
     p.add_argument("--output", required=True, help="prefix of the output files (n-gram<TAB>probability)")
     p.add_argument("--report", required=True, help="path of the JSON report")
@@ -170,7 +173,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: BayesianParams):
     tokenizer = load_tokenizer(args.tokenizer)
     read = pipeline | "ReadPrivate" >> ReadRecords(
         args.private, args.input_format, args.user_column, args.text_column, args.skip_bad_records,
-        allow_newlines=True,
+        allow_newlines=True, max_value_length=args.max_text_length,
     )  # records: (user, text)
     records = observability.mark(read.records, "Read", args)  # (user, text)
     out = records | "Bayesian" >> BayesianNgrams(prior, params, seed=args.seed, tokenizer=tokenizer)

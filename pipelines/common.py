@@ -13,7 +13,12 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, SetupOptions
 
 from pipelines import observability
-from pipelines.io import INPUT_FORMATS
+from pipelines.io import DEFAULT_MAX_ITEM_LENGTH, DEFAULT_MAX_TEXT_LENGTH, INPUT_FORMATS
+
+_LOG = logging.getLogger(__name__)
+
+# The PipelineResult of the most recent run_main in this process (tests read its Beam metrics).
+last_result = None
 
 # Set by the Dataflow Flex Template launcher image (templates/Dockerfile): the launcher must submit
 # the job and return, never wait for it (the launch would time out).
@@ -33,6 +38,10 @@ def add_input_args(parser: argparse.ArgumentParser, value_column: str) -> None:
                         help="skip malformed records instead of failing on the first one (default: fail, "
                              "naming its file and line). Their number is data-dependent: it is only "
                              "written with --diagnostics PATH (non-private)")
+    default_max = DEFAULT_MAX_TEXT_LENGTH if value_column == "text" else DEFAULT_MAX_ITEM_LENGTH
+    parser.add_argument(f"--max_{value_column}_length", type=int, default=default_max,
+                        help=f"longest accepted {value_column}, in characters (default %(default)s); longer "
+                             "ones are bad records (read in bounded chunks, never loaded whole)")
     parser.add_argument("--seed", type=int, default=None,
                         help="reproducible mode: every random draw is a function of the seed. NOT private "
                              "against anyone who knows the seed; for tests and demos only")
@@ -89,12 +98,22 @@ def input_error_message(exc: BaseException):
     """A one-line message for errors caused by the input (bad record, no file), else None."""
     from pipelines.io import BadRecordError
 
+    from pipelines.io import EmptyInputError
+
     msg = str(exc)
+    if isinstance(exc, EmptyInputError):
+        return msg.splitlines()[0].split(" [while running")[0]
+    for line in msg.splitlines():
+        if "EmptyInputError" in line:
+            return line.split("EmptyInputError:", 1)[-1].strip().split(" [while running")[0]
     if isinstance(exc, BadRecordError):
         return "bad input record: " + msg.splitlines()[0].split(" [while running")[0]
     for line in msg.splitlines():
         if "BadRecordError" in line:
             return "bad input record: " + line.split("BadRecordError:", 1)[-1].strip()
+    for line in msg.splitlines():  # the sequential policy algorithms' memory guard (transforms/policy.py)
+        if "SequentialSizeError:" in line:
+            return "input too large for a sequential algorithm: " + line.split("SequentialSizeError:")[-1].strip()
     if "Empty match for pattern" in msg:
         line = next(l for l in msg.splitlines() if "Empty match for pattern" in l)
         pattern = line.split("Empty match for pattern", 1)[1].split(". Disallowed")[0].strip()
@@ -125,6 +144,7 @@ def run_main(parser: argparse.ArgumentParser, argv, make_params, build_pipeline,
     locations if the job was submitted without waiting or the report cannot be read yet). Then,
     if asked, NON-PRIVATE evaluation against the true data and plots (:mod:`pipelines.reporting`).
     """
+    global last_result
     if "--diagnostics" not in parser._option_string_actions:  # a pipeline without add_input_args
         observability.add_args(parser)
     args, beam_args = parser.parse_known_args(argv)
@@ -142,12 +162,17 @@ def run_main(parser: argparse.ArgumentParser, argv, make_params, build_pipeline,
         print("warning: --skip_bad_records: malformed records are skipped; how many is data-dependent and "
               "only written with --diagnostics PATH (non-private)", file=sys.stderr)
     wait = should_wait(options, args)
+    outputs = [args.output, args.report]
+    before = snapshot_outputs(outputs)
     try:
         with observability.ProgressDisplay(args.progress_interval if wait else 0, bool(args.diagnostics)):
-            result = pipeline.run()
+            last_result = pipeline.run()
             if wait:
-                result.wait_until_finish()
+                last_result.wait_until_finish()
     except Exception as e:  # Beam wraps worker exceptions; show the root cause plainly.
+        removed = remove_new_outputs(outputs, before)  # a failed run leaves no partial output
+        if removed:
+            print(f"removed {len(removed)} partial output file(s) of the failed run", file=sys.stderr)
         message = input_error_message(e)
         if message is None:
             raise
@@ -172,11 +197,82 @@ def run_main(parser: argparse.ArgumentParser, argv, make_params, build_pipeline,
     return 0
 
 
+def _output_matches(prefixes: Sequence[str]) -> Dict[str, float]:
+    """path -> last-modified time of every file starting with one of ``prefixes`` or in a beam-temp
+    directory next to them (WriteToText stages shards in ``<dir>/beam-temp-<name>-<uuid>/``)."""
+    patterns = []
+    for prefix in prefixes:
+        patterns.append(prefix + "*")
+        directory, name = FileSystems.split(prefix)
+        patterns.append(FileSystems.join(directory, f"beam-temp-{name}*", "*"))
+    found: Dict[str, float] = {}
+    for result in FileSystems.match(patterns):
+        for m in result.metadata_list:
+            found[m.path] = getattr(m, "last_updated_in_seconds", 0.0)
+    return found
+
+
+def snapshot_outputs(prefixes: Sequence[str]) -> Dict[str, float]:
+    try:
+        return _output_matches(prefixes)
+    except Exception:  # pragma: no cover - an unreachable filesystem fails the run later anyway
+        return {}
+
+
+def remove_new_outputs(prefixes: Sequence[str], before: Dict[str, float]) -> List[str]:
+    """Deletes the files a failed run created or rewrote (outputs, report, beam-temp staging), so a
+    failed run leaves no partial output; files that were there before and untouched stay."""
+    try:
+        now = _output_matches(prefixes)
+    except Exception:  # pragma: no cover
+        return []
+    stale = sorted(p for p, t in now.items() if p not in before or t != before[p])
+    if stale:
+        FileSystems.delete(stale)
+    for prefix in prefixes:  # now-empty staging directories
+        directory, name = FileSystems.split(prefix)
+        if directory and FileSystems.exists(directory) and "://" not in directory:
+            import glob
+            import os
+
+            for d in glob.glob(os.path.join(directory, f"beam-temp-{name}*")):
+                if os.path.isdir(d) and not os.listdir(d):
+                    os.rmdir(d)
+    return stale
+
+
+class InputErrorTracebackFilter(logging.Filter):
+    """Drops Beam's ERROR log of a worker exception caused by the input (bad record, empty input):
+    run_main prints those as one ``error: <file>:<line>: ...`` line instead of a Beam stack trace."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from pipelines.io import BadRecordError, EmptyInputError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        while exc is not None:
+            if isinstance(exc, (BadRecordError, EmptyInputError)):
+                return False
+            exc = exc.__cause__ or exc.__context__
+        text = record.getMessage() if record.levelno >= logging.ERROR else ""
+        return not ("BadRecordError" in text or "EmptyInputError" in text)
+
+
 def configure_logging(level="WARNING") -> None:
-    """Logging to stderr at ``level`` (a name, or True for INFO as before)."""
+    """Logging to stderr at ``level`` (a name; True/False for INFO/WARNING as before)."""
     if level is True:
         level = "INFO"
     elif level is False or level is None:
         level = "WARNING"
-    logging.basicConfig(level=getattr(logging, str(level)), format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger().setLevel(getattr(logging, str(level)))
+    numeric = getattr(logging, str(level))
+    logging.basicConfig(level=numeric, format="%(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    if numeric < root.getEffectiveLevel():  # --log_level INFO after an earlier basicConfig; never raise it
+        root.setLevel(numeric)
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, InputErrorTracebackFilter) for f in handler.filters):
+            handler.addFilter(InputErrorTracebackFilter())
+    # Beam's worker DEBUG logs print raw elements (e.g. "Processing [...(user, item)...]" in
+    # apache_beam.runners.worker.operations): never let them through, whatever the root level is.
+    beam_logger = logging.getLogger("apache_beam")
+    if beam_logger.level < logging.INFO:  # NOTSET or DEBUG
+        beam_logger.setLevel(logging.INFO)

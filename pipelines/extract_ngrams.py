@@ -27,7 +27,7 @@ from typing import List, Optional
 import apache_beam as beam
 
 from pipelines import common, observability
-from pipelines.io import ReadRecords
+from pipelines.io import FailIfEmpty, ReadRecords
 from privacy.dpne_accounting import (
     DPNE_ALGORITHMS,
     DPNE_WEIGHTINGS,
@@ -125,8 +125,9 @@ def build_report(_, base: dict, levels: list) -> str:
 def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
     read = pipeline | "Read" >> ReadRecords(
         args.input, args.input_format, args.user_column, args.text_column, args.skip_bad_records,
-        allow_newlines=True,
+        allow_newlines=True, max_value_length=args.max_text_length,
     )
+    _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
     dpne = DPNE(params, seed=args.seed, tokenizer=load_tokenizer(args.tokenizer), num_shards=args.num_shards)
     records = observability.mark(read.records, "Read", args)  # (user, text)
     out = records | "DPNE" >> dpne  # {'ngrams': (k, n-gram), 'levels': dict}

@@ -11,13 +11,28 @@ Formats (``value`` is the item for select_partitions and the text for extract_ng
 Files ending in .gz/.bz2/.zst etc. are decompressed by Beam's FileSystems. Any path or glob Beam's
 filesystems understand (local, gs://, s3://, hdfs://) works.
 
-Bad records (wrong number of fields, invalid JSON, missing/null/empty user or value, a value with a
-line break when ``allow_newlines`` is False, a value that is not a string) are never silently
-dropped: by default the pipeline fails with ``BadRecordError: <file>:<line>: <reason>`` of the first
+Bad records (wrong number of fields, invalid JSON, missing/null/empty user or value, a value made
+only of whitespace, a value longer than ``max_value_length`` characters, a line that is not valid
+UTF-8, a value with a line break when ``allow_newlines`` is False, a value that is not a string) are
+never silently dropped: by default the pipeline fails with ``BadRecordError: <file>:<line>: <reason>`` of the first
 bad record met; with ``skip_bad_records=True`` they are skipped and go to the ``bad`` output of
 :class:`ReadRecords` (one 1 each). Their number is data-dependent, so it is not a default Beam
 counter nor in the report: the pipelines count it only in the opt-in NON-PRIVATE ``--diagnostics``
 output (:mod:`pipelines.observability`).
+
+Documented handling (not errors):
+  * duplicated lines / repeated (user, item) pairs: a user holds an item or not; repeats count once
+    (``BoundContributions`` takes distinct pairs).
+  * user ids are strings. jsonl integers are read as their decimal text, so ``1`` and ``"1"`` are
+    the SAME user. Merging ids is the privacy-safe direction (one person's records can never be
+    split across two pipeline users, which would multiply their contribution); floats, booleans,
+    null and objects are bad records.
+  * items/texts are opaque: no trimming or normalisation (``" a"`` and ``"a"`` are different items);
+    whitespace-only values are bad records.
+  * empty input (no files match: an error; files exist but hold no record at all) fails with
+    :class:`EmptyInputError` from :class:`FailIfEmpty`.
+Memory: a line is read with a bounded ``readline``; an over-long line is reported as a bad record
+(and skipped in chunks with ``skip_bad_records``) without loading it whole.
 """
 from __future__ import annotations
 
@@ -29,10 +44,87 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 
 INPUT_FORMATS = ("tsv", "jsonl", "parquet")
+# Default --max_item_length (select_partitions) and --max_text_length (extract_ngrams), in characters.
+DEFAULT_MAX_ITEM_LENGTH = 10_000
+DEFAULT_MAX_TEXT_LENGTH = 1_000_000
+# A line may be longer than its value (user, JSON syntax, \uXXXX escapes): bytes read per line are
+# capped at this multiple of the value limit plus slack; longer lines are bad records.
+_LINE_BYTES_PER_CHAR = 12
+_LINE_SLACK = 4096
+
+
+def read_lines(raw, cap: Optional[int], chunk_size: int = 1 << 16):
+    """Yields ``(line_bytes, overlong)`` from a binary stream, reading fixed-size chunks.
+
+    A line longer than ``cap`` bytes is yielded once as ``(b"", True)`` and its bytes are discarded
+    as they stream past, so memory stays O(cap + chunk_size) whatever the input holds. Works on any
+    stream with ``read(n)`` (Beam's ``CompressedFile.readline`` takes no size argument).
+    """
+    buf = bytearray()
+    skipping = False
+    while True:
+        chunk = raw.read(chunk_size)
+        if not chunk:
+            break
+        buf += chunk
+        start = 0
+        while True:
+            nl = buf.find(b"\n", start)
+            if nl < 0:
+                break
+            if skipping:
+                skipping = False
+            elif cap is not None and nl + 1 - start > cap:
+                yield b"", True
+            else:
+                yield bytes(buf[start:nl + 1]), False
+            start = nl + 1
+        del buf[:start]
+        if cap is not None and len(buf) > cap:
+            if not skipping:
+                yield b"", True
+                skipping = True
+            buf.clear()
+    if buf and not skipping:
+        if cap is not None and len(buf) > cap:
+            yield b"", True
+        else:
+            yield bytes(buf), False
 
 
 class BadRecordError(ValueError):
     """A malformed input record; the message starts with ``<file>:<line>:``."""
+
+
+class EmptyInputError(ValueError):
+    """The input files hold no record at all."""
+
+
+def check_not_empty(count: int, pattern: str) -> int:
+    if count == 0:
+        raise EmptyInputError(
+            f"input: no records in {pattern} (the files are empty or hold only headers/blank lines"
+            " or only bad records)"
+        )
+    return count
+
+
+class FailIfEmpty(beam.PTransform):
+    """records -> nothing; fails the pipeline with :class:`EmptyInputError` if there is no record.
+
+    The count never leaves the pipeline (it is compared with 0 and dropped).
+    """
+
+    def __init__(self, pattern: str, label=None):
+        super().__init__(label)
+        self._pattern = pattern
+
+    def expand(self, records):
+        return (
+            records
+            | "CountRecords" >> beam.combiners.Count.Globally()  # number of records (stays inside)
+            | "CheckNotEmpty" >> beam.Map(check_not_empty, self._pattern)  # fails on 0
+        )
 
 
 def _as_user(value) -> Optional[str]:
@@ -45,7 +137,7 @@ def _as_user(value) -> Optional[str]:
     return None
 
 
-def _as_value(value, allow_newlines: bool) -> Tuple[Optional[str], str]:
+def _as_value(value, allow_newlines: bool, max_length: Optional[int] = None) -> Tuple[Optional[str], str]:
     if isinstance(value, bool) or value is None:
         return None, "null or boolean value"
     if isinstance(value, (int, float)):
@@ -54,6 +146,10 @@ def _as_value(value, allow_newlines: bool) -> Tuple[Optional[str], str]:
         return None, f"value must be a string, got {type(value).__name__}"
     if value == "":
         return None, "empty value"
+    if not value.strip():
+        return None, "value is only whitespace"
+    if max_length is not None and len(value) > max_length:
+        return None, f"value has {len(value)} characters, more than the limit {max_length} (raise it with --max_{{value}}_length)"
     if not allow_newlines and ("\n" in value or "\r" in value):
         return None, "value contains a line break (outputs are one item per line)"
     return value, ""
@@ -65,7 +161,7 @@ class ParseFileFn(beam.DoFn):
     BAD = "bad"
 
     def __init__(self, input_format: str, user_column: str, value_column: str, skip_bad_records: bool,
-                 allow_newlines: bool):
+                 allow_newlines: bool, max_value_length: Optional[int] = None):
         if input_format not in INPUT_FORMATS:
             raise ValueError(f"input_format must be one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
         self._format = input_format
@@ -73,8 +169,14 @@ class ParseFileFn(beam.DoFn):
         self._value_col = value_column
         self._skip = skip_bad_records
         self._allow_newlines = allow_newlines
+        if max_value_length is not None and (isinstance(max_value_length, bool) or not isinstance(max_value_length, int)
+                                             or max_value_length < 1):
+            raise ValueError(f"max_{value_column}_length must be an integer >= 1, got {max_value_length!r}")
+        self._max_len = max_value_length
+        self._line_cap = None if max_value_length is None else _LINE_BYTES_PER_CHAR * max_value_length + _LINE_SLACK
 
     def _bad(self, path, line_no, reason):
+        reason = reason.replace("{value}", self._value_col)
         if not self._skip:
             raise BadRecordError(
                 f"{path}:{line_no}: {reason} (use --skip_bad_records to skip and count bad records)"
@@ -88,11 +190,12 @@ class ParseFileFn(beam.DoFn):
             return
         with FileSystems.open(path) as raw:
             line_no = 0
-            while True:
-                data = raw.readline()
-                if not data:
-                    break
+            for data, overlong in read_lines(raw, self._line_cap):
                 line_no += 1
+                if overlong:
+                    yield self._bad(path, line_no, f"line longer than {self._line_cap} bytes (value limit "
+                                                   f"{self._max_len} characters; raise it with --max_{{value}}_length)")
+                    continue
                 try:
                     line = data.decode("utf-8")
                 except UnicodeDecodeError as e:
@@ -116,7 +219,7 @@ class ParseFileFn(beam.DoFn):
             return None  # header
         if user == "":
             return self._bad(path, line_no, "empty user")
-        value, reason = _as_value(value, self._allow_newlines)
+        value, reason = _as_value(value, self._allow_newlines, self._max_len)
         if value is None:
             return self._bad(path, line_no, reason)
         return user, value
@@ -133,7 +236,7 @@ class ParseFileFn(beam.DoFn):
         user = _as_user(obj[self._user_col])
         if user is None:
             return self._bad(path, line_no, f"{self._user_col!r} must be a non-empty string or an integer")
-        value, reason = _as_value(obj[self._value_col], self._allow_newlines)
+        value, reason = _as_value(obj[self._value_col], self._allow_newlines, self._max_len)
         if value is None:
             return self._bad(path, line_no, f"{self._value_col!r}: {reason}")
         return user, value
@@ -157,7 +260,7 @@ class ParseFileFn(beam.DoFn):
                     if u is None:
                         yield self._bad(path, f"row {row}", f"{self._user_col!r} null or empty")
                         continue
-                    v, reason = _as_value(value, self._allow_newlines)
+                    v, reason = _as_value(value, self._allow_newlines, self._max_len)
                     if v is None:
                         yield self._bad(path, f"row {row}", f"{self._value_col!r}: {reason}")
                         continue
@@ -173,10 +276,11 @@ class ReadRecords(beam.PTransform):
 
     def __init__(self, file_pattern: str, input_format: str, user_column: str = "user",
                  value_column: str = "item", skip_bad_records: bool = False, allow_newlines: bool = False,
-                 label=None):
+                 max_value_length: Optional[int] = None, label=None):
         super().__init__(label)
         self._pattern = file_pattern
-        self._fn = ParseFileFn(input_format, user_column, value_column, skip_bad_records, allow_newlines)
+        self._fn = ParseFileFn(input_format, user_column, value_column, skip_bad_records, allow_newlines,
+                               max_value_length)
 
     def expand(self, pbegin):
         outputs = (

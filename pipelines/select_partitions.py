@@ -20,7 +20,7 @@ from typing import List, Optional
 import apache_beam as beam
 
 from pipelines import common, observability
-from pipelines.io import ReadRecords
+from pipelines.io import FailIfEmpty, ReadRecords
 from privacy.params import ACCOUNTINGS, ALGORITHMS, SelectionParams
 from transforms.select import SelectPartitions
 
@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = SelectionParams(epsilon=1.0, delta=1e-5)  # defaults shown in --help come from the dataclass
     p = argparse.ArgumentParser(
         prog="python -m pipelines.select_partitions",
-        description="User-level DP partition selection (Basic, Laplace/count baselines, MAD, MAD2R, DP-SIPS) on Beam.",
+        description="User-level DP partition selection (Basic, Laplace/count baselines, MAD, MAD2R, DP-SIPS, "
+                    "sequential PolicyGaussian/PolicyLaplace) on Beam.",
     )
     common.add_input_args(p, "item")
     p.add_argument("--output", required=True, help="prefix of the output files (released items, one per line)")
@@ -57,6 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fractions of (epsilon, delta) per round for mad2r/dp_sips (default 0.1,0.9)")
     p.add_argument("--accounting", default=d.accounting, choices=ACCOUNTINGS,
                    help="multi-round accounting: gdp (exact Gaussian composition, default) or basic (paper)")
+    p.add_argument("--alpha", type=float, default=d.alpha,
+                   help="policy_gaussian/policy_laplace cutoff Gamma = rho + alpha*noise_scale "
+                        "(default %(default)s as in the DPSU paper's Table 2; the paper finds 2-6 best)")
+    p.add_argument("--passes", type=int, default=d.passes,
+                   help="policy algorithms: passes over the users, each spending 1/passes of every "
+                        "user's budget (DPSU paper sec. 6.2.1; default %(default)s)")
+    p.add_argument("--max_sequential_pairs", type=int, default=d.max_sequential_pairs,
+                   help="policy algorithms gather all user sets on one worker: fail before that if there are "
+                        "more (user, item) pairs after contribution bounding (default %(default)s, about "
+                        "250 bytes per pair on that worker)")
     p.add_argument("--max_users_per_key", type=int, default=10_000, help=argparse.SUPPRESS)
     return p
 
@@ -66,14 +77,16 @@ def params_from_args(args) -> SelectionParams:
         epsilon=args.epsilon, delta=args.delta, max_contributions=args.max_contributions, d_max=args.d_max,
         beta=args.beta, b_min=args.b_min, b_max=args.b_max, c_lb=args.c_lb, c_ub=args.c_ub,
         budget_split=tuple(args.budget_split), accounting=args.accounting,
+        alpha=args.alpha, passes=args.passes, max_sequential_pairs=args.max_sequential_pairs,
     )
 
 
 def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> SelectPartitions:
     """Adds the whole job to ``pipeline``; returns the selection transform (for its plan)."""
     read = pipeline | "Read" >> ReadRecords(
-        args.input, args.input_format, args.user_column, args.item_column, args.skip_bad_records
+        args.input, args.input_format, args.user_column, args.item_column, args.skip_bad_records, max_value_length=args.max_item_length,
     )
+    _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
     records = observability.mark(read.records, "Read", args)  # (user, item)
     select = SelectPartitions(args.algorithm, params, seed=args.seed, output_rounds=True)
     tagged = records | "Select" >> select  # (round, item)
@@ -99,6 +112,9 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
         "b_max": params.b_max,
         "c_lb": params.c_lb,
         "c_ub": params.c_ub,
+        "alpha": params.alpha,
+        "passes": params.passes,
+        "max_sequential_pairs": params.max_sequential_pairs,
         "input_format": args.input_format,
         "skip_bad_records": bool(args.skip_bad_records),
         "seed": args.seed,

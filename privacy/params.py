@@ -23,7 +23,18 @@ ALGORITHMS = (
     "mad",
     "mad2r",
     "dp_sips",
+    "policy_gaussian",
+    "policy_laplace",
 )
+#: the sequential (single-worker) algorithms of the DP set union paper (Algorithms 4 and 6)
+SEQUENTIAL_ALGORITHMS = ("policy_gaussian", "policy_laplace")
+#: Default limit on the (user, item) pairs, after contribution bounding, that the sequential policy
+#: algorithms gather on one worker. benchmarks/bench_policy.py measures the Python heap of that worker
+#: (decoded user sets + order keys + histogram) at ~110 bytes per pair with short synthetic items
+#: (Python 3.11); we budget 250 bytes per pair for longer items and runner overhead, so 20M pairs take
+#: about 5 GB: a quarter of the 24 GB development machine and within a 15 GB n1-standard-4 Dataflow
+#: worker. Raise it with --max_sequential_pairs on bigger machines.
+DEFAULT_MAX_SEQUENTIAL_PAIRS = 20_000_000
 ACCOUNTINGS = ("gdp", "basic")
 
 
@@ -116,6 +127,13 @@ class SelectionParams:
       c_lb, c_ub: MAD2R lower / upper confidence constants on round-1 weights (>= 0).
       budget_split: fractions of (epsilon, delta) per round for mad2r and dp_sips.
       accounting: 'gdp' (exact Gaussian-DP composition, default) or 'basic' (paper's split).
+      alpha: policy algorithms' cutoff Gamma = rho + alpha * noise_scale (DPSU paper Algorithms 4 and
+        6; default 5 as in its Table 2, the paper finds alpha in [2, 6] best). Any alpha >= 0 is private.
+      passes: policy algorithms' passes over the users, each with 1/passes of every user's budget
+        (DPSU paper section 6.2.1; default 1).
+      max_sequential_pairs: policy algorithms fail, before gathering the user sets on one worker, if
+        there are more (user, item) pairs after contribution bounding (default
+        ``DEFAULT_MAX_SEQUENTIAL_PAIRS``).
     """
 
     epsilon: float
@@ -129,6 +147,9 @@ class SelectionParams:
     c_ub: float = 3.0
     budget_split: Tuple[float, ...] = (0.1, 0.9)
     accounting: str = "gdp"
+    alpha: float = 5.0
+    passes: int = 1
+    max_sequential_pairs: int = DEFAULT_MAX_SEQUENTIAL_PAIRS
 
     def __post_init__(self):
         s = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass setter)
@@ -144,6 +165,9 @@ class SelectionParams:
         s("c_ub", check_range("c_ub", self.c_ub, 0.0, math.inf))
         s("budget_split", check_fractions("budget_split", self.budget_split))
         s("accounting", check_choice("accounting", self.accounting, ACCOUNTINGS))
+        s("alpha", check_range("alpha", self.alpha, 0.0, math.inf))
+        s("passes", check_int("passes", self.passes, 1, 100))
+        s("max_sequential_pairs", check_int("max_sequential_pairs", self.max_sequential_pairs, 1))
 
     def replace(self, **changes) -> "SelectionParams":
         return dataclasses.replace(self, **changes)

@@ -12,6 +12,8 @@ Rounds per algorithm:
   mad              MAD weights, 1 round, tau = rho + beta*sigma (MAD paper Alg. 3, Cor. 5.2)
   mad2r            2 rounds (MAD paper Alg. 4); round 2 uses h(t) = b_max/sqrt(t)
   dp_sips          len(budget_split) rounds of Basic (DP-SIPS, MAD paper sec. 1.3)
+  policy_laplace   l1-descent histogram, Laplace, 1 round  (DPSU paper Alg. 3-4, Theorem 4.1)
+  policy_gaussian  l2-descent histogram, Gaussian, 1 round (DPSU paper Alg. 5-6, Theorem 5.1)
 
 Multi-round accounting (``params.accounting``) is implemented in
 :func:`privacy.accounting.multi_round_calibration`; see its module docstring for the proof.
@@ -35,6 +37,8 @@ WEIGHTING_OF = {
     "mad": "mad",
     "mad2r": "mad",
     "dp_sips": "weighted_gaussian",
+    "policy_gaussian": "l2_descent",
+    "policy_laplace": "l1_descent",
 }
 
 
@@ -51,6 +55,7 @@ class RoundPlan:
     weighting: str  # weighted_gaussian | weighted_laplace | count | mad
     tau: Optional[float] = None  # MAD adaptive threshold (rho + beta * sigma)
     h: str = "1/sqrt(t)"  # novel-item sensitivity bound used for the threshold
+    cutoff: Optional[float] = None  # policy algorithms' Gamma = rho + alpha * noise_scale
 
     def as_report(self) -> dict:
         d = {
@@ -65,6 +70,8 @@ class RoundPlan:
         }
         if self.tau is not None:
             d["tau"] = self.tau
+        if self.cutoff is not None:
+            d["cutoff"] = self.cutoff
         return d
 
 
@@ -95,6 +102,19 @@ def plan_rounds(algorithm: str, params: SelectionParams) -> Tuple[RoundPlan, ...
         tau = _tau(c.threshold, c.noise_scale, params.beta) if algorithm == "mad" else None
         return (
             RoundPlan(1, eps, delta, c.noise, c.noise_scale, c.threshold, WEIGHTING_OF[algorithm], tau, h),
+        )
+    if algorithm in ("policy_gaussian", "policy_laplace"):
+        # Theorem 5.1's sigma and rho_Gauss (h(t) = 1/sqrt(t)) are those of weighted Gaussian (Theorem
+        # B.2); Theorem 4.1's Lap(1/eps) and rho_Lap (h(t) = 1/t) those of weighted Laplace (Theorem
+        # B.1): an item held only by a new user with t such items gets at most 1/sqrt(t) (l2-descent)
+        # or 1/t (l1-descent), since those items all start at 0 and are raised equally.
+        if algorithm == "policy_gaussian":
+            c, h = calibration.calibrate_weighted_gaussian(eps, delta, d0), "1/sqrt(t)"
+        else:
+            c, h = calibration.calibrate_weighted_laplace(eps, delta, d0), "1/t"
+        gamma = c.threshold + params.alpha * c.noise_scale  # Alg. 4 / Alg. 6 (erratum: rho_Gauss)
+        return (
+            RoundPlan(1, eps, delta, c.noise, c.noise_scale, c.threshold, WEIGHTING_OF[algorithm], None, h, gamma),
         )
     fractions = params.budget_split
     if algorithm == "mad2r":

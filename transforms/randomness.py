@@ -63,6 +63,11 @@ def _digest(seed: int, purpose: str, round_: int, key: Any, size: int = 16) -> b
     return h.digest()
 
 
+def keyed_bytes(seed: int, purpose: str, round_: int, key: Any, size: int = 16) -> bytes:
+    """``size`` pseudo-random bytes (<= 64), a function of (seed, purpose, round, key) (e.g. a secret hash key)."""
+    return _digest(seed, purpose, round_, key, size)
+
+
 def keyed_uniform(seed: int, purpose: str, round_: int, keys: Sequence[Any]) -> np.ndarray:
     """Uniforms in the open interval (0, 1), one per key, each a function of (seed, purpose, round, key)."""
     out = np.empty(len(keys), dtype=np.float64)

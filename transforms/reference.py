@@ -20,7 +20,7 @@ from privacy.params import ALGORITHMS, SelectionParams, check_choice, check_int
 from privacy.plans import RoundPlan, plan_rounds
 from transforms import mad_kernels as K
 from transforms.mad2r_kernels import round2_bias
-from transforms import randomness
+from transforms import policy_kernels, randomness
 from transforms.weights import WEIGHTINGS, per_item_weight
 
 UserSets = Mapping[Hashable, Iterable[Hashable]]
@@ -105,6 +105,19 @@ def _single_round(user_sets, algorithm, params, plan, seed, rng):
     return {1: noisy_threshold(weights, plan, seed, rng)}
 
 
+def _policy(user_sets, algorithm, params, plan, seed, rng):
+    """POLICY LAPLACE / GAUSSIAN (DPSU Alg. 4 / 6): secret-order l1/l2-descent histogram, noise, threshold.
+
+    The size limit ``params.max_sequential_pairs`` guards the Beam transform's single worker only;
+    the reference holds everything in memory by design.
+    """
+    capped = bound_contributions(user_sets, params.max_contributions, seed, 0, rng)
+    hist = policy_kernels.policy_histogram(
+        capped.items(), policy_kernels.POLICY_OF[algorithm], plan.cutoff, params.passes, seed
+    )
+    return {1: noisy_threshold(hist, plan, seed, rng)}
+
+
 def _dp_sips(user_sets, params, plans, seed, rng):
     full = {u: _unique(items) for u, items in user_sets.items()}
     released: Set[Hashable] = set()
@@ -156,6 +169,8 @@ def select_rounds(
         per_round = _dp_sips(user_sets, params, plans, seed, rng)
     elif algorithm == "mad2r":
         per_round = _mad2r(user_sets, params, plans, seed, rng)
+    elif algorithm in policy_kernels.POLICY_OF:
+        per_round = _policy(user_sets, algorithm, params, plans[0], seed, rng)
     else:
         per_round = _single_round(user_sets, algorithm, params, plans[0], seed, rng)
     return plans, per_round

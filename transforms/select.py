@@ -12,12 +12,13 @@ from typing import Optional
 
 import apache_beam as beam
 
-from privacy.params import ALGORITHMS, SelectionParams, check_choice
+from privacy.params import ALGORITHMS, SEQUENTIAL_ALGORITHMS, SelectionParams, check_choice
 from privacy.plans import plan_rounds
 from transforms import randomness
 from transforms.basic import UserSetWeights
 from transforms.bounding import BoundContributions, CapUserItemsFn
 from transforms.mad import MAD2R, MADWeights
+from transforms.policy import SequentialPolicy
 from transforms.threshold import NoisyThreshold
 
 
@@ -123,7 +124,9 @@ class SelectPartitions(beam.PTransform):
 
     Args:
       algorithm: one of ``privacy.params.ALGORITHMS``: 'basic' (weighted Gaussian),
-        'weighted_laplace', 'count_gaussian', 'count_laplace', 'mad', 'mad2r', 'dp_sips'.
+        'weighted_laplace', 'count_gaussian', 'count_laplace', 'mad', 'mad2r', 'dp_sips', and the
+        sequential single-worker 'policy_gaussian', 'policy_laplace' (DPSU paper Alg. 4 and 6;
+        :class:`transforms.policy.SequentialPolicy`, limited to ``params.max_sequential_pairs``).
       params: :class:`privacy.params.SelectionParams`.
       seed: None for production (OS entropy on workers); an int for reproducible, NON-private runs.
       output_rounds: emit ``(round, item)`` instead of ``item``.
@@ -149,6 +152,12 @@ class SelectPartitions(beam.PTransform):
             tagged = pairs | "DPSIPS" >> _DPSIPS(self.rounds, self.params, self.seed)
         elif self.algorithm == "mad2r":
             tagged = pairs | "MAD2R" >> MAD2R(self.rounds, self.params, self.seed)
+        elif self.algorithm in SEQUENTIAL_ALGORITHMS:
+            tagged = (
+                pairs
+                | self.algorithm.upper() >> SequentialPolicy(self.algorithm, self.rounds[0], self.params, self.seed)  # item
+                | "TagRound" >> beam.Map(tag_round, self.rounds[0].index)  # (1, item)
+            )
         else:
             tagged = pairs | self.algorithm.upper() >> _SingleRound(self.rounds[0], self.params, self.seed)
         if self.output_rounds:
