@@ -163,14 +163,16 @@ def run_main(parser: argparse.ArgumentParser, argv, make_params, build_pipeline,
               "only written with --diagnostics PATH (non-private)", file=sys.stderr)
     wait = should_wait(options, args)
     outputs = [args.output, args.report]
-    before = snapshot_outputs(outputs)
+    # Only a run we wait for can clean up after a failure; a submitted job writes its outputs later
+    # (and listing gs:// paths from a Flex launcher or offline would need credentials).
+    before = snapshot_outputs(outputs) if wait else {}
     try:
         with observability.ProgressDisplay(args.progress_interval if wait else 0, bool(args.diagnostics)):
             last_result = pipeline.run()
             if wait:
                 last_result.wait_until_finish()
     except Exception as e:  # Beam wraps worker exceptions; show the root cause plainly.
-        removed = remove_new_outputs(outputs, before)  # a failed run leaves no partial output
+        removed = remove_new_outputs(outputs, before) if wait else []  # a failed run leaves no partial output
         if removed:
             print(f"removed {len(removed)} partial output file(s) of the failed run", file=sys.stderr)
         message = input_error_message(e)
