@@ -158,19 +158,21 @@ def run_main(parser: argparse.ArgumentParser, argv, make_params, build_pipeline,
         build_pipeline(pipeline, args, params)
     except ValueError as e:
         parser.error(str(e))
-    outputs = [args.output, args.report]
-    before = snapshot_outputs(outputs)
     if getattr(args, "skip_bad_records", False):
         print("warning: --skip_bad_records: malformed records are skipped; how many is data-dependent and "
               "only written with --diagnostics PATH (non-private)", file=sys.stderr)
     wait = should_wait(options, args)
+    outputs = [args.output, args.report]
+    # Only a run we wait for can clean up after a failure; a submitted job writes its outputs later
+    # (and listing gs:// paths from a Flex launcher or offline would need credentials).
+    before = snapshot_outputs(outputs) if wait else {}
     try:
         with observability.ProgressDisplay(args.progress_interval if wait else 0, bool(args.diagnostics)):
             last_result = pipeline.run()
             if wait:
                 last_result.wait_until_finish()
     except Exception as e:  # Beam wraps worker exceptions; show the root cause plainly.
-        removed = remove_new_outputs(outputs, before)  # a failed run leaves no partial output
+        removed = remove_new_outputs(outputs, before) if wait else []  # a failed run leaves no partial output
         if removed:
             print(f"removed {len(removed)} partial output file(s) of the failed run", file=sys.stderr)
         message = input_error_message(e)
@@ -271,17 +273,16 @@ class InputErrorTracebackFilter(logging.Filter):
 
 
 def configure_logging(level="WARNING") -> None:
-    """Logging to stderr at ``level`` (a name, or True for INFO as before).
-
-    Beam's ERROR records of input errors are filtered (run_main prints one ``error:`` line instead),
-    and Beam's own loggers never go below INFO: its worker DEBUG logs print raw elements.
-    """
+    """Logging to stderr at ``level`` (a name; True/False for INFO/WARNING as before)."""
     if level is True:
         level = "INFO"
     elif level is False or level is None:
         level = "WARNING"
-    logging.basicConfig(level=getattr(logging, str(level)), format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger().setLevel(getattr(logging, str(level)))
+    numeric = getattr(logging, str(level))
+    logging.basicConfig(level=numeric, format="%(levelname)s %(name)s: %(message)s")
+    root = logging.getLogger()
+    if numeric < root.getEffectiveLevel():  # --log_level INFO after an earlier basicConfig; never raise it
+        root.setLevel(numeric)
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, InputErrorTracebackFilter) for f in handler.filters):
             handler.addFilter(InputErrorTracebackFilter())

@@ -86,8 +86,8 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
     read = pipeline | "Read" >> ReadRecords(
         args.input, args.input_format, args.user_column, args.item_column, args.skip_bad_records, max_value_length=args.max_item_length,
     )
-    records = observability.mark(read.records, "Read", args)  # (user, item)
     _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
+    records = observability.mark(read.records, "Read", args)  # (user, item)
     select = SelectPartitions(args.algorithm, params, seed=args.seed, output_rounds=True)
     tagged = records | "Select" >> select  # (round, item)
     tagged = observability.mark(tagged, "Select", args)  # (round, item)
