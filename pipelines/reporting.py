@@ -22,6 +22,8 @@ from typing import Dict, Iterable, List, Tuple
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from pipelines import common
+
 EVAL_WARNING = ("NON-PRIVATE evaluation: computed from the true data (exact item frequencies). Not "
                 "differentially private; for offline evaluation by people allowed to see the raw data.")
 
@@ -102,7 +104,7 @@ def evaluation_path(report_path: str) -> str:
 def run_evaluation(module, args, options) -> str:
     """Runs the evaluation job (same Beam options as the main run); returns the JSON's path."""
     path = evaluation_path(args.report)
-    p = beam.Pipeline(options=options)
+    p = common.make_pipeline(options)
     pairs = module.evaluation_pairs(p, args.evaluate_against, args)  # (user, line)
     released = p | "ReadReleased" >> beam.io.ReadFromText(args.output + "*")  # line
     bins = pairs | "Coverage" >> CoverageByFrequency(released, module.evaluation_group)
