@@ -78,7 +78,16 @@ def test_noisy_threshold_keeps_exactly_items_at_or_above_rho():
     assert want == sorted(reference.noisy_threshold(weights, plan, seed=3))
 
 
-def test_attach_item_values_shards_hot_items_without_losing_pairs():
+def _flatten_joined(element, per_user_lists):
+    user, joined = element
+    if not per_user_lists:
+        return [(user, joined)]
+    assert isinstance(joined, list) and joined  # (user, [(item, v), ...]) lists, never empty
+    return [(user, iv) for iv in joined]
+
+
+@pytest.mark.parametrize("per_user_lists", [False, True])
+def test_attach_item_values_shards_hot_items_without_losing_pairs(per_user_lists):
     rng = random.Random(3)
     pairs = [(f"u{u}", "hot") for u in range(500)] + [(f"u{rng.randrange(500)}", f"c{rng.randrange(40)}") for _ in range(400)]
     pairs = sorted(set(pairs))
@@ -93,7 +102,8 @@ def test_attach_item_values_shards_hot_items_without_losing_pairs():
         cnts = p | "C" >> beam.Create(list(counts.items()))
         return (
             p | "P" >> beam.Create(pairs)
-            | AttachItemValues(vals, cnts, max_users_per_key=37)  # "hot" -> 14 shards
+            | AttachItemValues(vals, cnts, max_users_per_key=37, per_user_lists=per_user_lists)  # "hot" -> 14 shards
+            | beam.FlatMap(_flatten_joined, per_user_lists)
             | beam.MapTuple(lambda u, iv: f"{u}\t{iv[0]}\t{iv[1]!r}")
         )
 

@@ -13,6 +13,7 @@ import math
 import zlib
 
 import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindows
 
 from transforms.randomness import encode_key
 
@@ -31,11 +32,43 @@ def hot_item_shards(element, max_users_per_key):
 
 
 class KeyPairByShardFn(beam.DoFn):
-    """(user, item) -> ((item, shard), user)."""
+    """(user, item) -> ((item, shard), [user, ...]).
+
+    With ``batch`` (global window only) the users of one join key are gathered per bundle, so the
+    shuffle carries one element per (bundle, item, shard) instead of one per pair (per-element
+    overhead dominates the DirectRunner; see BENCHMARKS_HEAD.md, "MAD path optimisation"). At most
+    ``max_buffered`` users are held before the buffer is emitted (bounded memory). Without
+    ``batch`` every pair is its own one-user list.
+    """
+
+    def __init__(self, batch: bool = False, max_buffered: int = 200_000):
+        self._batch, self._max_buffered = batch, int(max_buffered)
+        self._buf: dict = {}
+        self._n = 0
+
+    def start_bundle(self):
+        self._buf, self._n = {}, 0
 
     def process(self, element, hot_shards):
         user, item = element
-        yield (item, user_shard(user, hot_shards.get(item, 1))), user
+        key = (item, user_shard(user, hot_shards.get(item, 1)))
+        if not self._batch:
+            yield key, [user]
+            return
+        users = self._buf.get(key)
+        if users is None:
+            self._buf[key] = [user]
+        else:
+            users.append(user)
+        self._n += 1
+        if self._n >= self._max_buffered:
+            buf, self._buf, self._n = self._buf, {}, 0
+            yield from buf.items()
+
+    def finish_bundle(self):
+        buf, self._buf, self._n = self._buf, {}, 0
+        for kv in buf.items():
+            yield GlobalWindows.windowed_value(kv)
 
 
 class ReplicateValueFn(beam.DoFn):
@@ -48,7 +81,20 @@ class ReplicateValueFn(beam.DoFn):
 
 
 class EmitJoinedFn(beam.DoFn):
-    """((item, shard), {'users': [...], 'value': [v]}) -> (user, (item, v)) when the item has a value."""
+    """((item, shard), {'users': [[user]], 'value': [v]}) -> (user, (item, v)) when the item has a value.
+
+    With ``per_user_lists`` it emits (user, [(item, v), ...]) instead: with ``batch`` (global window
+    only) one list per user and bundle (a user may still get several lists), else one-pair lists.
+    """
+
+    def __init__(self, per_user_lists: bool = False, batch: bool = False, max_buffered: int = 200_000):
+        self._lists, self._batch = per_user_lists, per_user_lists and batch
+        self._max_buffered = int(max_buffered)
+        self._buf: dict = {}
+        self._n = 0
+
+    def start_bundle(self):
+        self._buf, self._n = {}, 0
 
     def process(self, element):
         (item, _), grouped = element
@@ -58,8 +104,28 @@ class EmitJoinedFn(beam.DoFn):
         if len(values) > 1:
             raise ValueError(f"AttachItemValues: more than one value for one item ({len(values)})")
         value = values[0]
-        for user in grouped["users"]:
-            yield user, (item, value)
+        if not self._batch:
+            for users in grouped["users"]:
+                for user in users:
+                    yield user, ([(item, value)] if self._lists else (item, value))
+            return
+        buf = self._buf
+        for users in grouped["users"]:
+            for user in users:
+                got = buf.get(user)
+                if got is None:
+                    buf[user] = [(item, value)]
+                else:
+                    got.append((item, value))
+                self._n += 1
+        if self._n >= self._max_buffered:
+            self._buf, self._n = {}, 0
+            yield from buf.items()
+
+    def finish_bundle(self):
+        buf, self._buf, self._n = self._buf, {}, 0
+        for kv in buf.items():
+            yield GlobalWindows.windowed_value(kv)
 
 
 class AttachItemValues(beam.PTransform):
@@ -69,10 +135,15 @@ class AttachItemValues(beam.PTransform):
       values: PCollection of (item, value), at most one per item.
       counts: PCollection of (item, number of pairs holding it), used to shard hot items.
       max_users_per_key: target number of pairs per join key.
+      per_user_lists: emit (user, [(item, value), ...]) lists (several per user possible; their
+        union is the user's joined pairs) instead of one element per pair: far fewer Beam elements
+        in batch (global window) pipelines.
     """
 
-    def __init__(self, values, counts, max_users_per_key: int = 10_000, label=None):
+    def __init__(self, values, counts, max_users_per_key: int = 10_000, per_user_lists: bool = False,
+                 label=None):
         super().__init__(label)
+        self._per_user_lists = per_user_lists
         self._values = values
         self._counts = counts
         self._max = int(max_users_per_key)
@@ -80,10 +151,12 @@ class AttachItemValues(beam.PTransform):
     def expand(self, pairs):
         hot = self._counts | "HotItemShards" >> beam.FlatMap(hot_item_shards, self._max)  # (item, n_shards)
         hot_si = beam.pvalue.AsDict(hot)
-        keyed_pairs = pairs | "KeyPairs" >> beam.ParDo(KeyPairByShardFn(), hot_si)  # ((item, shard), user)
+        batch = isinstance(pairs.windowing.windowfn, GlobalWindows)
+        keyed_pairs = pairs | "KeyPairs" >> beam.ParDo(KeyPairByShardFn(batch), hot_si)  # ((item, shard), [user])
         keyed_values = self._values | "ReplicateValues" >> beam.ParDo(ReplicateValueFn(), hot_si)  # ((item, shard), v)
         return (
             {"users": keyed_pairs, "value": keyed_values}
-            | "JoinByItemShard" >> beam.CoGroupByKey()  # ((item, shard), {users: [user], value: [v]})
-            | "EmitPerUser" >> beam.ParDo(EmitJoinedFn())  # (user, (item, v))
+            | "JoinByItemShard" >> beam.CoGroupByKey()  # ((item, shard), {users: [[user]], value: [v]})
+            | "EmitPerUser" >> beam.ParDo(EmitJoinedFn(self._per_user_lists, batch))
+            # (user, (item, v)), or (user, [(item, v)]) with per_user_lists
         )

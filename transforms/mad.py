@@ -27,11 +27,12 @@ from __future__ import annotations
 from typing import Optional
 
 import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindows
 
 from transforms import mad_kernels as K
 from transforms.mad2r_kernels import round2_bias
 from transforms.randomness import sort_key
-from transforms.combiners import ExactSumFn
+from transforms.combiners import ExactSumFn, FixedPointSumFn, from_fixed_point, to_fixed_point
 from transforms.joins import AttachItemValues
 from transforms.threshold import AddNoise
 
@@ -60,6 +61,64 @@ class InitStatsFn(beam.CombineFn):
 
     def extract_output(self, acc):
         return self._sum.extract_output(acc[0]), acc[1]
+
+
+class FixedInitStatsFn(beam.CombineFn):
+    """Sums (fixed-point w_init part, holder count) per item; outputs (w_init, n) as InitStatsFn."""
+
+    def create_accumulator(self):
+        return 0, 0
+
+    def add_input(self, acc, x):
+        return acc[0] + x[0], acc[1] + x[1]
+
+    def merge_accumulators(self, accs):
+        total, n = 0, 0
+        for a, m in accs:
+            total += a
+            n += m
+        return total, n
+
+    def extract_output(self, acc):
+        return from_fixed_point(acc[0]), acc[1]
+
+
+class BundleInitStatsFn(beam.DoFn):
+    """(user, [(item, b)]) -> (item, (fixed-point sum of 1/d, n_holders)) pre-summed per bundle.
+
+    Alg. 3 lines 3-5 as :class:`EmitInitWeightsFn`, but summed in exact fixed point inside the
+    bundle (one dict update per pair instead of one Beam element per pair): integer sums are exact,
+    so the per-item result is bit-identical however users fall into bundles. Global window only;
+    emits early once ``max_keys`` items are buffered (bounded memory).
+    """
+
+    def __init__(self, d_max: int, b_min: float, max_keys: int = 100_000):
+        self._d_max, self._b_min, self._max_keys = d_max, b_min, int(max_keys)
+        self._acc: dict = {}
+        self._fixed: dict = {}
+
+    def start_bundle(self):
+        self._acc = {}
+
+    def process(self, element):
+        _, items = element
+        d = len(items)
+        f = self._fixed.get(d)
+        if f is None:
+            w = 1.0 / d if K.is_adaptive(d, self._b_min, self._d_max) else 0.0  # Alg. 3 lines 3-5
+            f = self._fixed[d] = to_fixed_point(w)
+        acc = self._acc
+        for item, _ in items:
+            s = acc.get(item)
+            acc[item] = (f, 1) if s is None else (s[0] + f, s[1] + 1)
+        if len(acc) >= self._max_keys:
+            self._acc = {}
+            yield from acc.items()
+
+    def finish_bundle(self):
+        acc, self._acc = self._acc, {}
+        for kv in acc.items():
+            yield GlobalWindows.windowed_value(kv)
 
 
 class EmitInitWeightsFn(beam.DoFn):
@@ -106,7 +165,7 @@ def adaptive_pairs(element, d_max, b_min):
 
 
 class UserContributionFn(beam.DoFn):
-    """(user, {'set': [[(item, b)]], 'excess': [(item, r)]}) -> (item, contribution)  (Alg. 3 l.10-17).
+    """(user, {'set': [[(item, b)]], 'excess': [[(item, r)]]}) -> (item, contribution)  (Alg. 3 l.10-17).
 
     ``tau`` arrives as a process argument (a constant or a side input).
     """
@@ -122,11 +181,54 @@ class UserContributionFn(beam.DoFn):
         if len(sets) != 1:
             raise ValueError("UserContributionFn: a user must have exactly one capped set")
         items = sorted(sets[0], key=lambda e: sort_key(e[0]))  # canonical order, as the reference
-        r_of = dict(grouped["excess"])  # r(i) > 0 of the user's hot items; 0 for the others
+        # r(i) > 0 of the user's hot items (lists from AttachItemValues(per_user_lists)); 0 for the others
+        r_of = {item: r for part in grouped["excess"] for item, r in part}
         yield from K.mad_user_contributions(
             [i for i, _ in items], [r_of.get(i, 0.0) for i, _ in items], [b for _, b in items],
             tau, self._d_max, self._b_min, self._b_max,
         )
+
+
+class BundleUserContributionFn(UserContributionFn):
+    """As :class:`UserContributionFn`, but (item, exact fixed-point sum of contributions) per bundle.
+
+    Same per-user kernel; the contributions are summed as exact integers inside the bundle (global
+    window only), so the per-item sum is bit-identical to summing every contribution with
+    :class:`transforms.combiners.ExactSumFn`. Emits early once ``max_keys`` items are buffered.
+    """
+
+    def __init__(self, d_max, b_min, b_max, max_keys: int = 100_000):
+        super().__init__(d_max, b_min, b_max)
+        self._max_keys = int(max_keys)
+        self._acc: dict = {}
+        self._cache: dict = {}
+
+    def start_bundle(self):
+        self._acc = {}
+
+    def process(self, element, tau):
+        acc, cache = self._acc, self._cache
+        for item, c in super().process(element, tau):
+            f = cache.get(c)
+            if f is None:
+                if len(cache) >= 65_536:
+                    cache.clear()
+                f = cache[c] = to_fixed_point(c)
+            acc[item] = acc.get(item, 0) + f
+        if len(acc) >= self._max_keys:
+            self._acc = {}
+            yield from acc.items()
+
+    def finish_bundle(self):
+        acc, self._acc = self._acc, {}
+        for kv in acc.items():
+            yield GlobalWindows.windowed_value(kv)
+
+
+def fixed_point_value(element):
+    """(item, float) -> (item, exact fixed-point int)."""
+    item, x = element
+    return item, to_fixed_point(x)
 
 
 class MADWeights(beam.PTransform):
@@ -153,28 +255,45 @@ class MADWeights(beam.PTransform):
         tau = self._tau
         if not self._biased:
             user_sets = user_sets | "UnitBiases" >> beam.Map(_with_unit_biases)  # (user, [(item, 1.0)])
-        stats = (
-            user_sets
-            | "InitWeights" >> beam.ParDo(EmitInitWeightsFn(self._d_max, self._b_min))  # (item, (1/d|0, 1))
-            | "ItemStats" >> beam.CombinePerKey(InitStatsFn())  # (item, (w_init, n_holders))
-        )
+        # In the global window (batch) the per-item sums are pre-summed per bundle in exact fixed point
+        # (same bits, far fewer Beam elements); other windowings emit one element per pair.
+        batch = isinstance(user_sets.windowing.windowfn, GlobalWindows)
+        if batch:
+            stats = (
+                user_sets
+                | "InitWeights" >> beam.ParDo(BundleInitStatsFn(self._d_max, self._b_min))  # (item, (fixed, n))
+                | "ItemStats" >> beam.CombinePerKey(FixedInitStatsFn())  # (item, (w_init, n_holders))
+            )
+        else:
+            stats = (
+                user_sets
+                | "InitWeights" >> beam.ParDo(EmitInitWeightsFn(self._d_max, self._b_min))  # (item, (1/d|0, 1))
+                | "ItemStats" >> beam.CombinePerKey(InitStatsFn())  # (item, (w_init, n_holders))
+            )
         truncated = stats | "Truncated" >> beam.Map(truncated_weight, tau)  # (item, w_trunc)
         excess = stats | "Excess" >> beam.FlatMap(positive_excess, tau)  # (item, r > 0)
         counts = stats | "HolderCounts" >> beam.Map(holder_count)  # (item, n_holders)
         user_excess = (
             user_sets
             | "AdaptivePairs" >> beam.FlatMap(adaptive_pairs, self._d_max, self._b_min)  # (user, item)
-            | "ExcessToUsers" >> AttachItemValues(excess, counts, self._max_users_per_key)  # (user, (item, r))
+            | "ExcessToUsers" >> AttachItemValues(excess, counts, self._max_users_per_key, per_user_lists=True)
+            # (user, [(item, r)])
         )
-        contributions = (
-            {"set": user_sets, "excess": user_excess}
-            | "JoinUserExcess" >> beam.CoGroupByKey()  # (user, {set: [[(item, b)]], excess: [(item, r)]})
-            | "UserContrib" >> beam.ParDo(UserContributionFn(self._d_max, self._b_min, self._b_max), tau)  # (item, c)
-        )
+        joined = {"set": user_sets, "excess": user_excess} | "JoinUserExcess" >> beam.CoGroupByKey()
+        # (user, {set: [[(item, b)]], excess: [[(item, r)]]})
+        if batch:
+            contributions = joined | "UserContrib" >> beam.ParDo(
+                BundleUserContributionFn(self._d_max, self._b_min, self._b_max), tau)  # (item, fixed sum of c)
+            truncated = truncated | "TruncatedFixed" >> beam.Map(fixed_point_value)  # (item, fixed w_trunc)
+            sum_fn = FixedPointSumFn()
+        else:
+            contributions = joined | "UserContrib" >> beam.ParDo(
+                UserContributionFn(self._d_max, self._b_min, self._b_max), tau)  # (item, c)
+            sum_fn = ExactSumFn()
         return (
             (truncated, contributions)
             | "AllParts" >> beam.Flatten()  # (item, part)
-            | "SumWeights" >> beam.CombinePerKey(ExactSumFn())  # (item, w)
+            | "SumWeights" >> beam.CombinePerKey(sum_fn)  # (item, w) = w_trunc + sum of contributions
         )
 
 
@@ -239,8 +358,8 @@ class MAD2R(beam.PTransform):
         # (item, n_holders)
         round2_sets = (
             pair_list
-            | "AttachBiases" >> AttachItemValues(kept, counts)  # (user, (item, b))
-            | "GroupByUser" >> beam.GroupByKey()  # (user, [(item, b)]) = S_u \ (U1 u U_low)  (line 13)
+            | "AttachBiases" >> AttachItemValues(kept, counts, per_user_lists=True)  # (user, [(item, b)])
+            | "GroupByUser" >> beam.GroupByKey()  # (user, [[(item, b)]]): union = S_u \ (U1 u U_low)  (line 13)
             | "Materialise" >> beam.MapTuple(_materialise)
         )
         released2 = (
@@ -255,5 +374,6 @@ class MAD2R(beam.PTransform):
         ) | "Union" >> beam.Flatten()  # (round, item)
 
 
-def _materialise(user, items):
-    return user, sorted(items, key=lambda e: sort_key(e[0]))
+def _materialise(user, parts):
+    """(user, [[(item, b)]]) -> (user, [(item, b)]) in canonical item order (as the reference)."""
+    return user, sorted((e for part in parts for e in part), key=lambda e: sort_key(e[0]))
