@@ -14,6 +14,10 @@ MAD as stages (Alg. 3 line numbers):
   UserContrib     l.11-17  (item, alpha*e_u/d_max + w_b(i) - 1/d)   or w_b(i) for non-adaptive users
   SumWeights      l.12     (item, w) = w_trunc + sum of user contributions
 
+Batch (global window) pipelines pre-sum InitWeights and UserContrib per bundle in exact fixed point
+and batch the join's elements per bundle (BENCHMARKS_HEAD.md, "MAD path optimisation"): fewer Beam
+elements, identical bits.
+
 Reroute join choice: the excess fractions r(i) are joined back to (user, item) pairs with
 :class:`transforms.joins.AttachItemValues`, keyed by (item, shard(user)), where only items held by
 more than ``max_users_per_key`` users get several shards. Items with r > 0 are exactly the heavy
@@ -297,6 +301,33 @@ class MADWeights(beam.PTransform):
         )
 
 
+class BundleHolderCountsFn(beam.DoFn):
+    """(user, [item]) -> (item, number of the bundle's users holding it), counted per bundle.
+
+    Global window only; emits early once ``max_keys`` items are buffered (bounded memory).
+    """
+
+    def __init__(self, max_keys: int = 100_000):
+        self._max_keys = int(max_keys)
+        self._acc: dict = {}
+
+    def start_bundle(self):
+        self._acc = {}
+
+    def process(self, element):
+        acc = self._acc
+        for item in element[1]:
+            acc[item] = acc.get(item, 0) + 1
+        if len(acc) >= self._max_keys:
+            self._acc = {}
+            yield from acc.items()
+
+    def finish_bundle(self):
+        acc, self._acc = self._acc, {}
+        for kv in acc.items():
+            yield GlobalWindows.windowed_value(kv)
+
+
 def round1_status(element, rho1, rho2, sigma1, c_lb, c_ub):
     """(item, noisy w1) -> (item, b) for items kept in round 2 (Alg. 4 lines 10-14)."""
     item, w1 = element
@@ -354,8 +385,15 @@ class MAD2R(beam.PTransform):
             round1_status, r1.threshold, r2.threshold, r1.noise_scale, p.c_lb, p.c_ub
         )  # (item, b) for items neither released nor hopeless
         pair_list = user_sets | "Pairs" >> beam.FlatMap(to_pair_list)  # (user, item)
-        counts = pair_list | "PairItems" >> beam.Values() | "HolderCounts" >> beam.combiners.Count.PerElement()
-        # (item, n_holders)
+        if isinstance(user_sets.windowing.windowfn, GlobalWindows):
+            counts = (
+                user_sets
+                | "BundleHolderCounts" >> beam.ParDo(BundleHolderCountsFn())  # (item, partial count)
+                | "HolderCounts" >> beam.CombinePerKey(sum)  # (item, n_holders)
+            )
+        else:
+            counts = pair_list | "PairItems" >> beam.Values() | "HolderCounts" >> beam.combiners.Count.PerElement()
+            # (item, n_holders)
         round2_sets = (
             pair_list
             | "AttachBiases" >> AttachItemValues(kept, counts, per_user_lists=True)  # (user, [(item, b)])
