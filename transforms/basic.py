@@ -6,7 +6,7 @@ from typing import Dict
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms.combiners import ExactSumFn, FixedPointSumFn, to_fixed_point
+from transforms.combiners import BundleDictFn, ExactSumFn, FixedPointSumFn, to_fixed_point
 from transforms.weights import WEIGHTINGS, per_item_weight, user_item_weights
 from privacy.params import check_choice, check_int
 
@@ -22,7 +22,7 @@ class EmitUserWeightsFn(beam.DoFn):
         yield from user_item_weights(self._weighting, items)
 
 
-class BundleWeightSumsFn(beam.DoFn):
+class BundleWeightSumsFn(BundleDictFn):
     """(user, [item]) -> (item, exact fixed-point partial sum of the weights) per bundle.
 
     Pre-aggregates inside the bundle (a dict update per pair instead of a Beam element per pair):
@@ -33,13 +33,9 @@ class BundleWeightSumsFn(beam.DoFn):
     """
 
     def __init__(self, weighting: str, max_keys: int = 100_000):
+        super().__init__(check_int("max_keys", max_keys, 1))
         self._weighting = check_choice("weighting", weighting, WEIGHTINGS)
-        self._max_keys = check_int("max_keys", max_keys, 1)
-        self._acc: Dict = {}
         self._fixed: Dict[int, int] = {}
-
-    def start_bundle(self):
-        self._acc = {}
 
     def process(self, element):
         _, items = element
@@ -52,14 +48,7 @@ class BundleWeightSumsFn(beam.DoFn):
         acc = self._acc
         for item in items:
             acc[item] = acc.get(item, 0) + f
-        if len(acc) >= self._max_keys:
-            self._acc = {}
-            yield from acc.items()
-
-    def finish_bundle(self):
-        acc, self._acc = self._acc, {}
-        for kv in acc.items():
-            yield GlobalWindows.windowed_value(kv)
+        yield from self._flush_if_full()
 
 
 class UserSetWeights(beam.PTransform):

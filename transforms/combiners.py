@@ -17,6 +17,7 @@ import math
 from typing import Dict, Iterable
 
 import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindows
 
 FIXED_POINT_BITS = 1074  # 2**-1074 is the smallest positive (subnormal) double
 _SCALE = 1 << FIXED_POINT_BITS
@@ -103,3 +104,33 @@ class FixedPointSumFn(beam.CombineFn):
 
     def extract_output(self, acc):
         return from_fixed_point(acc)
+
+
+class BundleDictFn(beam.DoFn):
+    """Base of DoFns that pre-aggregate into a dict ``self._acc`` (key -> partial) per bundle.
+
+    Subclasses update ``self._acc`` in ``process`` and end it with ``yield from self._flush_if_full()``;
+    the partials are emitted when ``max_keys`` keys are buffered (bounded memory) and when the bundle
+    ends. Global window only (the callers check): the partials must be exact (ints), so how elements
+    fall into bundles cannot change the combined result.
+    """
+
+    def __init__(self, max_keys: int = 100_000):
+        self._max_keys = int(max_keys)
+        self._acc: Dict = {}
+
+    def start_bundle(self):
+        self._acc = {}
+
+    def process(self, element, *args, **kwargs):  # pragma: no cover - subclasses implement it
+        raise NotImplementedError(f"{type(self).__name__} must implement process")
+
+    def _flush_if_full(self):
+        if len(self._acc) >= self._max_keys:
+            acc, self._acc = self._acc, {}
+            yield from acc.items()
+
+    def finish_bundle(self):
+        acc, self._acc = self._acc, {}
+        for kv in acc.items():
+            yield GlobalWindows.windowed_value(kv)

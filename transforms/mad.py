@@ -36,7 +36,7 @@ from apache_beam.transforms.window import GlobalWindows
 from transforms import mad_kernels as K
 from transforms.mad2r_kernels import round2_bias
 from transforms.randomness import sort_key
-from transforms.combiners import ExactSumFn, FixedPointSumFn, from_fixed_point, to_fixed_point
+from transforms.combiners import BundleDictFn, ExactSumFn, FixedPointSumFn, from_fixed_point, to_fixed_point
 from transforms.joins import AttachItemValues
 from transforms.threshold import AddNoise
 
@@ -87,7 +87,7 @@ class FixedInitStatsFn(beam.CombineFn):
         return from_fixed_point(acc[0]), acc[1]
 
 
-class BundleInitStatsFn(beam.DoFn):
+class BundleInitStatsFn(BundleDictFn):
     """(user, [(item, b)]) -> (item, (fixed-point sum of 1/d, n_holders)) pre-summed per bundle.
 
     Alg. 3 lines 3-5 as :class:`EmitInitWeightsFn`, but summed in exact fixed point inside the
@@ -97,12 +97,9 @@ class BundleInitStatsFn(beam.DoFn):
     """
 
     def __init__(self, d_max: int, b_min: float, max_keys: int = 100_000):
-        self._d_max, self._b_min, self._max_keys = d_max, b_min, int(max_keys)
-        self._acc: dict = {}
+        super().__init__(max_keys)
+        self._d_max, self._b_min = d_max, b_min
         self._fixed: dict = {}
-
-    def start_bundle(self):
-        self._acc = {}
 
     def process(self, element):
         _, items = element
@@ -115,14 +112,7 @@ class BundleInitStatsFn(beam.DoFn):
         for item, _ in items:
             s = acc.get(item)
             acc[item] = (f, 1) if s is None else (s[0] + f, s[1] + 1)
-        if len(acc) >= self._max_keys:
-            self._acc = {}
-            yield from acc.items()
-
-    def finish_bundle(self):
-        acc, self._acc = self._acc, {}
-        for kv in acc.items():
-            yield GlobalWindows.windowed_value(kv)
+        yield from self._flush_if_full()
 
 
 class EmitInitWeightsFn(beam.DoFn):
@@ -193,7 +183,7 @@ class UserContributionFn(beam.DoFn):
         )
 
 
-class BundleUserContributionFn(UserContributionFn):
+class BundleUserContributionFn(BundleDictFn, UserContributionFn):
     """As :class:`UserContributionFn`, but (item, exact fixed-point sum of contributions) per bundle.
 
     Same per-user kernel; the contributions are summed as exact integers inside the bundle (global
@@ -202,31 +192,20 @@ class BundleUserContributionFn(UserContributionFn):
     """
 
     def __init__(self, d_max, b_min, b_max, max_keys: int = 100_000):
-        super().__init__(d_max, b_min, b_max)
-        self._max_keys = int(max_keys)
-        self._acc: dict = {}
+        BundleDictFn.__init__(self, max_keys)
+        UserContributionFn.__init__(self, d_max, b_min, b_max)
         self._cache: dict = {}
-
-    def start_bundle(self):
-        self._acc = {}
 
     def process(self, element, tau):
         acc, cache = self._acc, self._cache
-        for item, c in super().process(element, tau):
+        for item, c in UserContributionFn.process(self, element, tau):
             f = cache.get(c)
             if f is None:
                 if len(cache) >= 65_536:
                     cache.clear()
                 f = cache[c] = to_fixed_point(c)
             acc[item] = acc.get(item, 0) + f
-        if len(acc) >= self._max_keys:
-            self._acc = {}
-            yield from acc.items()
-
-    def finish_bundle(self):
-        acc, self._acc = self._acc, {}
-        for kv in acc.items():
-            yield GlobalWindows.windowed_value(kv)
+        yield from self._flush_if_full()
 
 
 def fixed_point_value(element):
@@ -301,31 +280,17 @@ class MADWeights(beam.PTransform):
         )
 
 
-class BundleHolderCountsFn(beam.DoFn):
+class BundleHolderCountsFn(BundleDictFn):
     """(user, [item]) -> (item, number of the bundle's users holding it), counted per bundle.
 
     Global window only; emits early once ``max_keys`` items are buffered (bounded memory).
     """
 
-    def __init__(self, max_keys: int = 100_000):
-        self._max_keys = int(max_keys)
-        self._acc: dict = {}
-
-    def start_bundle(self):
-        self._acc = {}
-
     def process(self, element):
         acc = self._acc
         for item in element[1]:
             acc[item] = acc.get(item, 0) + 1
-        if len(acc) >= self._max_keys:
-            self._acc = {}
-            yield from acc.items()
-
-    def finish_bundle(self):
-        acc, self._acc = self._acc, {}
-        for kv in acc.items():
-            yield GlobalWindows.windowed_value(kv)
+        yield from self._flush_if_full()
 
 
 def round1_status(element, rho1, rho2, sigma1, c_lb, c_ub):
