@@ -153,3 +153,30 @@ def test_select_partitions_validates_arguments():
         SelectPartitions("basic", {"epsilon": 1})
     with pytest.raises(ValueError, match="mad2r"):
         SelectPartitions("mad2r", SelectionParams(epsilon=1.0, delta=1e-5, budget_split=(0.2, 0.3, 0.5)))
+
+
+@pytest.mark.parametrize("pair_items", [False, True])
+def test_join_values_to_sets_same_in_broadcast_and_join_mode(pair_items):
+    """JoinValuesToSets: one element per user, with exactly the values of the user's items, whichever
+    mode the run picks (max_broadcast_items 0 forces the sharded join; hot item over 14 shards)."""
+    from transforms.joins import JoinValuesToSets
+
+    rng = random.Random(8)
+    sets = {f"u{u}": sorted({"hot"} | {f"c{rng.randrange(40)}" for _ in range(rng.randrange(1, 6))})
+            for u in range(500)}
+    values = {"hot": 0.5, **{f"c{j}": j / 7 for j in range(0, 40, 2)}}
+    rows = [(u, [(i, 1.0) for i in s] if pair_items else s) for u, s in sets.items()]
+    want = sorted(f"{u}\t{sorted((i, values[i]) for i in s if i in values)}" for u, s in sets.items())
+
+    def build(limit):
+        def fn(p):
+            vals = p | "V" >> beam.Create(list(values.items()))
+            return (p | "S" >> beam.Create(rows)
+                    | JoinValuesToSets(vals, pair_items=pair_items, max_users_per_key=37, max_broadcast_items=limit)
+                    | beam.MapTuple(lambda u, sv: f"{u}\t{sorted(sv[1])}"))
+        return fn
+
+    assert sorted(collect(build(0))) == want
+    assert sorted(collect(build(len(values)))) == want
+    with pytest.raises(ValueError, match="max_broadcast_items"):
+        JoinValuesToSets(None, max_broadcast_items=-1)

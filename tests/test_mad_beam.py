@@ -114,3 +114,54 @@ def test_mad_tau_below_one_is_rejected():
 
     with pytest.raises(ValueError, match="tau"):
         _tau(0.5, 0.1, 0.0)
+
+
+@pytest.mark.parametrize("biased", [False, True])
+def test_mad_weights_broadcast_and_join_modes_are_identical(biased):
+    """The excess fractions reach users by side input (few hot items) or by the sharded join
+    (max_broadcast_items=0 forces it): bit-identical weights, equal to the reference."""
+    _, capped = _capped(seed=6)
+    rng = random.Random(1)
+    items = sorted({i for v in capped.values() for i in v})
+    biases = {i: rng.choice([1.0, rng.random()]) for i in items} if biased else None
+    sets = [(u, [(i, biases[i]) for i in v] if biased else list(v)) for u, v in capped.items()]
+    b_min, b_max = (0.5, 2.0) if biased else (1.0, 1.0)
+    got = {}
+    for limit in (0, 10**6):
+        got[limit] = dict(collect_pairs(
+            lambda p: p | beam.Create(sets)
+            | MADWeights(3.0, 6, b_min, b_max, biased=biased, max_users_per_key=25, max_broadcast_items=limit)))
+    assert got[0] == got[10**6] == reference.mad_weights(capped, 3.0, 6, biases, b_min, b_max)
+
+
+def test_mad2r_join_mode_equals_reference():
+    """MAD2R with both of its item-value joins (round-1 excess, round-2 biases) forced to the sharded join."""
+    from transforms.mad import MAD2R
+
+    sets = random_user_sets(random.Random(4), 1500, 300, 15)
+    params = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=8, d_max=6)
+    _, per_round = reference.select_rounds(sets, "mad2r", params, seed=123)
+    got = collect(lambda p: p | beam.Create(pairs_of(sets))
+                  | MAD2R(plan_rounds("mad2r", params), params, 123, max_broadcast_items=0)
+                  | beam.MapTuple(lambda r, i: f"{r}\t{i}"))
+    assert sorted(got) == sorted(f"{r}\t{i}" for r, items in per_round.items() for i in items)
+    assert per_round[1] and per_round[2]
+
+
+@pytest.mark.parametrize("biased", [False, True])
+def test_mad_weights_in_a_fixed_window_equal_reference(biased):
+    """Windowed (non-global) input takes the per-pair path (no per-bundle pre-sums, always the join)."""
+    from apache_beam.transforms import window
+
+    _, capped = _capped(seed=9, n_users=600)
+    rng = random.Random(2)
+    items = sorted({i for v in capped.values() for i in v})
+    biases = {i: rng.choice([1.0, rng.random()]) for i in items} if biased else None
+    sets = [(u, [(i, biases[i]) for i in v] if biased else list(v)) for u, v in capped.items()]
+    b_min, b_max = (0.5, 2.0) if biased else (1.0, 1.0)
+    got = dict(collect_pairs(
+        lambda p: p | beam.Create(sets)
+        | beam.Map(lambda kv: window.TimestampedValue(kv, 10))
+        | beam.WindowInto(window.FixedWindows(60))
+        | MADWeights(3.0, 6, b_min, b_max, biased=biased, max_users_per_key=25)))
+    assert got == reference.mad_weights(capped, 3.0, 6, biases, b_min, b_max)

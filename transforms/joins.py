@@ -15,6 +15,7 @@ import zlib
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
+from transforms.combiners import BundleDictFn, in_global_window
 from transforms.randomness import encode_key
 
 
@@ -68,7 +69,7 @@ class KeyPairByShardFn(beam.DoFn):
     def finish_bundle(self):
         buf, self._buf, self._n = self._buf, {}, 0
         for kv in buf.items():
-            yield GlobalWindows.windowed_value(kv)
+            yield in_global_window(kv)
 
 
 class ReplicateValueFn(beam.DoFn):
@@ -125,7 +126,7 @@ class EmitJoinedFn(beam.DoFn):
     def finish_bundle(self):
         buf, self._buf, self._n = self._buf, {}, 0
         for kv in buf.items():
-            yield GlobalWindows.windowed_value(kv)
+            yield in_global_window(kv)
 
 
 class AttachItemValues(beam.PTransform):
@@ -159,4 +160,152 @@ class AttachItemValues(beam.PTransform):
             | "JoinByItemShard" >> beam.CoGroupByKey()  # ((item, shard), {users: [[user]], value: [v]})
             | "EmitPerUser" >> beam.ParDo(EmitJoinedFn(self._per_user_lists, batch))
             # (user, (item, v)), or (user, [(item, v)]) with per_user_lists
+        )
+
+
+# --- Per-user sets joined with per-item values: broadcast when the values are few, else sharded join ---
+
+DEFAULT_MAX_BROADCAST_ITEMS = 1_000_000
+
+
+def set_items(user_set, pair_items: bool):
+    """The items of a user's set: the set itself, or the first fields of its (item, extra) entries."""
+    return [e[0] for e in user_set] if pair_items else user_set
+
+
+def fits_broadcast(n_values: int, max_broadcast_items: int) -> bool:
+    """Whether ``n_values`` per-item values are few enough to ship to every worker as a side input."""
+    return n_values <= max_broadcast_items
+
+
+def _in_mode(element, broadcast: bool, want: bool):
+    """Passes ``element`` on only in the chosen mode (the other branch then processes nothing)."""
+    if broadcast == want:
+        yield element
+
+
+class AttachFromDictFn(beam.DoFn):
+    """(user, S_u) -> (user, (S_u, [(item, v) for the user's items with a value])), broadcast mode only.
+
+    ``values`` is the side-input dict item -> value; the pair list follows the order of S_u.
+    """
+
+    def __init__(self, pair_items: bool):
+        self._pair_items = pair_items
+
+    def process(self, element, broadcast, values):
+        if not broadcast:
+            return
+        user, user_set = element
+        got = []
+        for item in set_items(user_set, self._pair_items):
+            v = values.get(item, _MISSING)
+            if v is not _MISSING:
+                got.append((item, v))
+        yield user, (user_set, got)
+
+
+_MISSING = object()
+
+
+class SetToPairsFn(beam.DoFn):
+    """(user, S_u) -> (user, item) for users that need values (``wants_values(S_u)``; all if None)."""
+
+    def __init__(self, pair_items: bool, wants_values=None):
+        self._pair_items, self._wants = pair_items, wants_values
+
+    def process(self, element):
+        user, user_set = element
+        if self._wants is not None and not self._wants(user_set):
+            return
+        for item in set_items(user_set, self._pair_items):
+            yield user, item
+
+
+class BundleHolderCountsFn(BundleDictFn):
+    """(user, item) -> (item, number of the bundle's pairs holding it), counted per bundle.
+
+    Global window only; emits early once ``max_keys`` items are buffered (bounded memory).
+    """
+
+    def process(self, element):
+        item = element[1]
+        self._acc[item] = self._acc.get(item, 0) + 1
+        yield from self._flush_if_full()
+
+
+def merge_set_and_values(element):
+    """(user, {'set': [S_u], 'values': [[(item, v)], ...]}) -> (user, (S_u, [(item, v)]))."""
+    user, grouped = element
+    sets = list(grouped["set"])
+    if len(sets) != 1:
+        raise ValueError(f"JoinValuesToSets: a user must have exactly one set, got {len(sets)}")
+    return user, (sets[0], [e for part in grouped["values"] for e in part])
+
+
+class JoinValuesToSets(beam.PTransform):
+    """(user, S_u) -> (user, (S_u, [(item, v) for items of S_u that have a value])), one element per user.
+
+    S_u is a list of items, or of (item, extra) tuples with ``pair_items=True``; ``values`` is a
+    PCollection of (item, v), at most one per item. The mode is chosen at run time from the number
+    of values (the choice changes only the cost, never the output):
+
+      CountValues       int                    number of (item, v)
+      Broadcast?        bool                   n <= max_broadcast_items
+      AttachFromDict    (user, (S_u, [(i, v)])) broadcast mode: the values as a side-input dict,
+                                               no shuffle of pairs (MAD's excess fractions and MAD2R's
+                                               biases exist only for the few heavy/borderline items)
+      JoinSets ... MergeSetAndValues            otherwise: the sets' pairs are joined by item with the
+                                               hot-item-sharded :class:`AttachItemValues` and grouped
+                                               back per user (scales to any number of values)
+
+    In join mode only users with ``wants_values(S_u)`` (a picklable predicate; all users if None)
+    send their pairs to the join; the others get an empty value list. Outside the global window
+    (streaming/windowed input) the join is always used. The list of a user's values follows S_u in
+    broadcast mode and is unordered in join mode: consumers must not depend on its order.
+    """
+
+    def __init__(self, values, pair_items: bool = False, wants_values=None, max_users_per_key: int = 10_000,
+                 max_broadcast_items: int = DEFAULT_MAX_BROADCAST_ITEMS, label=None):
+        super().__init__(label)
+        self._values = values
+        self._pair_items, self._wants = pair_items, wants_values
+        self._max_users_per_key = int(max_users_per_key)
+        self._max_broadcast = int(max_broadcast_items)
+        if self._max_broadcast < 0:
+            raise ValueError(f"max_broadcast_items must be >= 0, got {max_broadcast_items!r}")
+
+    def expand(self, user_sets):
+        batch = isinstance(user_sets.windowing.windowfn, GlobalWindows)
+        if not batch:
+            return self._join(user_sets, batch)
+        broadcast = beam.pvalue.AsSingleton(
+            self._values
+            | "CountValues" >> beam.combiners.Count.Globally()  # n
+            | "Broadcast?" >> beam.Map(fits_broadcast, self._max_broadcast)  # bool
+        )
+        small_values = self._values | "ValuesIfBroadcast" >> beam.FlatMap(_in_mode, broadcast, True)  # (item, v)
+        by_dict = user_sets | "AttachFromDict" >> beam.ParDo(
+            AttachFromDictFn(self._pair_items), broadcast, beam.pvalue.AsDict(small_values))
+        # (user, (S_u, [(item, v)])) in broadcast mode, nothing otherwise
+        join_sets = user_sets | "SetsIfJoin" >> beam.FlatMap(_in_mode, broadcast, False)  # (user, S_u) in join mode
+        by_join = self._join(join_sets, batch)  # (user, (S_u, [(item, v)])) in join mode, nothing otherwise
+        return (by_dict, by_join) | "EitherMode" >> beam.Flatten()  # (user, (S_u, [(item, v)]))
+
+    def _join(self, user_sets, batch):
+        pairs = user_sets | "SetPairs" >> beam.ParDo(SetToPairsFn(self._pair_items, self._wants))  # (user, item)
+        if batch:
+            counts = (
+                pairs
+                | "BundleHolderCounts" >> beam.ParDo(BundleHolderCountsFn())  # (item, partial count)
+                | "HolderCounts" >> beam.CombinePerKey(sum)  # (item, n pairs)
+            )
+        else:
+            counts = pairs | "PairItems" >> beam.Values() | "HolderCounts" >> beam.combiners.Count.PerElement()
+        attached = pairs | "JoinByItem" >> AttachItemValues(
+            self._values, counts, self._max_users_per_key, per_user_lists=True)  # (user, [(item, v)]) lists
+        return (
+            {"set": user_sets, "values": attached}
+            | "JoinSets" >> beam.CoGroupByKey()  # (user, {set: [S_u], values: [[(item, v)]]})
+            | "MergeSetAndValues" >> beam.Map(merge_set_and_values)  # (user, (S_u, [(item, v)]))
         )

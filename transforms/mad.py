@@ -4,30 +4,31 @@ The per-user and per-item arithmetic is in :mod:`transforms.mad_kernels` (shared
 in-memory reference); this module only moves data between those kernels.
 
 MAD as stages (Alg. 3 line numbers):
-  user_sets                (user, [(item, b)])          capped, b = bias (1.0 = unbiased)
-  InitWeights     l.3-5    (item, (w_init part, 1))     adaptive users send 1/d, everyone counts 1
-  ItemStats                (item, (w_init, n_users))    exact sums
+  user_sets                (user, [item]) or (user, [(item, b)])   capped; b = bias (MAD2R round 2)
+  InitWeights     l.3-5    (item, w_init part)          adaptive users send 1/d
+  SumInit                  (item, w_init)               exact sums
   Truncated       l.8      (item, min(w_init, tau))
   Excess          l.6      (item, r) for r > 0 only     r = (w_init - tau) / w_init
-  ExcessToUsers   l.10     (user, (item, r(i)))         hot-item-safe join (transforms.joins)
-  JoinUserExcess  l.10     (user, {set, excess})        e_u = mean of r over the user's items
+  AttachExcess    l.10     (user, (S_u, [(item, r)]))   r(i) of the user's items with r > 0
   UserContrib     l.11-17  (item, alpha*e_u/d_max + w_b(i) - 1/d)   or w_b(i) for non-adaptive users
   SumWeights      l.12     (item, w) = w_trunc + sum of user contributions
 
 Batch (global window) pipelines pre-sum InitWeights and UserContrib per bundle in exact fixed point
-and batch the join's elements per bundle (BENCHMARKS_HEAD.md, "MAD path optimisation"): fewer Beam
-elements, identical bits.
+(BENCHMARKS_HEAD.md, "MAD path optimisation"): fewer Beam elements, identical bits.
 
-Reroute join choice: the excess fractions r(i) are joined back to (user, item) pairs with
-:class:`transforms.joins.AttachItemValues`, keyed by (item, shard(user)), where only items held by
-more than ``max_users_per_key`` users get several shards. Items with r > 0 are exactly the heavy
-items (w_init > tau), i.e. the hot keys, so a plain item-keyed join would put e.g. all holders of
-"the" on one worker. We shard rather than side-input r because the number of items with r > 0 is
-bounded only by n_adaptive / tau, which at billions of users is too large to broadcast; the side
-input here is just the names of items held by > max_users_per_key users (<= pairs / 10,000).
+Reroute join choice (:class:`transforms.joins.JoinValuesToSets`): items with r > 0 are exactly the
+heavy items (w_init > tau > 1), at most n_adaptive / tau of them and in practice few, so by default
+they reach the users as a side-input dict (no shuffle of pairs; the capped sets go straight from
+BoundContributions to UserContrib). Only when more than ``max_broadcast_items`` items have r > 0
+(possible at billions of users) the run switches, at run time, to the join of (user, item) pairs
+keyed by (item, shard(user)) of :class:`transforms.joins.AttachItemValues`, where items held by more
+than ``max_users_per_key`` users get several shards (a plain item-keyed join would put e.g. all
+holders of "the" on one worker). Both modes give the same bits. MAD2R's round-2 biases use the same
+transform.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import apache_beam as beam
@@ -36,175 +37,161 @@ from apache_beam.transforms.window import GlobalWindows
 from transforms import mad_kernels as K
 from transforms.mad2r_kernels import round2_bias
 from transforms.randomness import sort_key
-from transforms.combiners import BundleDictFn, ExactSumFn, FixedPointSumFn, from_fixed_point, to_fixed_point
-from transforms.joins import AttachItemValues
+from transforms.combiners import BundleDictFn, ExactSumFn, FixedPointSumFn, to_fixed_point
+from transforms.joins import DEFAULT_MAX_BROADCAST_ITEMS, JoinValuesToSets
 from transforms.threshold import AddNoise
 
 
-def _with_unit_biases(element):
-    user, items = element
-    return user, [(item, 1.0) for item in items]
+def _items_of(user_set, biased: bool):
+    """The items of a user's set: [item], or the first fields of [(item, b)] when ``biased``."""
+    return [e[0] for e in user_set] if biased else user_set
 
 
-class InitStatsFn(beam.CombineFn):
-    """Sums (w_init part, holder count) per item; w_init exactly (order independent)."""
+class BundleInitWeightsFn(BundleDictFn):
+    """(user, S_u) -> (item, fixed-point sum of 1/d over the bundle's adaptive holders)  (Alg. 3 l.3-5).
 
-    def __init__(self):
-        self._sum = ExactSumFn()
-
-    def create_accumulator(self):
-        return self._sum.create_accumulator(), 0
-
-    def add_input(self, acc, x):
-        partial, n = acc
-        return self._sum.add_input(partial, x[0]), n + x[1]
-
-    def merge_accumulators(self, accs):
-        accs = list(accs)
-        return self._sum.merge_accumulators([a[0] for a in accs]), sum(a[1] for a in accs)
-
-    def extract_output(self, acc):
-        return self._sum.extract_output(acc[0]), acc[1]
-
-
-class FixedInitStatsFn(beam.CombineFn):
-    """Sums (fixed-point w_init part, holder count) per item; outputs (w_init, n) as InitStatsFn."""
-
-    def create_accumulator(self):
-        return 0, 0
-
-    def add_input(self, acc, x):
-        return acc[0] + x[0], acc[1] + x[1]
-
-    def merge_accumulators(self, accs):
-        total, n = 0, 0
-        for a, m in accs:
-            total += a
-            n += m
-        return total, n
-
-    def extract_output(self, acc):
-        return from_fixed_point(acc[0]), acc[1]
-
-
-class BundleInitStatsFn(BundleDictFn):
-    """(user, [(item, b)]) -> (item, (fixed-point sum of 1/d, n_holders)) pre-summed per bundle.
-
-    Alg. 3 lines 3-5 as :class:`EmitInitWeightsFn`, but summed in exact fixed point inside the
-    bundle (one dict update per pair instead of one Beam element per pair): integer sums are exact,
-    so the per-item result is bit-identical however users fall into bundles. Global window only;
-    emits early once ``max_keys`` items are buffered (bounded memory).
+    Summed in exact fixed point inside the bundle (one dict update per pair instead of one Beam
+    element per pair): integer sums are exact, so the per-item w_init is bit-identical however
+    users fall into bundles. Global window only; emits early once ``max_keys`` items are buffered.
+    S_u is [item], or [(item, b)] when ``biased``.
     """
 
-    def __init__(self, d_max: int, b_min: float, max_keys: int = 100_000):
+    def __init__(self, d_max: int, b_min: float, biased: bool, max_keys: int = 100_000):
         super().__init__(max_keys)
-        self._d_max, self._b_min = d_max, b_min
+        self._d_max, self._b_min, self._biased = d_max, b_min, biased
         self._fixed: dict = {}
 
     def process(self, element):
-        _, items = element
-        d = len(items)
+        user_set = element[1]
+        d = len(user_set)
         f = self._fixed.get(d)
         if f is None:
-            w = 1.0 / d if K.is_adaptive(d, self._b_min, self._d_max) else 0.0  # Alg. 3 lines 3-5
+            w = K.initial_weight(d) if K.is_adaptive(d, self._b_min, self._d_max) else 0.0  # Alg. 3 l.3-5
             f = self._fixed[d] = to_fixed_point(w)
+        if f == 0:
+            return  # a non-adaptive user adds nothing to w_init
         acc = self._acc
-        for item, _ in items:
-            s = acc.get(item)
-            acc[item] = (f, 1) if s is None else (s[0] + f, s[1] + 1)
+        for item in _items_of(user_set, self._biased):
+            acc[item] = acc.get(item, 0) + f
         yield from self._flush_if_full()
 
 
 class EmitInitWeightsFn(beam.DoFn):
-    """(user, [(item, b)]) -> (item, (1/d if adaptive else 0.0, 1))  (Alg. 3 lines 3-5)."""
+    """(user, S_u) -> (item, 1/d) for adaptive users  (Alg. 3 lines 3-5); any windowing."""
 
-    def __init__(self, d_max: int, b_min: float):
-        self._d_max, self._b_min = d_max, b_min
+    def __init__(self, d_max: int, b_min: float, biased: bool):
+        self._d_max, self._b_min, self._biased = d_max, b_min, biased
 
     def process(self, element):
-        _, items = element
-        d = len(items)
-        w = 1.0 / d if K.is_adaptive(d, self._b_min, self._d_max) else 0.0
-        for item, _ in items:
-            yield item, (w, 1)
+        user_set = element[1]
+        d = len(user_set)
+        if K.is_adaptive(d, self._b_min, self._d_max):  # Alg. 3 line 3
+            w = K.initial_weight(d)  # Alg. 3 line 5
+            for item in _items_of(user_set, self._biased):
+                yield item, w
 
 
 def truncated_weight(element, tau):
-    """(item, (w_init, n)) -> (item, min(w_init, tau))  (Alg. 3 line 8)."""
-    item, (w_init, _) = element
+    """(item, w_init) -> (item, min(w_init, tau))  (Alg. 3 line 8)."""
+    item, w_init = element
     return item, float(K.truncate(w_init, tau))
 
 
 def positive_excess(element, tau):
-    """(item, (w_init, n)) -> (item, r) if r > 0  (Alg. 3 line 6, with the erratum's max)."""
-    item, (w_init, _) = element
+    """(item, w_init) -> (item, r) if r > 0  (Alg. 3 line 6, with the erratum's max)."""
+    item, w_init = element
     r = float(K.excess_fraction(w_init, tau))
     if r > 0.0:
         yield item, r
 
 
-def holder_count(element):
-    item, (_, n) = element
-    return item, n
+class AdaptiveSet:
+    """Predicate on a user's [(item, b)] set: is the user adaptive (only adaptive users reroute)?"""
 
+    def __init__(self, d_max, b_min):
+        self._d_max, self._b_min = d_max, b_min
 
-def adaptive_pairs(element, d_max, b_min):
-    """(user, [(item, b)]) -> (user, item) for adaptive users only (only they reroute)."""
-    user, items = element
-    if K.is_adaptive(len(items), b_min, d_max):
-        for item, _ in items:
-            yield user, item
-
-
+    def __call__(self, user_set):
+        return K.is_adaptive(len(user_set), self._b_min, self._d_max)
 
 
 class UserContributionFn(beam.DoFn):
-    """(user, {'set': [[(item, b)]], 'excess': [[(item, r)]]}) -> (item, contribution)  (Alg. 3 l.10-17).
+    """(user, (S_u, [(item, r)])) -> (item, contribution)  (Alg. 3 lines 10-17); any windowing.
 
-    ``tau`` arrives as a process argument (a constant or a side input).
+    S_u is [item] (unbiased MAD) or [(item, b)] (``biased``, MAD2R round 2). The second list holds
+    r(i) > 0 of the user's hot items (:class:`transforms.joins.JoinValuesToSets`); r is 0 for the
+    user's other items. ``tau`` arrives as a process argument (a constant or a side input); the
+    parameters are validated once per tau value, not per user.
     """
 
-    def __init__(self, d_max, b_min, b_max):
-        self._d_max, self._b_min, self._b_max = d_max, b_min, b_max
+    def __init__(self, d_max, b_min, b_max, biased: bool):
+        self._d_max, self._b_min, self._b_max, self._biased = d_max, b_min, b_max, biased
+        self._checked_tau = None
+
+    def _check(self, tau):
+        if tau != self._checked_tau:
+            K.check_mad_params(tau, self._d_max, self._b_min, self._b_max)
+            self._checked_tau = tau
+
+    def user_contributions(self, element, tau):
+        """(degree, contribution) for an unbiased user (one value for all its items), else [(item, c)]."""
+        _, (user_set, excess) = element
+        if not user_set:
+            return 0, 0.0
+        if not self._biased:
+            # Scalar kernel, bit-identical to mad_user_contributions(biases=None) (tests/test_mad_kernels.py).
+            excess_sum = math.fsum(r for _, r in excess)  # Alg. 3 line 10 (r = 0 for the other items)
+            return len(user_set), K.unbiased_user_contribution(len(user_set), excess_sum, self._d_max, self._b_min)
+        items = sorted(user_set, key=lambda e: sort_key(e[0]))  # canonical order, as the reference
+        r_of = dict(excess)
+        return K.mad_user_contributions(
+            [i for i, _ in items], [r_of.get(i, 0.0) for i, _ in items], [b for _, b in items],
+            tau, self._d_max, self._b_min, self._b_max, require_proof_conditions=False,
+        )
 
     def process(self, element, tau):
-        _, grouped = element
-        sets = list(grouped["set"])
-        if not sets:
-            return
-        if len(sets) != 1:
-            raise ValueError("UserContributionFn: a user must have exactly one capped set")
-        items = sorted(sets[0], key=lambda e: sort_key(e[0]))  # canonical order, as the reference
-        # r(i) > 0 of the user's hot items (lists from AttachItemValues(per_user_lists)); 0 for the others
-        r_of = {item: r for part in grouped["excess"] for item, r in part}
-        yield from K.mad_user_contributions(
-            [i for i, _ in items], [r_of.get(i, 0.0) for i, _ in items], [b for _, b in items],
-            tau, self._d_max, self._b_min, self._b_max,
-        )
+        self._check(tau)
+        got = self.user_contributions(element, tau)
+        if self._biased:
+            yield from got
+        else:
+            _, c = got
+            for item in element[1][0]:
+                yield item, c
 
 
 class BundleUserContributionFn(BundleDictFn, UserContributionFn):
     """As :class:`UserContributionFn`, but (item, exact fixed-point sum of contributions) per bundle.
 
-    Same per-user kernel; the contributions are summed as exact integers inside the bundle (global
+    Same per-user kernels; the contributions are summed as exact integers inside the bundle (global
     window only), so the per-item sum is bit-identical to summing every contribution with
     :class:`transforms.combiners.ExactSumFn`. Emits early once ``max_keys`` items are buffered.
     """
 
-    def __init__(self, d_max, b_min, b_max, max_keys: int = 100_000):
+    def __init__(self, d_max, b_min, b_max, biased: bool, max_keys: int = 100_000):
         BundleDictFn.__init__(self, max_keys)
-        UserContributionFn.__init__(self, d_max, b_min, b_max)
+        UserContributionFn.__init__(self, d_max, b_min, b_max, biased)
         self._cache: dict = {}
 
+    def _fixed(self, c):
+        f = self._cache.get(c)
+        if f is None:
+            if len(self._cache) >= 65_536:
+                self._cache.clear()
+            f = self._cache[c] = to_fixed_point(c)
+        return f
+
     def process(self, element, tau):
-        acc, cache = self._acc, self._cache
-        for item, c in UserContributionFn.process(self, element, tau):
-            f = cache.get(c)
-            if f is None:
-                if len(cache) >= 65_536:
-                    cache.clear()
-                f = cache[c] = to_fixed_point(c)
-            acc[item] = acc.get(item, 0) + f
+        self._check(tau)
+        acc = self._acc
+        got = self.user_contributions(element, tau)
+        if self._biased:
+            for item, c in got:
+                acc[item] = acc.get(item, 0) + self._fixed(c)
+        elif got[0]:
+            f = self._fixed(got[1])
+            for item in element[1][0]:
+                acc[item] = acc.get(item, 0) + f
         yield from self._flush_if_full()
 
 
@@ -224,73 +211,60 @@ class MADWeights(beam.PTransform):
       d_max: maximum adaptive degree (>= 4).
       b_min, b_max: bias bounds (1, 1 for unbiased MAD; MAD2R round 2 uses the params').
       max_users_per_key: shard size of the hot-item join.
+      max_broadcast_items: the excess fractions r(i) > 0 go to the users as a side-input dict when
+        there are at most this many items with r > 0 (usual: they are the heavy items), else by the
+        sharded join (:class:`transforms.joins.JoinValuesToSets`; same output either way).
     """
 
     def __init__(self, tau: float, d_max: int, b_min: float = 1.0, b_max: float = 1.0,
-                 biased: bool = False, max_users_per_key: int = 10_000, label=None):
+                 biased: bool = False, max_users_per_key: int = 10_000,
+                 max_broadcast_items: int = DEFAULT_MAX_BROADCAST_ITEMS, label=None):
         super().__init__(label)
         self._tau = tau if isinstance(tau, beam.pvalue.AsSideInput) else float(tau)
         self._d_max, self._b_min, self._b_max = int(d_max), float(b_min), float(b_max)
         self._biased = biased
         self._max_users_per_key = max_users_per_key
+        self._max_broadcast_items = max_broadcast_items
 
     def expand(self, user_sets):
-        tau = self._tau
-        if not self._biased:
-            user_sets = user_sets | "UnitBiases" >> beam.Map(_with_unit_biases)  # (user, [(item, 1.0)])
+        tau, biased = self._tau, self._biased
+        d_max, b_min, b_max = self._d_max, self._b_min, self._b_max
         # In the global window (batch) the per-item sums are pre-summed per bundle in exact fixed point
         # (same bits, far fewer Beam elements); other windowings emit one element per pair.
         batch = isinstance(user_sets.windowing.windowfn, GlobalWindows)
         if batch:
-            stats = (
+            w_init = (
                 user_sets
-                | "InitWeights" >> beam.ParDo(BundleInitStatsFn(self._d_max, self._b_min))  # (item, (fixed, n))
-                | "ItemStats" >> beam.CombinePerKey(FixedInitStatsFn())  # (item, (w_init, n_holders))
+                | "InitWeights" >> beam.ParDo(BundleInitWeightsFn(d_max, b_min, biased))  # (item, fixed part)
+                | "SumInit" >> beam.CombinePerKey(FixedPointSumFn())  # (item, w_init > 0)
             )
         else:
-            stats = (
+            w_init = (
                 user_sets
-                | "InitWeights" >> beam.ParDo(EmitInitWeightsFn(self._d_max, self._b_min))  # (item, (1/d|0, 1))
-                | "ItemStats" >> beam.CombinePerKey(InitStatsFn())  # (item, (w_init, n_holders))
+                | "InitWeights" >> beam.ParDo(EmitInitWeightsFn(d_max, b_min, biased))  # (item, 1/d)
+                | "SumInit" >> beam.CombinePerKey(ExactSumFn())  # (item, w_init > 0)
             )
-        truncated = stats | "Truncated" >> beam.Map(truncated_weight, tau)  # (item, w_trunc)
-        excess = stats | "Excess" >> beam.FlatMap(positive_excess, tau)  # (item, r > 0)
-        counts = stats | "HolderCounts" >> beam.Map(holder_count)  # (item, n_holders)
-        user_excess = (
-            user_sets
-            | "AdaptivePairs" >> beam.FlatMap(adaptive_pairs, self._d_max, self._b_min)  # (user, item)
-            | "ExcessToUsers" >> AttachItemValues(excess, counts, self._max_users_per_key, per_user_lists=True)
-            # (user, [(item, r)])
-        )
-        joined = {"set": user_sets, "excess": user_excess} | "JoinUserExcess" >> beam.CoGroupByKey()
-        # (user, {set: [[(item, b)]], excess: [[(item, r)]]})
+        # Items held only by non-adaptive users have w_init = 0: no truncated part and r = 0 (lines 6, 8).
+        truncated = w_init | "Truncated" >> beam.Map(truncated_weight, tau)  # (item, w_trunc)
+        excess = w_init | "Excess" >> beam.FlatMap(positive_excess, tau)  # (item, r > 0)
+        joined = user_sets | "AttachExcess" >> JoinValuesToSets(
+            excess, pair_items=biased, wants_values=AdaptiveSet(d_max, b_min),
+            max_users_per_key=self._max_users_per_key, max_broadcast_items=self._max_broadcast_items)
+        # (user, (S_u, [(item, r)]))  (Alg. 3 line 10)
         if batch:
             contributions = joined | "UserContrib" >> beam.ParDo(
-                BundleUserContributionFn(self._d_max, self._b_min, self._b_max), tau)  # (item, fixed sum of c)
+                BundleUserContributionFn(d_max, b_min, b_max, biased), tau)  # (item, fixed sum of c)
             truncated = truncated | "TruncatedFixed" >> beam.Map(fixed_point_value)  # (item, fixed w_trunc)
             sum_fn = FixedPointSumFn()
         else:
             contributions = joined | "UserContrib" >> beam.ParDo(
-                UserContributionFn(self._d_max, self._b_min, self._b_max), tau)  # (item, c)
+                UserContributionFn(d_max, b_min, b_max, biased), tau)  # (item, c)
             sum_fn = ExactSumFn()
         return (
             (truncated, contributions)
             | "AllParts" >> beam.Flatten()  # (item, part)
             | "SumWeights" >> beam.CombinePerKey(sum_fn)  # (item, w) = w_trunc + sum of contributions
         )
-
-
-class BundleHolderCountsFn(BundleDictFn):
-    """(user, [item]) -> (item, number of the bundle's users holding it), counted per bundle.
-
-    Global window only; emits early once ``max_keys`` items are buffered (bounded memory).
-    """
-
-    def process(self, element):
-        acc = self._acc
-        for item in element[1]:
-            acc[item] = acc.get(item, 0) + 1
-        yield from self._flush_if_full()
 
 
 def round1_status(element, rho1, rho2, sigma1, c_lb, c_ub):
@@ -309,11 +283,6 @@ def released_item(element, rho):
         yield item
 
 
-def to_pair_list(element):
-    user, items = element
-    return [(user, item) for item in items]
-
-
 def tag_round(item, round_):
     return round_, item
 
@@ -328,10 +297,12 @@ class MAD2R(beam.PTransform):
     once (Alg. 4 line 1).
     """
 
-    def __init__(self, rounds, params, seed: Optional[int], label=None):
+    def __init__(self, rounds, params, seed: Optional[int],
+                 max_broadcast_items: int = DEFAULT_MAX_BROADCAST_ITEMS, label=None):
         super().__init__(label)
         self._r1, self._r2 = rounds
         self._params, self._seed = params, seed
+        self._max_broadcast_items = max_broadcast_items
 
     def expand(self, pairs):
         # Imported here to avoid a cycle (bounding does not depend on MAD).
@@ -342,32 +313,26 @@ class MAD2R(beam.PTransform):
         # (user, [item]) |.| <= D0 (Alg. 4 line 1)
         noisy1 = (
             user_sets
-            | "R1MADWeights" >> MADWeights(r1.tau, p.d_max)  # (item, w1)
+            | "R1MADWeights" >> MADWeights(r1.tau, p.d_max, max_broadcast_items=self._max_broadcast_items)  # (item, w1)
             | "R1AddNoise" >> AddNoise(r1.noise, r1.noise_scale, self._seed, r1.index, checkpoint=True)  # (item, ~w1)
         )
         released1 = noisy1 | "R1Threshold" >> beam.FlatMap(released_item, r1.threshold)  # item in U1
         kept = noisy1 | "R2Status" >> beam.FlatMap(
             round1_status, r1.threshold, r2.threshold, r1.noise_scale, p.c_lb, p.c_ub
         )  # (item, b) for items neither released nor hopeless
-        pair_list = user_sets | "Pairs" >> beam.FlatMap(to_pair_list)  # (user, item)
-        if isinstance(user_sets.windowing.windowfn, GlobalWindows):
-            counts = (
-                user_sets
-                | "BundleHolderCounts" >> beam.ParDo(BundleHolderCountsFn())  # (item, partial count)
-                | "HolderCounts" >> beam.CombinePerKey(sum)  # (item, n_holders)
-            )
-        else:
-            counts = pair_list | "PairItems" >> beam.Values() | "HolderCounts" >> beam.combiners.Count.PerElement()
-            # (item, n_holders)
         round2_sets = (
-            pair_list
-            | "AttachBiases" >> AttachItemValues(kept, counts, per_user_lists=True)  # (user, [(item, b)])
-            | "GroupByUser" >> beam.GroupByKey()  # (user, [[(item, b)]]): union = S_u \ (U1 u U_low)  (line 13)
-            | "Materialise" >> beam.MapTuple(_materialise)
+            user_sets
+            # A materialisation barrier: without it the FnApiRunner fuses round 2's side-input consumer
+            # of user_sets with round 1's, and that stage then waits for its own output (deadlock).
+            | "R2Barrier" >> beam.Reshuffle()  # (user, [item])
+            | "AttachBiases" >> JoinValuesToSets(kept, max_broadcast_items=self._max_broadcast_items)
+            # (user, ([item], [(item, b)]))
+            | "Round2Sets" >> beam.FlatMap(round2_set)  # (user, [(item, b)]) = S_u \ (U1 u U_low), non-empty (line 13)
         )
         released2 = (
             round2_sets
-            | "R2MADWeights" >> MADWeights(r2.tau, p.d_max, p.b_min, p.b_max, biased=True)  # (item, w2)
+            | "R2MADWeights" >> MADWeights(r2.tau, p.d_max, p.b_min, p.b_max, biased=True,
+                                           max_broadcast_items=self._max_broadcast_items)  # (item, w2)
             | "R2AddNoise" >> AddNoise(r2.noise, r2.noise_scale, self._seed, r2.index)  # (item, ~w2)
             | "R2Threshold" >> beam.FlatMap(released_item, r2.threshold)  # item in U2
         )
@@ -377,6 +342,8 @@ class MAD2R(beam.PTransform):
         ) | "Union" >> beam.Flatten()  # (round, item)
 
 
-def _materialise(user, parts):
-    """(user, [[(item, b)]]) -> (user, [(item, b)]) in canonical item order (as the reference)."""
-    return user, sorted((e for part in parts for e in part), key=lambda e: sort_key(e[0]))
+def round2_set(element):
+    """(user, (S_u, [(item, b)])) -> (user, [(item, b)]) if any (R2MADWeights puts them in canonical order)."""
+    user, (_, kept) = element
+    if kept:
+        yield user, kept
