@@ -98,3 +98,22 @@ def test_subsample_rejects_bad_k_and_missing_rng():
         randomness.subsample(["a"], 0, "u", 0, seed=1, rng=None)
     with pytest.raises(ValueError, match="rng"):
         randomness.subsample(["a"], 1, "u", 0, seed=None, rng=None)
+
+
+def test_keyed_noise_draw_is_bitwise_standard_noise():
+    """AddNoiseFn's per-item KeyedNoise == the array path the reference uses, and keyed_uniform's
+    prefix-hash loop == the plain digest of (seed, purpose, round, key)."""
+    import random as _random
+
+    from transforms import randomness as R
+
+    rng = _random.Random(0)
+    keys = [f"w{rng.randrange(10**6)}" for _ in range(5000)] + [("a", 1), 3, 2.5, "é", b"x", None]
+    for kind in ("gaussian", "laplace"):
+        for seed, rnd in ((1, 1), (2**64 + 7, 3)):
+            noise = R.KeyedNoise(kind, seed, "noise", rnd)
+            want = R.standard_noise(kind, keys, "noise", rnd, seed, None).tolist()
+            assert [noise.draw(k) for k in keys] == want
+    u = R.keyed_uniform(5, "noise", 2, keys)
+    plain = [((int.from_bytes(R._digest(5, "noise", 2, k, 8), "big") >> 11) + 0.5) / 2.0**53 for k in keys]
+    assert u.tolist() == plain

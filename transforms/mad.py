@@ -39,7 +39,7 @@ from transforms.mad2r_kernels import round2_bias
 from transforms.randomness import sort_key
 from transforms.combiners import BundleDictFn, ExactSumFn, FixedPointSumFn, to_fixed_point
 from transforms.joins import DEFAULT_MAX_BROADCAST_ITEMS, JoinValuesToSets
-from transforms.threshold import AddNoise
+from transforms.threshold import AddNoise, only_value
 
 
 def _items_of(user_set, biased: bool):
@@ -322,9 +322,11 @@ class MAD2R(beam.PTransform):
         )  # (item, b) for items neither released nor hopeless
         round2_sets = (
             user_sets
-            # A materialisation barrier: without it the FnApiRunner fuses round 2's side-input consumer
-            # of user_sets with round 1's, and that stage then waits for its own output (deadlock).
-            | "R2Barrier" >> beam.Reshuffle()  # (user, [item])
+            # A materialisation barrier (a GroupByKey on the unique user keys, cheaper than Reshuffle):
+            # without it the FnApiRunner fuses round 2's side-input consumer of user_sets with round 1's,
+            # and that stage then waits for its own output (deadlock).
+            | "R2Barrier" >> beam.GroupByKey()  # (user, [[item]]), one set per user
+            | "R2Sets" >> beam.MapTuple(only_value)  # (user, [item])
             | "AttachBiases" >> JoinValuesToSets(kept, max_broadcast_items=self._max_broadcast_items)
             # (user, ([item], [(item, b)]))
             | "Round2Sets" >> beam.FlatMap(round2_set)  # (user, [(item, b)]) = S_u \ (U1 u U_low), non-empty (line 13)
