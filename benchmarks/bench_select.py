@@ -25,6 +25,25 @@ from transforms.synthetic import zipf_pair_count, zipf_pairs, zipf_pairs_of_chun
 USERS_PER_CHUNK = 10_000  # ~100k pairs per chunk
 
 
+def _nothing(_):
+    return []
+
+
+class ReadInputOnly(beam.PTransform):
+    """(user, item) -> nothing: generates and counts the pairs only, the floor every tool pays.
+
+    The time of a pipeline that only produces and counts the input (one Beam element per pair)
+    is what no algorithm on the same runner can go below; run_all.py reports it as ``read_input``.
+    """
+
+    def expand(self, pairs):
+        return (
+            pairs
+            | "CountPairs" >> beam.combiners.Count.Globally()  # n
+            | "Nothing" >> beam.FlatMap(_nothing)  # no output
+        )
+
+
 def run_beam(algorithm, n_chunks, mode, params, seed):
     return run_beam_transform(SelectPartitions(algorithm, params, seed=seed), n_chunks, mode)
 

@@ -58,6 +58,9 @@ PARALLEL = ("basic", "mad", "mad2r", "dp_sips")
 # PipelineDP's weighted Gaussian calibrates per partition (~20 ms/item, benchmarks/peers.py): it
 # runs only on datasets with few items.
 SLOW_PEERS = {"pdp_weighted_gaussian": 5_000}
+# Speed-only baseline: the same pipeline that only generates and counts the pairs (bench_select.ReadInputOnly),
+# i.e. the per-element floor of the runner that every tool pays before doing anything.
+READ_INPUT = "read_input"
 
 FULL = dict(
     seeds=5,
@@ -65,10 +68,12 @@ FULL = dict(
              ("zipf_1M", (100,))],
     # (pairs, tools, modes): 16M only for the scaling of basic, mad, mad2r and PipelineDP Gaussian.
     speed=[(1e6, "all", ("reference", "in_memory")),
+           (1e6, (READ_INPUT,), ("in_memory",)),
            (1e6, ("basic", "mad", "pdp_gaussian"), ("multi_processing",)),
            (4e6, ("basic", "mad", "mad2r", "pdp_gaussian"), ("reference", "in_memory")),
-           (4e6, ("basic", "pdp_gaussian"), ("multi_processing",)),
-           (16e6, ("basic", "mad", "mad2r", "pdp_gaussian"), ("in_memory",))],
+           (4e6, (READ_INPUT,), ("in_memory",)),
+           (4e6, ("basic", "mad", "pdp_gaussian"), ("multi_processing",)),
+           (16e6, ("basic", "mad", "mad2r", "pdp_gaussian", READ_INPUT), ("in_memory",))],
     users_per_chunk=10_000,
     slow_peers=True,
 )
@@ -77,8 +82,8 @@ QUICK = dict(
     utility=[("commits_sample", (5, 100)), ("section62", (100,))],
     speed=[(1e5, "all", ("reference", "in_memory")),
            (1e5, ("basic", "pdp_gaussian"), ("multi_processing",)),
-           (2e5, ("basic", "mad", "mad2r", "pdp_gaussian"), ("in_memory",)),
-           (4e5, ("basic", "pdp_gaussian"), ("in_memory",))],
+           (2e5, ("basic", "mad", "mad2r", "pdp_gaussian", READ_INPUT), ("in_memory",)),
+           (4e5, ("basic", "pdp_gaussian", READ_INPUT), ("in_memory",))],
     users_per_chunk=2_000,
     slow_peers=False,  # PipelineDP's weighted Gaussian alone takes ~30 s per seed on section62
 )
@@ -182,6 +187,8 @@ def _one_run(spec):
         pairs = bench_select.zipf_pairs(n_chunks, upc)
         items = reference.select(reference.user_sets_from_pairs(pairs), tool, params, seed=spec["seed"])
         elapsed = time.perf_counter() - t0
+    elif tool == READ_INPUT:
+        elapsed, items = bench_select.run_beam_transform(bench_select.ReadInputOnly(), n_chunks, mode, upc)
     elif tool.startswith("pdp_"):
         from benchmarks.peers import PipelineDPSelect
 
@@ -205,13 +212,13 @@ def run_speed(cfg, tools, log, seed=1, max_contributions=100):
     for size, which, modes in cfg["speed"]:
         n_chunks = max(1, int(round(size / (upc * 10))))
         n_pairs = zipf_pair_count(n_chunks, upc)
-        chosen = [t for t in tools if which == "all" or t in which]
+        chosen = [t for t in tools if which == "all" or t in which] + [t for t in (READ_INPUT,) if t in which]
         for tool in chosen:
             if tool in SLOW_PEERS:
                 continue
             ref_digest = None
             for mode in modes:
-                if mode == "reference" and tool.startswith("pdp_"):
+                if mode == "reference" and (tool.startswith("pdp_") or tool == READ_INPUT):
                     continue
                 spec = dict(tool=tool, n_chunks=n_chunks, mode=mode, users_per_chunk=upc, seed=seed,
                             max_contributions=max_contributions)
@@ -222,7 +229,7 @@ def run_speed(cfg, tools, log, seed=1, max_contributions=100):
                 res = json.loads(proc.stdout.strip().splitlines()[-1])
                 if mode == "reference":
                     ref_digest = res["digest"]
-                same = "" if tool.startswith("pdp_") or ref_digest is None else (
+                same = "" if tool.startswith("pdp_") or tool == READ_INPUT or ref_digest is None else (
                     "yes" if res["digest"] == ref_digest else "NO")
                 rows.append(dict(tool=tool, pairs=n_pairs, mode=mode, wall_s=res["wall_s"], cpu_s=res["cpu_s"],
                                  pairs_per_s=n_pairs / res["wall_s"], peak_rss_mb=res["peak_rss_mb"],
@@ -298,6 +305,13 @@ def targets(utility, speed, scaling):
             ratio = b["pairs_per_s"] / g["pairs_per_s"]
             out.append((f"basic >= 3x PipelineDP Gaussian pairs/s ({n:,} pairs, in_memory)",
                         f"{b['pairs_per_s']:,.0f} vs {g['pairs_per_s']:,.0f} pairs/s = {ratio:.2f}x", ratio >= 3))
+        floor = idx.get((READ_INPUT, n, "in_memory"))
+        if b and g and floor:
+            ours, theirs = b["wall_s"] - floor["wall_s"], g["wall_s"] - floor["wall_s"]
+            out.append((f"(context) time above reading the input ({READ_INPUT}: {floor['wall_s']:.1f} s), "
+                        f"basic vs PipelineDP Gaussian ({n:,} pairs, in_memory)",
+                        f"{ours:.1f} s vs {theirs:.1f} s = PipelineDP takes {theirs / ours:.2f}x as long"
+                        if ours > 0 else "n/a", None))
         for alg, bound in (("mad", 2.5), ("mad2r", 5.0)):
             a = idx.get((alg, n, "in_memory"))
             if a and b:
@@ -312,7 +326,7 @@ def targets(utility, speed, scaling):
                             f"not evaluated: largest size {largest:,} pairs < 1M (fixed costs dominate)", None))
                 continue
             out.append((f"{s['tool']}: time linear in pairs (exponent <= 1.1)", f"exponent {s['exponent']:.2f} over {s['sizes']}",
-                        s["exponent"] <= 1.1))
+                        None if s["tool"] == READ_INPUT else s["exponent"] <= 1.1))
             if is_parallel(s["tool"]):
                 out.append((f"{s['tool']}: peak memory flat in pairs", f"peak RSS {s['peak_rss_mb']} MB "
                             f"({s['rss_growth']:.2f}x for {s['sizes']} pairs)", s["rss_growth"] <= 1.5))

@@ -117,3 +117,20 @@ def test_keyed_noise_draw_is_bitwise_standard_noise():
     u = R.keyed_uniform(5, "noise", 2, keys)
     plain = [((int.from_bytes(R._digest(5, "noise", 2, k, 8), "big") >> 11) + 0.5) / 2.0**53 for k in keys]
     assert u.tolist() == plain
+
+
+@settings(max_examples=400, deadline=None)
+@given(items=st.lists(st.one_of(st.text(max_size=4), st.integers(-3, 3), st.binary(max_size=2),
+                                st.tuples(st.integers(0, 2), st.text(max_size=2))), max_size=40),
+       k=st.integers(1, 30), seed=st.integers(0, 50))
+def test_subsample_canonical_order_and_distinct(items, k, seed):
+    """subsample (str fast path included): distinct items in encode_key order; all of them when at most
+    k are distinct, else k of them, and the same result for any input order."""
+    from transforms.randomness import encode_key, subsample
+
+    got = subsample(items, k, "u", 0, seed, None)
+    keys = [encode_key(x) for x in got]
+    assert keys == sorted(set(keys))  # distinct, canonical order
+    distinct = {encode_key(x) for x in items}
+    assert set(keys) <= distinct and len(got) == min(k, len(distinct))
+    assert subsample(list(reversed(items)), k, "u", 0, seed, None) == got

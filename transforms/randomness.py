@@ -206,16 +206,18 @@ def subsample(
         raise ValueError(f"max_contributions must be >= 1, got {k!r}")
     if seed is None and rng is None:
         raise ValueError("unseeded subsampling needs a worker generator (rng)")
-    distinct = {}  # sort key -> item, until more than k distinct items have been seen
+    distinct = {}  # dedup key -> item (str items are their own key), until more than k distinct are seen
     it = iter(items)
     for item in it:
-        key = _encode_item(item)
+        key = item if type(item) is str else _encode_item(item)
         if key not in distinct:
             distinct[key] = item
             if len(distinct) > k:
                 break
     else:  # at most k distinct items: all are kept whatever their priorities (no hashing needed)
-        return [distinct[key] for key in sorted(distinct)]
+        return _canonical_order(distinct)
+    # more than k distinct: from here on every key is the encoded item (hashed below)
+    distinct = {(key if type(key) is bytes else _encode_item(item)): item for key, item in distinct.items()}
     if seed is None:
         seed = int.from_bytes(rng.bytes(16), "big")  # a fresh hash key for this call (see above)
     prefix = _pair_prefix_hasher(seed, purpose, round_, user)
@@ -239,6 +241,21 @@ def subsample(
             in_heap.add(key)
     heap.sort(key=lambda e: e[1])
     return [e[2] for e in heap]
+
+
+def _utf8_order(s: str):
+    """Sort key of a str equal to the order of its :func:`encode_key` (UTF-8 length, then UTF-8 bytes).
+
+    UTF-8 preserves code point order bytewise, so comparing the str itself is comparing its bytes.
+    """
+    return (len(s) if s.isascii() else len(s.encode("utf-8"))), s
+
+
+def _canonical_order(distinct: dict) -> List[Any]:
+    """The items of ``{dedup key: item}`` sorted by :func:`encode_key` (str items without encoding them)."""
+    if all(type(key) is str for key in distinct):
+        return sorted(distinct, key=_utf8_order)
+    return [distinct[key] for key in sorted(distinct, key=lambda key: key if type(key) is bytes else _encode_item(key))]
 
 
 def _encode_item(item: Any) -> bytes:
