@@ -176,6 +176,18 @@ def run_utility(cfg, corpus, tools, log):
 
 
 # -------------------------------------------------------------------------------------------- speed
+def own_peak_rss_kb():
+    """This process's own peak resident set size in KiB (VmHWM; ru_maxrss where /proc is absent)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def _one_run(spec):
     """Runs one speed measurement in this (fresh) process; returns a JSON-able dict."""
     import logging
@@ -201,7 +213,10 @@ def _one_run(spec):
         elapsed, items = bench_select.run_beam_transform(
             SelectPartitions(tool, params, seed=spec["seed"]), n_chunks, mode, upc)
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    peak = max(me.ru_maxrss, kids.ru_maxrss)
+    # Own peak from VmHWM: Linux carries ru_maxrss across fork/exec, so RUSAGE_SELF would report the
+    # launching run_all process's peak (hundreds of MB after the utility datasets) for every run.
+    # Children (multi_processing workers) can inherit at most this process's size, which the max covers.
+    peak = max(own_peak_rss_kb(), kids.ru_maxrss)
     cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime  # whole process, incl. imports
     digest = hashlib.sha256("\n".join(sorted(map(str, items))).encode()).hexdigest()
     return dict(wall_s=elapsed, cpu_s=cpu, released=len(items), peak_rss_mb=peak / 1024.0, digest=digest)
@@ -370,7 +385,7 @@ def summary_markdown(args, cfg, utility, speed, scaling, wall, started):
                                                  f"{r['items']:,} items)" for r in utility})), "", "![coverage](coverage.png)", ""]
     lines += ["## Speed", "", "Zipf(1.1) pairs generated inside the pipeline (10 per user on average), Delta_0 = 100. "
               "time_vs_basic and vs_pdp_gauss (pairs/s ratio) are within the same size and mode of this run. "
-              "Peak RSS: the run's subprocess (max over it and its children). CPU s: user + sys time of "
+              "Peak RSS: the run's subprocess (its own VmHWM, or its largest child's peak if larger, e.g. a multi_processing worker). CPU s: user + sys time of "
               "that subprocess and its children, including ~3 s of imports (less sensitive than wall time "
               "to other load on the machine; for multi_processing the workers' CPU may not all be counted).", ""]
     scols = [("tool", "tool"), ("pairs", "pairs"), ("mode", "mode"), ("wall s", "wall_s"), ("CPU s", "cpu_s"), ("pairs/s", "pairs_per_s"),
