@@ -22,6 +22,7 @@ import apache_beam as beam
 from pipelines import common, observability
 from pipelines.io import FailIfEmpty, ReadRecords
 from privacy.params import ACCOUNTINGS, ALGORITHMS, SelectionParams
+from transforms.joins import DEFAULT_MAX_BROADCAST_ITEMS
 from transforms.select import SelectPartitions
 
 _LOG = logging.getLogger(__name__)
@@ -68,7 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="policy algorithms gather all user sets on one worker: fail before that if there are "
                         "more (user, item) pairs after contribution bounding (default %(default)s, about "
                         "250 bytes per pair on that worker)")
-    p.add_argument("--max_users_per_key", type=int, default=10_000, help=argparse.SUPPRESS)
+    p.add_argument("--max_broadcast_items", type=int, default=DEFAULT_MAX_BROADCAST_ITEMS,
+                   help="mad/mad2r: per-item values (excess fractions, round-2 biases) go to every worker as a "
+                        "side input when at most this many items have one, else through a sharded join; "
+                        "changes the cost, never the output (default %(default)s, a dict of that many "
+                        "entries per worker)")
+    p.add_argument("--max_users_per_key", type=int, default=10_000,
+                   help="mad/mad2r sharded join: users per join key for hot items (default %(default)s)")
     return p
 
 
@@ -88,7 +95,8 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
     )
     _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
     records = observability.mark(read.records, "Read", args)  # (user, item)
-    select = SelectPartitions(args.algorithm, params, seed=args.seed, output_rounds=True)
+    select = SelectPartitions(args.algorithm, params, seed=args.seed, output_rounds=True,
+                              max_users_per_key=args.max_users_per_key, max_broadcast_items=args.max_broadcast_items)
     tagged = records | "Select" >> select  # (round, item)
     tagged = observability.mark(tagged, "Select", args)  # (round, item)
     items = tagged | "Items" >> beam.Values()  # item

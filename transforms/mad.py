@@ -297,12 +297,12 @@ class MAD2R(beam.PTransform):
     once (Alg. 4 line 1).
     """
 
-    def __init__(self, rounds, params, seed: Optional[int],
+    def __init__(self, rounds, params, seed: Optional[int], max_users_per_key: int = 10_000,
                  max_broadcast_items: int = DEFAULT_MAX_BROADCAST_ITEMS, label=None):
         super().__init__(label)
         self._r1, self._r2 = rounds
         self._params, self._seed = params, seed
-        self._max_broadcast_items = max_broadcast_items
+        self._join = dict(max_users_per_key=max_users_per_key, max_broadcast_items=max_broadcast_items)
 
     def expand(self, pairs):
         # Imported here to avoid a cycle (bounding does not depend on MAD).
@@ -313,7 +313,7 @@ class MAD2R(beam.PTransform):
         # (user, [item]) |.| <= D0 (Alg. 4 line 1)
         noisy1 = (
             user_sets
-            | "R1MADWeights" >> MADWeights(r1.tau, p.d_max, max_broadcast_items=self._max_broadcast_items)  # (item, w1)
+            | "R1MADWeights" >> MADWeights(r1.tau, p.d_max, **self._join)  # (item, w1)
             | "R1AddNoise" >> AddNoise(r1.noise, r1.noise_scale, self._seed, r1.index, checkpoint=True)  # (item, ~w1)
         )
         released1 = noisy1 | "R1Threshold" >> beam.FlatMap(released_item, r1.threshold)  # item in U1
@@ -327,14 +327,13 @@ class MAD2R(beam.PTransform):
             # and that stage then waits for its own output (deadlock).
             | "R2Barrier" >> beam.GroupByKey()  # (user, [[item]]), one set per user
             | "R2Sets" >> beam.MapTuple(only_value)  # (user, [item])
-            | "AttachBiases" >> JoinValuesToSets(kept, max_broadcast_items=self._max_broadcast_items)
+            | "AttachBiases" >> JoinValuesToSets(kept, **self._join)
             # (user, ([item], [(item, b)]))
             | "Round2Sets" >> beam.FlatMap(round2_set)  # (user, [(item, b)]) = S_u \ (U1 u U_low), non-empty (line 13)
         )
         released2 = (
             round2_sets
-            | "R2MADWeights" >> MADWeights(r2.tau, p.d_max, p.b_min, p.b_max, biased=True,
-                                           max_broadcast_items=self._max_broadcast_items)  # (item, w2)
+            | "R2MADWeights" >> MADWeights(r2.tau, p.d_max, p.b_min, p.b_max, biased=True, **self._join)  # (item, w2)
             | "R2AddNoise" >> AddNoise(r2.noise, r2.noise_scale, self._seed, r2.index)  # (item, ~w2)
             | "R2Threshold" >> beam.FlatMap(released_item, r2.threshold)  # item in U2
         )

@@ -12,11 +12,12 @@ from typing import Optional
 
 import apache_beam as beam
 
-from privacy.params import ALGORITHMS, SEQUENTIAL_ALGORITHMS, SelectionParams, check_choice
+from privacy.params import ALGORITHMS, SEQUENTIAL_ALGORITHMS, SelectionParams, check_choice, check_int
 from privacy.plans import plan_rounds
 from transforms import randomness
 from transforms.basic import UserSetWeights
 from transforms.bounding import BoundContributions, CapUserItemsFn
+from transforms.joins import DEFAULT_MAX_BROADCAST_ITEMS
 from transforms.mad import MAD2R, MADWeights
 from transforms.policy import SequentialPolicy
 from transforms.threshold import NoisyThreshold
@@ -48,9 +49,10 @@ def has_items(element):
 class _SingleRound(beam.PTransform):
     """Bound contributions, weigh, add noise, threshold: one round of the template (MAD paper Alg. 1)."""
 
-    def __init__(self, plan, params: SelectionParams, seed: Optional[int]):
+    def __init__(self, plan, params: SelectionParams, seed: Optional[int], join_options: dict):
         super().__init__()
         self._plan, self._params, self._seed = plan, params, seed
+        self._join_options = join_options
 
     def expand(self, pairs):
         rnd = self._plan
@@ -58,7 +60,7 @@ class _SingleRound(beam.PTransform):
             self._params.max_contributions, self._seed, round_=0
         )  # (user, [item]) |.| <= D0
         if rnd.weighting == "mad":
-            weights = user_sets | "MADWeights" >> MADWeights(rnd.tau, self._params.d_max)  # (item, w)
+            weights = user_sets | "MADWeights" >> MADWeights(rnd.tau, self._params.d_max, **self._join_options)  # (item, w)
         else:
             weights = user_sets | "Weights" >> UserSetWeights(rnd.weighting)  # (item, w)
         return (
@@ -130,14 +132,21 @@ class SelectPartitions(beam.PTransform):
       params: :class:`privacy.params.SelectionParams`.
       seed: None for production (OS entropy on workers); an int for reproducible, NON-private runs.
       output_rounds: emit ``(round, item)`` instead of ``item``.
+      max_users_per_key, max_broadcast_items: execution options of MAD/MAD2R's item-value step
+        (:class:`transforms.joins.JoinValuesToSets`): per-item values go to the workers as a side
+        input when at most ``max_broadcast_items`` items have one, else by a join sharded to about
+        ``max_users_per_key`` users per key. They change the cost, never the output.
 
     Input: PCollection of ``(user, item)``; items must be hashable and deterministically encodable
     (str, bytes, int, tuples of those). Output: released items (or ``(round, item)``).
     """
 
     def __init__(self, algorithm: str, params: SelectionParams, seed: Optional[int] = None,
-                 output_rounds: bool = False, label=None):
+                 output_rounds: bool = False, max_users_per_key: int = 10_000,
+                 max_broadcast_items: int = DEFAULT_MAX_BROADCAST_ITEMS, label=None):
         super().__init__(label)
+        self.join_options = dict(max_users_per_key=check_int("max_users_per_key", max_users_per_key, 1),
+                                 max_broadcast_items=check_int("max_broadcast_items", max_broadcast_items, 0))
         self.algorithm = check_choice("algorithm", algorithm, ALGORITHMS)
         if not isinstance(params, SelectionParams):
             raise TypeError(f"params must be a SelectionParams, got {type(params).__name__}")
@@ -151,7 +160,7 @@ class SelectPartitions(beam.PTransform):
         if self.algorithm == "dp_sips":
             tagged = pairs | "DPSIPS" >> _DPSIPS(self.rounds, self.params, self.seed)
         elif self.algorithm == "mad2r":
-            tagged = pairs | "MAD2R" >> MAD2R(self.rounds, self.params, self.seed)
+            tagged = pairs | "MAD2R" >> MAD2R(self.rounds, self.params, self.seed, **self.join_options)
         elif self.algorithm in SEQUENTIAL_ALGORITHMS:
             tagged = (
                 pairs
@@ -159,7 +168,8 @@ class SelectPartitions(beam.PTransform):
                 | "TagRound" >> beam.Map(tag_round, self.rounds[0].index)  # (1, item)
             )
         else:
-            tagged = pairs | self.algorithm.upper() >> _SingleRound(self.rounds[0], self.params, self.seed)
+            tagged = pairs | self.algorithm.upper() >> _SingleRound(self.rounds[0], self.params, self.seed,
+                                                                   self.join_options)
         if self.output_rounds:
             return tagged  # (round, item)
         return tagged | "Items" >> beam.Values()  # item
