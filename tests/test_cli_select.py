@@ -140,13 +140,6 @@ def test_missing_input_fails(tmp_path, capsys):
     assert "nothing-*.tsv" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(
-    "flag,value,name",
-    [("--epsilon", "-1", "epsilon"), ("--delta", "1.5", "delta"), ("--max_contributions", "0", "max_contributions"),
-     ("--d_max", "3", "d_max"), ("--b_min", "0.4", "b_min"), ("--b_max", "0.9", "b_max"),
-     ("--budget_split", "0.5,0.6", "budget_split"), ("--max_broadcast_items", "-1", "max_broadcast_items"),
-     ("--max_users_per_key", "0", "max_users_per_key")],
-)
 @pytest.mark.parametrize("algorithm", ["mad", "mad2r"])
 def test_join_options_change_cost_not_output(tmp_path, algorithm):
     """--max_broadcast_items 0 (always the sharded join, 3 users per key) releases exactly what the
@@ -159,6 +152,13 @@ def test_join_options_change_cost_not_output(tmp_path, algorithm):
     assert sorted(runs[0][1]) == sorted(runs[1][1]) == sorted(want) and want
 
 
+@pytest.mark.parametrize(
+    "flag,value,name",
+    [("--epsilon", "-1", "epsilon"), ("--delta", "1.5", "delta"), ("--max_contributions", "0", "max_contributions"),
+     ("--d_max", "3", "d_max"), ("--b_min", "0.4", "b_min"), ("--b_max", "0.9", "b_max"),
+     ("--budget_split", "0.5,0.6", "budget_split"), ("--max_broadcast_items", "-1", "max_broadcast_items"),
+     ("--max_users_per_key", "0", "max_users_per_key")],
+)
 def test_bad_parameters_exit_2_naming_the_parameter(tmp_path, capsys, flag, value, name):
     path = write_input(tmp_path, "tsv")
     with pytest.raises(SystemExit) as exc:

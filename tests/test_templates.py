@@ -101,6 +101,9 @@ def test_metadata_parameters_are_the_cli_flags(name):
     spec.module().params_from_args(parsed)  # the launch values are valid parameters, too
 
 
+INT_FLAGS_ALLOWING_ZERO = {"max_broadcast_items"}
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_regexes_accept_defaults_and_examples_and_reject_bad_values(name):
     spec, meta, acts = SPECS[name], load(name), actions(name)
@@ -127,7 +130,9 @@ def test_regexes_accept_defaults_and_examples_and_reject_bad_values(name):
             for bad in [b for b in BAD_NUMBERS if b != "1,5"] + ["1,,5", ",", "1,"]:
                 assert not ok(bad), (p["name"], bad)
         if a.type is int:
-            assert not ok("1.5") and not ok("0"), p["name"]
+            assert not ok("1.5"), p["name"]
+            # 0 is meaningful only where the flag allows it (0 broadcast items = always the sharded join)
+            assert ok("0") == (p["name"] in INT_FLAGS_ALLOWING_ZERO), p["name"]
 
 
 def test_dockerfile_builds_any_registered_pipeline():
