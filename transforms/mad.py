@@ -106,7 +106,7 @@ def positive_excess(element, tau):
 
 
 class AdaptiveSet:
-    """Predicate on a user's [(item, b)] set: is the user adaptive (only adaptive users reroute)?"""
+    """Predicate on a user's set ([item] or [(item, b)]): is the user adaptive (only adaptive users reroute)?"""
 
     def __init__(self, d_max, b_min):
         self._d_max, self._b_min = d_max, b_min
