@@ -38,13 +38,8 @@ from transforms import mad_kernels as K
 from transforms.mad2r_kernels import round2_bias
 from transforms.randomness import sort_key
 from transforms.combiners import BundleDictFn, ExactSumFn, FixedPointSumFn, to_fixed_point
-from transforms.joins import DEFAULT_MAX_BROADCAST_ITEMS, JoinValuesToSets
+from transforms.joins import DEFAULT_MAX_BROADCAST_ITEMS, JoinValuesToSets, set_items
 from transforms.threshold import AddNoise, only_value
-
-
-def _items_of(user_set, biased: bool):
-    """The items of a user's set: [item], or the first fields of [(item, b)] when ``biased``."""
-    return [e[0] for e in user_set] if biased else user_set
 
 
 class BundleInitWeightsFn(BundleDictFn):
@@ -71,7 +66,7 @@ class BundleInitWeightsFn(BundleDictFn):
         if f == 0:
             return  # a non-adaptive user adds nothing to w_init
         acc = self._acc
-        for item in _items_of(user_set, self._biased):
+        for item in set_items(user_set, self._biased):
             acc[item] = acc.get(item, 0) + f
         yield from self._flush_if_full()
 
@@ -87,7 +82,7 @@ class EmitInitWeightsFn(beam.DoFn):
         d = len(user_set)
         if K.is_adaptive(d, self._b_min, self._d_max):  # Alg. 3 line 3
             w = K.initial_weight(d)  # Alg. 3 line 5
-            for item in _items_of(user_set, self._biased):
+            for item in set_items(user_set, self._biased):
                 yield item, w
 
 

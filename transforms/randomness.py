@@ -56,23 +56,32 @@ def encode_key(value: Any) -> bytes:
     return b"r" + struct.pack(">Q", len(data)) + data
 
 
-def _digest(seed: int, purpose: str, round_: int, key: Any, size: int = 16) -> bytes:
-    h = hashlib.blake2b(digest_size=size, person=b"dp-part-beam-v1")
-    h.update(encode_key((int(seed), str(purpose), int(round_))))
-    h.update(encode_key(key))
-    return h.digest()
-
-
-def keyed_bytes(seed: int, purpose: str, round_: int, key: Any, size: int = 16) -> bytes:
-    """``size`` pseudo-random bytes (<= 64), a function of (seed, purpose, round, key) (e.g. a secret hash key)."""
-    return _digest(seed, purpose, round_, key, size)
-
-
 def _prefix_hasher(seed: int, purpose: str, round_: int, size: int = 8):
     """BLAKE2b state after (seed, purpose, round): ``.copy().update(encode_key(key))`` == ``_digest(..., key, size)``."""
     h = hashlib.blake2b(digest_size=size, person=b"dp-part-beam-v1")
     h.update(encode_key((int(seed), str(purpose), int(round_))))
     return h
+
+
+def _digest(seed: int, purpose: str, round_: int, key: Any, size: int = 16) -> bytes:
+    h = _prefix_hasher(seed, purpose, round_, size)
+    h.update(encode_key(key))
+    return h.digest()
+
+
+def _uniform_of(digest8: bytes) -> float:
+    """The uniform in (0, 1) of an 8-byte digest: its top 53 bits, centred in their cell."""
+    return ((int.from_bytes(digest8, "big") >> 11) + 0.5) / _TWO_POW_53
+
+
+def _laplace_of(centred):
+    """Inverse CDF of the standard Laplace at ``u - 0.5`` (array or scalar; never 0 for our uniforms)."""
+    return -np.sign(centred) * np.log1p(-2.0 * np.abs(centred))
+
+
+def keyed_bytes(seed: int, purpose: str, round_: int, key: Any, size: int = 16) -> bytes:
+    """``size`` pseudo-random bytes (<= 64), a function of (seed, purpose, round, key) (e.g. a secret hash key)."""
+    return _digest(seed, purpose, round_, key, size)
 
 
 def keyed_uniform(seed: int, purpose: str, round_: int, keys: Sequence[Any]) -> np.ndarray:
@@ -82,7 +91,7 @@ def keyed_uniform(seed: int, purpose: str, round_: int, keys: Sequence[Any]) -> 
     for j, key in enumerate(keys):
         h = prefix.copy()
         h.update(encode_key(key))
-        out[j] = ((int.from_bytes(h.digest(), "big") >> 11) + 0.5) / _TWO_POW_53
+        out[j] = _uniform_of(h.digest())
     return out
 
 
@@ -104,11 +113,10 @@ class KeyedNoise:
     def draw(self, key: Any) -> float:
         h = self._prefix.copy()
         h.update(encode_key(key))
-        u = ((int.from_bytes(h.digest(), "big") >> 11) + 0.5) / _TWO_POW_53
+        u = _uniform_of(h.digest())
         if self._gaussian:
             return float(special.ndtri(u))
-        u -= 0.5
-        return float(-np.sign(u) * np.log1p(-2.0 * abs(u)))
+        return float(_laplace_of(u - 0.5))
 
 
 def keyed_normal(seed: int, purpose: str, round_: int, keys: Sequence[Any]) -> np.ndarray:
@@ -118,8 +126,7 @@ def keyed_normal(seed: int, purpose: str, round_: int, keys: Sequence[Any]) -> n
 
 def keyed_laplace(seed: int, purpose: str, round_: int, keys: Sequence[Any]) -> np.ndarray:
     """Standard Laplace (scale 1) draws, one per key (inverse CDF of :func:`keyed_uniform`)."""
-    u = keyed_uniform(seed, purpose, round_, keys) - 0.5
-    return -np.sign(u) * np.log1p(-2.0 * np.abs(u))
+    return _laplace_of(keyed_uniform(seed, purpose, round_, keys) - 0.5)
 
 
 def keyed_generator(seed: int, purpose: str, round_: int, key: Any) -> np.random.Generator:
@@ -162,8 +169,7 @@ def sort_key(item: Any) -> bytes:
 
 
 def _scalar_uniform(seed: int, purpose: str, round_: int, key: Any) -> float:
-    bits = int.from_bytes(_digest(seed, purpose, round_, key, 8), "big") >> 11
-    return (bits + 0.5) / _TWO_POW_53
+    return _uniform_of(_digest(seed, purpose, round_, key, 8))
 
 
 def _pair_prefix_hasher(seed: int, purpose: str, round_: int, user: Any):
@@ -173,8 +179,7 @@ def _pair_prefix_hasher(seed: int, purpose: str, round_: int, user: Any):
     ``prefix.copy().update(encode_key(item))`` gives exactly ``_digest(seed, purpose, round_,
     (user, item), 8)`` while encoding the seed, purpose, round and user once per user, not per item.
     """
-    h = hashlib.blake2b(digest_size=8, person=b"dp-part-beam-v1")
-    h.update(encode_key((int(seed), str(purpose), int(round_))))
+    h = _prefix_hasher(seed, purpose, round_)
     h.update(b"t" + struct.pack(">Q", 2) + encode_key(user))
     return h
 
@@ -225,7 +230,7 @@ def subsample(
     def entry(key, item):
         h = prefix.copy()
         h.update(key)
-        return -((int.from_bytes(h.digest(), "big") >> 11) + 0.5) / _TWO_POW_53, key, item
+        return -_uniform_of(h.digest()), key, item
 
     # max-heap on priority via negation: (-priority, sort_key, item), of the k smallest priorities
     heap: List[tuple] = sorted(entry(key, item) for key, item in distinct.items())[-k:]
