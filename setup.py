@@ -1,4 +1,5 @@
 """Setup for dp-partition-beam: user-level DP partition selection and n-gram extraction on Beam."""
+
 import setuptools
 
 setuptools.setup(
@@ -12,7 +13,9 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.9",
-    packages=["privacy", "transforms", "pipelines"],
+    packages=setuptools.find_packages(
+        include=["privacy", "privacy.*", "transforms", "transforms.*", "pipelines", "pipelines.*"]
+    ),
     install_requires=[
         "apache-beam>=2.50.0",
         "numpy>=1.24",

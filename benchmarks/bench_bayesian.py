@@ -3,12 +3,13 @@
     python -m benchmarks.bench_bayesian [--V 2000] [--users 20000] [--repeats 3] [--tau 0.8 --noise 0.5] \\
         [--plot docs/bayesian_kl.png]
 
-Synthetic corpus (:func:`transforms.bayesian_synthetic.synthetic_corpus`): a Zipf(1.1) distribution
+Synthetic corpus (:func:`transforms.testing.bayesian_synthetic.synthetic_corpus`): a Zipf(1.1) distribution
 over V n-grams, users drawing 10 occurrences on average, and a related public corpus of 1M
 occurrences drawn from ``p ** tau * exp(noise * N(0, 1))``. Mechanisms run in memory
-(:mod:`transforms.bayesian_reference`, equal to the Beam transform under a seed). Prints a table
+(:mod:`transforms.bayesian.reference`, equal to the Beam transform under a seed). Prints a table
 (mean KL in nats over the seeds, per epsilon) and saves a log-scale plot (needs the ``plots`` extra).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,21 +18,32 @@ import time
 from typing import Dict, List
 
 from pipelines.bayesian_eval import evaluate
-from privacy.bayesian_params import BayesianParams
-from transforms.bayesian_synthetic import synthetic_corpus
+from privacy.bayesian import BayesianParams
+from transforms.testing.bayesian_synthetic import synthetic_corpus
 
 EPSILONS = (0.1, 0.2, 0.5, 1.0, 2.0)
 
 
 def series(args) -> Dict[str, Dict[float, float]]:
-    sc = synthetic_corpus(V=args.V, users=args.users, public_size=args.public_size, tau=args.tau,
-                          noise=args.noise, C=args.C, W=args.W, seed=args.seed)
+    sc = synthetic_corpus(
+        V=args.V,
+        users=args.users,
+        public_size=args.public_size,
+        tau=args.tau,
+        noise=args.noise,
+        C=args.C,
+        W=args.W,
+        seed=args.seed,
+    )
     base = BayesianParams(C=args.C, W=args.W, sensitivity=args.sensitivity)
     runs = [
         (f"bayesian (S={base.S:g}, rho={base.rho:g})", base, ["bayesian"]),
         ("bayesian tuned (Alg. 2, paper grid)", base.replace(tune=True), ["bayesian"]),
-        ("bayesian tuned (Alg. 2, small grid)",
-         base.replace(tune=True, S_grid=(1e-3, 1e-2), rho_grid=(0.05, 0.1, 0.3)), ["bayesian"]),
+        (
+            "bayesian tuned (Alg. 2, small grid)",
+            base.replace(tune=True, S_grid=(1e-3, 1e-2), rho_grid=(0.05, 0.1, 0.3)),
+            ["bayesian"],
+        ),
         ("bayesian (S=1, rho=0.5)", base.replace(S=1.0, rho=0.5), ["bayesian"]),
         ("laplace", base, ["laplace"]),
         ("laplace_public", base, ["laplace_public"]),
@@ -99,8 +111,10 @@ def main(argv: List[str] = None) -> int:
     args = p.parse_args(argv)
     t = time.perf_counter()
     data = series(args)
-    title = (f"Synthetic Zipf corpus: |V|={args.V}, {args.users} users, C={args.C}, W={args.W},\n"
-             f"public ~ p^{args.tau:g}*exp({args.noise:g}N); {args.repeats} seeds, {args.sensitivity}")
+    title = (
+        f"Synthetic Zipf corpus: |V|={args.V}, {args.users} users, C={args.C}, W={args.W},\n"
+        f"public ~ p^{args.tau:g}*exp({args.noise:g}N); {args.repeats} seeds, {args.sensitivity}"
+    )
     print(title.replace("\n", " "))
     print(format_table(data))
     print(f"total {time.perf_counter() - t:.0f} s")

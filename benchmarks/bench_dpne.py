@@ -5,13 +5,14 @@
     python -m benchmarks.bench_dpne synthetic
     python -m benchmarks.bench_dpne all --msnbc ...
 
-Uses the in-memory reference (:func:`transforms.dpne_reference.dpne_reference`), which is equal to
+Uses the in-memory reference (:func:`transforms.dpne.reference.dpne_reference`), which is equal to
 the Beam transform under a seed (tests/test_dpne_beam.py); it runs in production mode with a numpy
 generator seeded per repetition (``rng=default_rng(seed)``: fast vectorised draws instead of
 keyed hashes; the keyed seeded mode gives the same distribution). Prints tables: mean +- std of the
 released n-grams per length over the seeds, the paper's numbers where there are some, the fraction
 of n-grams used by >= K users that is released (the paper's Figure 4 comparison), wall time per level.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,9 @@ from typing import Dict, Sequence
 
 import numpy as np
 
-from privacy.dpne_accounting import DPNEParams
-from transforms.dpne_reference import dpne_reference, markov_corpus, ngram_user_counts, user_kgrams
+from privacy.dpne import DPNEParams
+from transforms.dpne.reference import dpne_reference, ngram_user_counts, user_kgrams
+from transforms.testing.synthetic import markov_corpus
 
 # Paper Table 5 (MSNBC, Delta_0 = 10, eps = 1, delta = 1e-7, eta = 0.01), lengths 1..6.
 PAPER_TABLE5 = {
@@ -52,8 +54,9 @@ def run_config(ug, params: DPNEParams, seeds: Sequence[int]):
         if params.algorithm == "dpsu_single":
             row, out = [], {}
             for L in range(1, T + 1):
-                r = dpne_reference(None, params.replace(dpsu_single_length=L), rng=np.random.default_rng(s),
-                                   user_grams=ug)
+                r = dpne_reference(
+                    None, params.replace(dpsu_single_length=L), rng=np.random.default_rng(s), user_grams=ug
+                )
                 row.append(len(r.ngrams[L]))
                 out[L] = r.ngrams[L]
                 for name, t in r.seconds.items():
@@ -86,11 +89,16 @@ def print_counts(title, results: Dict[str, dict], T: int, paper=None):
         print(f"| {name} | " + " | ".join(fmt_cell(a, b) for a, b in zip(m, sd)) + f" | {total} |")
         if paper and name in paper:
             p = paper[name]
-            print(f"| {name} (paper) | " + " | ".join(f"{x:,}" for x in p) + " | "
-                  + ("-" if name == "dpsu_single" else f"{sum(p):,}") + " |")
+            print(
+                f"| {name} (paper) | "
+                + " | ".join(f"{x:,}" for x in p)
+                + " | "
+                + ("-" if name == "dpsu_single" else f"{sum(p):,}")
+                + " |"
+            )
             gaps = [(k + 1, (m[k] - p[k]) / p[k]) for k in range(T) if p[k] and abs(m[k] - p[k]) / p[k] > 0.10]
             if gaps:
-                print(f"|  gap > 10% | " + ", ".join(f"k={k}: {g:+.0%}" for k, g in gaps) + " |")
+                print("|  gap > 10% | " + ", ".join(f"k={k}: {g:+.0%}" for k, g in gaps) + " |")
 
 
 def print_seconds(results: Dict[str, dict]):
@@ -101,8 +109,7 @@ def print_seconds(results: Dict[str, dict]):
 
 def print_recovery(results: Dict[str, dict], truth: Dict[int, Dict[str, int]], T: int, Ks: Sequence[int]):
     """Fraction of the k-grams used by >= K users that is released (mean over seeds)."""
-    print("\nfraction of n-grams used by >= K users that is released (mean over seeds; "
-          "n = number of such n-grams):\n")
+    print("\nfraction of n-grams used by >= K users that is released (mean over seeds; n = number of such n-grams):\n")
     print("| algorithm | K | " + " | ".join(f"k={k}" for k in range(1, T + 1)) + " |")
     print("|" + "---|" * (T + 2))
     for K in Ks:
@@ -138,8 +145,12 @@ def bench_msnbc(path: str, seeds: Sequence[int]):
         t = time.perf_counter()
         results[alg] = run_config(ug, base.replace(algorithm=alg), seeds)
         print(f"  {alg}: {time.perf_counter() - t:.0f}s for {len(seeds)} seeds", flush=True)
-    print_counts(f"MSNBC, Table 5 setting (Delta_0=10, eps=1, delta=1e-7, eta=0.01), {len(seeds)} seeds",
-                 results, T, PAPER_TABLE5)
+    print_counts(
+        f"MSNBC, Table 5 setting (Delta_0=10, eps=1, delta=1e-7, eta=0.01), {len(seeds)} seeds",
+        results,
+        T,
+        PAPER_TABLE5,
+    )
     print_seconds(results)
     return results
 
@@ -158,8 +169,12 @@ def bench_corpus(title, records, params: DPNEParams, seeds, Ks):
         ("dpsu_single", params.replace(algorithm="dpsu_single")),
     ]:
         results[label] = run_config(ug, prm, seeds)
-    print_counts(f"{title} ({len(ug[1]):,} users; eps={params.epsilon:g}, delta={params.delta:g}, "
-                 f"Delta_0={params.max_contributions}, eta={params.eta:g}, T={T}), {len(seeds)} seeds", results, T)
+    print_counts(
+        f"{title} ({len(ug[1]):,} users; eps={params.epsilon:g}, delta={params.delta:g}, "
+        f"Delta_0={params.max_contributions}, eta={params.eta:g}, T={T}), {len(seeds)} seeds",
+        results,
+        T,
+    )
     print_recovery(results, truth, T, Ks)
     print_spurious(results, truth, T)
     print_seconds(results)
@@ -174,7 +189,7 @@ def bench_beam(path: str, mode: str = "in_memory"):
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from pipelines.extract_ngrams import format_ngram
-    from transforms.dpne import DPNE
+    from transforms.dpne.dpne import DPNE
 
     recs = list(read_jsonl(path))
     prm = DPNEParams(epsilon=4.0, delta=1e-7, max_n=6, max_contributions=100, eta=0.01)
@@ -187,7 +202,9 @@ def bench_beam(path: str, mode: str = "in_memory"):
         with tempfile.TemporaryDirectory() as tmp:
             t = time.perf_counter()
             try:
-                with beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", f"--direct_running_mode={mode}"])) as pl:
+                with beam.Pipeline(
+                    options=PipelineOptions(["--runner=DirectRunner", f"--direct_running_mode={mode}"])
+                ) as pl:
                     out = pl | beam.Create(recs) | DPNE(p, seed=1)
                     _ = out["ngrams"] | beam.Map(format_ngram) | beam.io.WriteToText(os.path.join(tmp, "ng"))
             except Exception as e:  # noqa: BLE001 - report and continue
@@ -195,8 +212,10 @@ def bench_beam(path: str, mode: str = "in_memory"):
                 continue
             t_beam = time.perf_counter() - t
             got = sorted(l.rstrip("\n") for f in os.listdir(tmp) for l in open(os.path.join(tmp, f)))
-        print(f"- {weighting}: Beam {t_beam:.1f}s, reference (seeded) {t_ref:.1f}s, "
-              f"{len(got)} n-grams, identical to reference: {got == want.lines()}")
+        print(
+            f"- {weighting}: Beam {t_beam:.1f}s, reference (seeded) {t_ref:.1f}s, "
+            f"{len(got)} n-grams, identical to reference: {got == want.lines()}"
+        )
 
 
 def main(argv=None):

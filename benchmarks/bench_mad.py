@@ -14,9 +14,9 @@ Each configuration runs ``--trials`` times with seeds 0..trials-1 on the in-memo
 seed (tests/test_mad_beam.py). Single-round algorithms do not depend on the accounting; they are
 listed once. ``expected`` for Basic is the analytic mean sum_i Phi((w_i - rho) / sigma).
 """
+
 import argparse
 import gzip
-import math
 import os
 import sys
 import time
@@ -25,10 +25,12 @@ import numpy as np
 from scipy.stats import norm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from privacy.params import SelectionParams  # noqa: E402
-from privacy.plans import plan_rounds  # noqa: E402
+from privacy.selection import (
+    SelectionParams,  # noqa: E402
+    plan_rounds,  # noqa: E402
+)
 from transforms import reference  # noqa: E402
-from transforms.synthetic import heavy_light_sets, zipf_pairs  # noqa: E402
+from transforms.testing.synthetic import heavy_light_sets, zipf_pairs  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_62 = {"basic": 519, "mad": 610, "dp_sips [0.05,0.15,0.8]": 332, "dp_sips [0.1,0.9]": 514}
@@ -66,8 +68,10 @@ def run_dataset(name, trials):
     sets = load_dataset(name)
     n_pairs = sum(len(v) for v in sets.values())
     base = SelectionParams(epsilon=1.0, delta=1e-5, max_contributions=100)
-    print(f"\n## {name}: {len(sets):,} users, {n_pairs:,} pairs; epsilon=1, delta=1e-5, Delta_0=100, "
-          f"{trials} trials (mean +- std of released items)")
+    print(
+        f"\n## {name}: {len(sets):,} users, {n_pairs:,} pairs; epsilon=1, delta=1e-5, Delta_0=100, "
+        f"{trials} trials (mean +- std of released items)"
+    )
     print(f"analytic expected released items of basic: {expected_basic(sets, base):.1f}")
     header = f"{'algorithm':26s} {'gdp':>16s} {'basic accounting':>18s}"
     if name == "section62":
@@ -95,7 +99,7 @@ def main():
     args = ap.parse_args()
     import logging
 
-    logging.getLogger("transforms.randomness").setLevel(logging.ERROR)  # seeded-run warnings
+    logging.getLogger("transforms.core.randomness").setLevel(logging.ERROR)  # seeded-run warnings
     t0 = time.perf_counter()
     for name in args.datasets:
         run_dataset(name, args.trials)

@@ -9,10 +9,12 @@ max_contributions (Delta_0) in {1, 10, 50, 100, 300}, on the bundled real sample
 reference in production mode (OS entropy), mean +- std over ``--repeats`` runs (the paper: 5 user
 orders). Part 2 (speed): wall time of ``SelectPartitions('policy_gaussian')`` (and of 'basic' for
 comparison, same conditions) on the DirectRunner (in_memory), synthetic pairs generated inside the
-pipeline, per million input pairs, and the time of the histogram kernel alone. Part 3 (memory): peak Python-allocated bytes (tracemalloc) per gathered (user, item) pair of
+pipeline, per million input pairs, and the time of the histogram kernel alone.
+Part 3 (memory): peak Python-allocated bytes (tracemalloc) per gathered (user, item) pair of
 the single worker (user sets as they arrive from the GroupByKey plus the histogram), measured in a
 fresh subprocess; this sizes ``DEFAULT_MAX_SEQUENTIAL_PAIRS`` (privacy/params.py).
 """
+
 import argparse
 import gzip
 import logging
@@ -28,15 +30,26 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from privacy.params import SelectionParams  # noqa: E402
-from privacy.plans import plan_rounds  # noqa: E402
-from transforms import policy_kernels, reference  # noqa: E402
-from transforms.select import SelectPartitions  # noqa: E402
-from transforms.synthetic import zipf_pairs, zipf_pairs_of_chunk  # noqa: E402
+from privacy.selection import (
+    SelectionParams,  # noqa: E402
+    plan_rounds,  # noqa: E402
+)
+from transforms import reference  # noqa: E402
+from transforms.selection import policy_kernels
+from transforms.selection.select import SelectPartitions  # noqa: E402
+from transforms.testing.synthetic import zipf_pairs, zipf_pairs_of_chunk  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ALGORITHMS = ["count_laplace", "count_gaussian", "weighted_laplace", "basic",
-              "policy_laplace", "policy_gaussian", "mad", "mad2r"]
+ALGORITHMS = [
+    "count_laplace",
+    "count_gaussian",
+    "weighted_laplace",
+    "basic",
+    "policy_laplace",
+    "policy_gaussian",
+    "mad",
+    "mad2r",
+]
 LABELS = {"basic": "weighted_gaussian (basic)"}
 D0S = [1, 10, 50, 100, 300]
 EPS, DELTA = 3.0, math.exp(-10)
@@ -56,8 +69,11 @@ def zipf_sets(n_users):
 
 def utility_table(name, sets, repeats, alpha):
     n_pairs = sum(len(v) for v in sets.values())
-    print(f"\n{name}: {len(sets):,d} users, {n_pairs:,d} distinct pairs; epsilon=3, delta=exp(-10), "
-          f"alpha={alpha:g}; mean +- std of {repeats} unseeded runs", flush=True)
+    print(
+        f"\n{name}: {len(sets):,d} users, {n_pairs:,d} distinct pairs; epsilon=3, delta=exp(-10), "
+        f"alpha={alpha:g}; mean +- std of {repeats} unseeded runs",
+        flush=True,
+    )
     header = f"{'Delta_0':28s}" + "".join(f"{d:>14d}" for d in D0S)
     print(header)
     means = {}
@@ -87,10 +103,14 @@ def beam_time(n_users, d0, algorithm="policy_gaussian", mode="in_memory"):
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         with beam.Pipeline(options=PipelineOptions(args)) as p:
-            _ = (p | beam.Create(list(range(n_chunks))) | beam.Reshuffle()
-                 | beam.FlatMap(zipf_pairs_of_chunk, chunk)  # (user, item)
-                 | SelectPartitions(algorithm, params)  # item
-                 | beam.io.WriteToText(os.path.join(tmp, "items")))
+            _ = (
+                p
+                | beam.Create(list(range(n_chunks)))
+                | beam.Reshuffle()
+                | beam.FlatMap(zipf_pairs_of_chunk, chunk)  # (user, item)
+                | SelectPartitions(algorithm, params)  # item
+                | beam.io.WriteToText(os.path.join(tmp, "items"))
+            )
         elapsed = time.perf_counter() - t0
     return n_pairs, elapsed
 
@@ -108,8 +128,8 @@ def kernel_time(n_users, d0):
 MEMORY_CHILD = r"""
 import sys, pickle, tracemalloc
 sys.path.insert(0, sys.argv[3])
-from transforms import policy_kernels
-from transforms.synthetic import zipf_pairs_of_chunk
+from transforms.selection import policy_kernels
+from transforms.testing.synthetic import zipf_pairs_of_chunk
 n_users, d0 = int(sys.argv[1]), int(sys.argv[2])
 # bounded user sets as the single worker receives them (decoded from the shuffle: fresh objects)
 sets = {}
@@ -129,8 +149,9 @@ print(n_pairs, tracemalloc.get_traced_memory()[1])
 
 
 def memory_per_pair(n_users, d0):
-    out = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(n_users), str(d0), REPO],
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", MEMORY_CHILD, str(n_users), str(d0), REPO], capture_output=True, text=True, check=True
+    ).stdout.split()
     n_pairs, extra = int(out[0]), int(out[1])
     return n_pairs, extra / n_pairs
 
@@ -147,19 +168,22 @@ def main():
     logging.getLogger().setLevel(logging.ERROR)
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} at start")
     if not args.skip_utility:
-        for name, sets in (("commits_sample.tsv.gz (real)", commits_sets()),
-                           (f"synthetic Zipf(1.1), mean degree 10", zipf_sets(args.zipf_users))):
+        for name, sets in (
+            ("commits_sample.tsv.gz (real)", commits_sets()),
+            ("synthetic Zipf(1.1), mean degree 10", zipf_sets(args.zipf_users)),
+        ):
             best = utility_table(name, sets, args.repeats, args.alpha)
             for pol, base in (("policy_laplace", "weighted_laplace"), ("policy_gaussian", "basic")):
                 verdict = "holds" if best[pol] > best[base] else "does NOT hold"
-                print(f"  paper's claim {pol} > {base} (best Delta_0): {verdict} "
-                      f"({best[pol]:.0f} vs {best[base]:.0f})")
+                print(f"  paper's claim {pol} > {base} (best Delta_0): {verdict} ({best[pol]:.0f} vs {best[base]:.0f})")
     if not args.skip_beam:
         print("\nSequential transform speed (policy_gaussian, Delta_0=100, unseeded, DirectRunner in_memory)")
         for alg in ("policy_gaussian", "basic"):
             n, t = beam_time(args.beam_users, 100, alg)
-            print(f"  Beam end to end, {alg}: {n:,d} input pairs in {t:.1f}s = {t / n * 1e6:.1f} s per million pairs",
-                  flush=True)
+            print(
+                f"  Beam end to end, {alg}: {n:,d} input pairs in {t:.1f}s = {t / n * 1e6:.1f} s per million pairs",
+                flush=True,
+            )
         n, t = kernel_time(args.beam_users, 100)
         print(f"  histogram kernel alone: {n:,d} bounded pairs in {t:.2f}s = {t / n * 1e6:.2f} s per million pairs")
         for users in (50_000, 200_000):

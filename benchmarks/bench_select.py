@@ -7,6 +7,7 @@ Pairs are generated inside the pipeline from chunk ids (transforms/synthetic.py)
 on average, items Zipf(1.1) over 1M ranks; epsilon = 1, delta = 1e-5, Delta_0 = 100, seed fixed, so
 every mode releases the same items (checked). Prints a table.
 """
+
 import argparse
 import os
 import sys
@@ -17,10 +18,10 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from privacy.params import SelectionParams  # noqa: E402
+from privacy.selection import SelectionParams  # noqa: E402
 from transforms import reference  # noqa: E402
-from transforms.select import SelectPartitions  # noqa: E402
-from transforms.synthetic import zipf_pair_count, zipf_pairs, zipf_pairs_of_chunk  # noqa: E402
+from transforms.selection.select import SelectPartitions  # noqa: E402
+from transforms.testing.synthetic import zipf_pair_count, zipf_pairs, zipf_pairs_of_chunk  # noqa: E402
 
 USERS_PER_CHUNK = 10_000  # ~100k pairs per chunk
 
@@ -58,7 +59,8 @@ def run_beam_transform(select, n_chunks, mode, users_per_chunk=USERS_PER_CHUNK):
         t0 = time.perf_counter()
         with beam.Pipeline(options=PipelineOptions(args)) as p:
             _ = (
-                p | beam.Create(list(range(n_chunks)))
+                p
+                | beam.Create(list(range(n_chunks)))
                 | beam.Reshuffle()
                 | beam.FlatMap(zipf_pairs_of_chunk, users_per_chunk)  # (user, item)
                 | select  # item
@@ -105,7 +107,9 @@ def main():
                 rows.append((algorithm, n_pairs, mode, t, n_pairs / t, len(items), same))
                 print(f"  {algorithm:8s} {n_pairs:>9,d} {mode:17s} {t:8.1f}s", file=sys.stderr, flush=True)
     print(f"\n{os.cpu_count()} cores; epsilon=1, delta=1e-5, Delta_0=100, seed={args.seed}")
-    print(f"{'algorithm':10s} {'pairs':>10s} {'mode':17s} {'wall s':>8s} {'pairs/s':>10s} {'released':>9s} {'== ref':>7s}")
+    print(
+        f"{'algorithm':10s} {'pairs':>10s} {'mode':17s} {'wall s':>8s} {'pairs/s':>10s} {'released':>9s} {'== ref':>7s}"
+    )
     for a, n, m, t, r, k, same in rows:
         print(f"{a:10s} {n:>10,d} {m:17s} {t:8.1f} {r:>10,.0f} {k:>9d} {same:>7s}")
 

@@ -11,6 +11,7 @@ dpne: the bundled DPNE commits sample, epsilon = 4, delta = 1e-7: eta, sigma_dec
 Runs the in-memory references (equal to the Beam transforms under a seed; tests/test_mad_beam.py,
 tests/test_dpne_beam.py) with numpy generators seeded 0..seeds-1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,10 +25,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_dpne import read_jsonl  # noqa: E402
 from benchmarks.bench_mad import load_dataset  # noqa: E402
-from privacy.dpne_accounting import DPNEParams  # noqa: E402
-from privacy.params import SelectionParams  # noqa: E402
+from privacy.dpne import DPNEParams  # noqa: E402
+from privacy.selection import SelectionParams  # noqa: E402
 from transforms import reference  # noqa: E402
-from transforms.dpne_reference import dpne_reference, user_kgrams  # noqa: E402
+from transforms.dpne.reference import dpne_reference, user_kgrams  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,17 +45,23 @@ def bench_select(seeds: int):
     sets = load_dataset("commits")
     degrees = np.array([len(v) for v in sets.values()])
     q = np.percentile(degrees, [25, 50, 75, 90, 99])
-    print(f"\n## select_partitions on data/commits_sample.tsv.gz: {len(sets):,} users, {degrees.sum():,} pairs; "
-          f"epsilon=1, delta=1e-5, {seeds} seeds")
-    print(f"user degree quantiles: p25={q[0]:.0f} median={q[1]:.0f} p75={q[2]:.0f} p90={q[3]:.0f} p99={q[4]:.0f} "
-          f"max={degrees.max()}")
+    print(
+        f"\n## select_partitions on data/commits_sample.tsv.gz: {len(sets):,} users, {degrees.sum():,} pairs; "
+        f"epsilon=1, delta=1e-5, {seeds} seeds"
+    )
+    print(
+        f"user degree quantiles: p25={q[0]:.0f} median={q[1]:.0f} p75={q[2]:.0f} p90={q[3]:.0f} p99={q[4]:.0f} "
+        f"max={degrees.max()}"
+    )
     base = SelectionParams(epsilon=1.0, delta=1e-5)
     print("\n### Delta_0 (max_contributions)")
     print(f"{'Delta_0':>8s} {'basic':>16s} {'mad':>16s} {'mad2r':>16s}")
     for d0 in (5, 10, 25, 50, 100, 200, 400):
         p = base.replace(max_contributions=d0)
-        print(f"{d0:8d} " + " ".join(f"{cell(select_counts(sets, a, p, seeds)):>16s}" for a in ("basic", "mad", "mad2r")),
-              flush=True)
+        print(
+            f"{d0:8d} " + " ".join(f"{cell(select_counts(sets, a, p, seeds)):>16s}" for a in ("basic", "mad", "mad2r")),
+            flush=True,
+        )
     print("\n### MAD beta (tau = rho + beta*sigma) and d_max, Delta_0=100")
     print(f"{'beta':>6s} {'d_max=4':>16s} {'d_max=20':>16s} {'d_max=50':>16s} {'d_max=200':>16s}")
     for beta in (0.5, 1.0, 2.0, 4.0):
@@ -64,8 +71,10 @@ def bench_select(seeds: int):
     print(f"{'split':>18s} {'mad2r':>16s} {'dp_sips':>16s}")
     for split in ((0.05, 0.95), (0.1, 0.9), (0.2, 0.8), (0.3, 0.7), (0.5, 0.5), (0.05, 0.15, 0.8)):
         p = base.replace(budget_split=split)
-        row = [cell(select_counts(sets, a, p, seeds)) if (a == "dp_sips" or len(split) == 2) else "-"
-               for a in ("mad2r", "dp_sips")]
+        row = [
+            cell(select_counts(sets, a, p, seeds)) if (a == "dp_sips" or len(split) == 2) else "-"
+            for a in ("mad2r", "dp_sips")
+        ]
         print(f"{','.join(f'{x:g}' for x in split):>18s} " + " ".join(f"{c:>16s}" for c in row), flush=True)
 
 
@@ -74,8 +83,10 @@ def bench_dpne(seeds: int, max_n: int):
     t0 = time.time()
     ug = user_kgrams(records, max_n)
     base = DPNEParams(epsilon=4.0, delta=1e-7, max_n=max_n)
-    print(f"\n## extract_ngrams (DPNE) on data/dpne_commits_sample.jsonl.gz: {len({u for u, _ in records}):,} users; "
-          f"epsilon=4, delta=1e-7, T={max_n}, {seeds} seeds (n-gram extraction {time.time() - t0:.0f}s)")
+    print(
+        f"\n## extract_ngrams (DPNE) on data/dpne_commits_sample.jsonl.gz: {len({u for u, _ in records}):,} users; "
+        f"epsilon=4, delta=1e-7, T={max_n}, {seeds} seeds (n-gram extraction {time.time() - t0:.0f}s)"
+    )
     deg = np.array([len(v) for v in ug[1].values()])
     print(f"distinct 1-grams per user: median={np.median(deg):.0f} p90={np.percentile(deg, 90):.0f}")
 
@@ -91,15 +102,20 @@ def bench_dpne(seeds: int, max_n: int):
         return rows.sum(axis=1), rows.mean(axis=0), spurious
 
     header = f"{'':>22s} {'total':>16s} {'not in data':>16s}  per k (mean)"
-    for title, key, values in (("eta", "eta", (0.001, 0.01, 0.05, 0.1)),
-                               ("sigma_decay", "sigma_decay", (0.8, 0.9, 1.0, 1.1)),
-                               ("Delta_k (max_contributions)", "max_contributions", (30, 100, 300, 1000))):
+    for title, key, values in (
+        ("eta", "eta", (0.001, 0.01, 0.05, 0.1)),
+        ("sigma_decay", "sigma_decay", (0.8, 0.9, 1.0, 1.1)),
+        ("Delta_k (max_contributions)", "max_contributions", (30, 100, 300, 1000)),
+    ):
         print(f"\n### {title}")
         print(header)
         for v in values:
             total, per_k, spurious = run(base.replace(**{key: v}))
-            print(f"{key + '=' + str(v):>22s} {cell(total):>16s} {cell(spurious):>16s}  "
-                  + " ".join(f"{x:.0f}" for x in per_k), flush=True)
+            print(
+                f"{key + '=' + str(v):>22s} {cell(total):>16s} {cell(spurious):>16s}  "
+                + " ".join(f"{x:.0f}" for x in per_k),
+                flush=True,
+            )
 
 
 def main(argv=None):

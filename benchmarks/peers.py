@@ -15,6 +15,7 @@ Strategies (``pipeline_dp.PartitionSelectionStrategy``):
 
 PipelineDP draws its noise from OS entropy (no seed): utility is averaged over runs.
 """
+
 from __future__ import annotations
 
 import apache_beam as beam
@@ -57,7 +58,8 @@ def select_local(pairs, name: str, epsilon: float, delta: float, max_contributio
     Beam with :class:`PipelineDPSelect`).
     """
     accountant, engine, params, extractors = _engine_and_params(
-        name, epsilon, delta, max_contributions, lambda pdp: pdp.LocalBackend())
+        name, epsilon, delta, max_contributions, lambda pdp: pdp.LocalBackend()
+    )
     items = engine.select_partitions(pairs, params, extractors)
     accountant.compute_budgets()
     return set(items)
@@ -78,7 +80,8 @@ class PipelineDPSelect(beam.PTransform):
 
     def expand(self, pairs):
         accountant, engine, params, extractors = _engine_and_params(
-            self._name, self._epsilon, self._delta, self._k, lambda pdp: pdp.BeamBackend())
+            self._name, self._epsilon, self._delta, self._k, lambda pdp: pdp.BeamBackend()
+        )
         items = engine.select_partitions(pairs, params, extractors)  # item
         accountant.compute_budgets()
         return items

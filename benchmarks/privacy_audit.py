@@ -4,9 +4,10 @@
     python benchmarks/privacy_audit.py --design basic/tip --runs 4000   # expected bound per holders k
 
 Every run uses fresh OS-entropy randomness (the in-memory reference, unseeded); see
-:mod:`transforms.audit` for the worst-case neighbouring pairs and why B disjoint copies in one call
+:mod:`transforms.testing.audit` for the worst-case neighbouring pairs and why B disjoint copies in one call
 are B independent runs. The bound of each row holds with probability >= 1 - confidence/#rows.
 """
+
 import argparse
 import dataclasses
 import os
@@ -16,7 +17,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from privacy.audit import expected_epsilon_lower_bound  # noqa: E402
-from transforms import audit  # noqa: E402
+from transforms.testing import audit  # noqa: E402
 
 
 def main(argv=None):
@@ -43,8 +44,10 @@ def main(argv=None):
         wanted = set(args.cases.split(","))
         cases = [c for c in cases if c.name in wanted]
     alpha = args.confidence / (4 * len(cases))
-    print(f"runs per dataset: {args.runs} (policy: {max(1, args.runs // 100)}); "
-          f"total false-failure probability {args.confidence:g}")
+    print(
+        f"runs per dataset: {args.runs} (policy: {max(1, args.runs // 100)}); "
+        f"total false-failure probability {args.confidence:g}"
+    )
     print("| algorithm / neighbouring pair | runs | events D | events D' | audited eps lb | claimed eps | delta | s |")
     print("|---|---|---|---|---|---|---|---|")
     worst = 0
@@ -55,8 +58,11 @@ def main(argv=None):
         b = r.bound
         flag = "  **EXCEEDS CLAIM**" if b.epsilon_lb > case.claimed_epsilon else ""
         worst |= bool(flag)
-        print(f"| {case.name} | {runs} | {b.events_base} | {b.events_neighbour} | {b.epsilon_lb:.3f} | "
-              f"{case.claimed_epsilon:g} | {case.delta:g} | {time.time() - t0:.0f} |{flag}", flush=True)
+        print(
+            f"| {case.name} | {runs} | {b.events_base} | {b.events_neighbour} | {b.epsilon_lb:.3f} | "
+            f"{case.claimed_epsilon:g} | {case.delta:g} | {time.time() - t0:.0f} |{flag}",
+            flush=True,
+        )
     return 1 if worst else 0
 
 

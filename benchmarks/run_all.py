@@ -23,6 +23,7 @@ fresh subprocess per run so the peak RSS is that run's (max over the process and
 i.e. the largest single process for multi_processing). Ours run seeded so every mode's output is
 checked against the reference ("== ref").
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,9 +46,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from benchmarks import bench_mad, bench_select  # noqa: E402
 from benchmarks.peers import PEER_STRATEGIES  # noqa: E402
-from privacy.params import ALGORITHMS, SelectionParams  # noqa: E402
+from privacy.selection import ALGORITHMS, SelectionParams  # noqa: E402
 from transforms import reference  # noqa: E402
-from transforms.synthetic import zipf_pair_count  # noqa: E402
+from transforms.testing.synthetic import zipf_pair_count  # noqa: E402
 
 EPSILON, DELTA = 1.0, 1e-5
 COVERAGE_K = (10, 20, 50, 100, 200)
@@ -65,26 +66,34 @@ FAILURES = []  # speed runs that failed (listed in the summary instead of aborti
 
 FULL = dict(
     seeds=5,
-    utility=[("commits_sample", (1, 5, 20, 100)), ("section62", (100,)), ("commits_full", (20, 100)),
-             ("zipf_1M", (100,))],
+    utility=[
+        ("commits_sample", (1, 5, 20, 100)),
+        ("section62", (100,)),
+        ("commits_full", (20, 100)),
+        ("zipf_1M", (100,)),
+    ],
     # (pairs, tools, modes): 16M only for the scaling of basic, mad, mad2r and PipelineDP Gaussian.
-    speed=[(1e6, "all", ("reference", "in_memory")),
-           (1e6, (READ_INPUT,), ("in_memory",)),
-           (1e6, ("basic", "mad", "pdp_gaussian"), ("multi_processing",)),
-           (4e6, ("basic", "mad", "mad2r", "pdp_gaussian"), ("reference", "in_memory")),
-           (4e6, (READ_INPUT,), ("in_memory",)),
-           (4e6, ("basic", "mad", "pdp_gaussian"), ("multi_processing",)),
-           (16e6, ("basic", "mad", "mad2r", "pdp_gaussian", READ_INPUT), ("in_memory",))],
+    speed=[
+        (1e6, "all", ("reference", "in_memory")),
+        (1e6, (READ_INPUT,), ("in_memory",)),
+        (1e6, ("basic", "mad", "pdp_gaussian"), ("multi_processing",)),
+        (4e6, ("basic", "mad", "mad2r", "pdp_gaussian"), ("reference", "in_memory")),
+        (4e6, (READ_INPUT,), ("in_memory",)),
+        (4e6, ("basic", "mad", "pdp_gaussian"), ("multi_processing",)),
+        (16e6, ("basic", "mad", "mad2r", "pdp_gaussian", READ_INPUT), ("in_memory",)),
+    ],
     users_per_chunk=10_000,
     slow_peers=True,
 )
 QUICK = dict(
     seeds=2,
     utility=[("commits_sample", (5, 100)), ("section62", (100,))],
-    speed=[(1e5, "all", ("reference", "in_memory")),
-           (1e5, ("basic", "pdp_gaussian"), ("multi_processing",)),
-           (2e5, ("basic", "mad", "mad2r", "pdp_gaussian", READ_INPUT), ("in_memory",)),
-           (4e5, ("basic", "pdp_gaussian", READ_INPUT), ("in_memory",))],
+    speed=[
+        (1e5, "all", ("reference", "in_memory")),
+        (1e5, ("basic", "pdp_gaussian"), ("multi_processing",)),
+        (2e5, ("basic", "mad", "mad2r", "pdp_gaussian", READ_INPUT), ("in_memory",)),
+        (4e5, ("basic", "pdp_gaussian", READ_INPUT), ("in_memory",)),
+    ],
     users_per_chunk=2_000,
     slow_peers=False,  # PipelineDP's weighted Gaussian alone takes ~30 s per seed on section62
 )
@@ -165,13 +174,23 @@ def run_utility(cfg, corpus, tools, log):
                     sizes.append(len(rel))
                     covs.append([coverage(rel, counts, c) for c in COVERAGE_K])
                 cov = np.nanmean(np.array(covs, dtype=float), axis=0) if covs else [float("nan")] * len(COVERAGE_K)
-                row = dict(dataset=name, users=len(sets), pairs=len(pairs), items=len(counts),
-                           max_contributions=k, tool=tool, seeds=cfg["seeds"],
-                           released_mean=float(np.mean(sizes)), released_std=float(np.std(sizes)),
-                           **{f"coverage_k{c}": float(v) for c, v in zip(COVERAGE_K, cov)})
+                row = dict(
+                    dataset=name,
+                    users=len(sets),
+                    pairs=len(pairs),
+                    items=len(counts),
+                    max_contributions=k,
+                    tool=tool,
+                    seeds=cfg["seeds"],
+                    released_mean=float(np.mean(sizes)),
+                    released_std=float(np.std(sizes)),
+                    **{f"coverage_k{c}": float(v) for c, v in zip(COVERAGE_K, cov)},
+                )
                 rows.append(row)
-                log(f"utility {name:15s} k={k:<4d} {tool:24s} {row['released_mean']:10.1f} +- "
-                    f"{row['released_std']:7.1f}  ({time.perf_counter() - t0:.1f} s)")
+                log(
+                    f"utility {name:15s} k={k:<4d} {tool:24s} {row['released_mean']:10.1f} +- "
+                    f"{row['released_std']:7.1f}  ({time.perf_counter() - t0:.1f} s)"
+                )
     return rows
 
 
@@ -192,7 +211,7 @@ def _one_run(spec):
     """Runs one speed measurement in this (fresh) process; returns a JSON-able dict."""
     import logging
 
-    logging.getLogger("transforms.randomness").setLevel(logging.ERROR)
+    logging.getLogger("transforms.core.randomness").setLevel(logging.ERROR)
     tool, n_chunks, mode, upc = spec["tool"], spec["n_chunks"], spec["mode"], spec["users_per_chunk"]
     params = SelectionParams(epsilon=EPSILON, delta=DELTA, max_contributions=spec["max_contributions"])
     t0 = time.perf_counter()
@@ -206,12 +225,14 @@ def _one_run(spec):
         from benchmarks.peers import PipelineDPSelect
 
         elapsed, items = bench_select.run_beam_transform(
-            PipelineDPSelect(tool, EPSILON, DELTA, params.max_contributions), n_chunks, mode, upc)
+            PipelineDPSelect(tool, EPSILON, DELTA, params.max_contributions), n_chunks, mode, upc
+        )
     else:
-        from transforms.select import SelectPartitions
+        from transforms.selection.select import SelectPartitions
 
         elapsed, items = bench_select.run_beam_transform(
-            SelectPartitions(tool, params, seed=spec["seed"]), n_chunks, mode, upc)
+            SelectPartitions(tool, params, seed=spec["seed"]), n_chunks, mode, upc
+        )
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     # Own peak from VmHWM: Linux carries ru_maxrss across fork/exec, so RUSAGE_SELF would report the
     # launching run_all process's peak (hundreds of MB after the utility datasets) for every run.
@@ -236,26 +257,53 @@ def run_speed(cfg, tools, log, seed=1, max_contributions=100):
             for mode in modes:
                 if mode == "reference" and (tool.startswith("pdp_") or tool == READ_INPUT):
                     continue
-                spec = dict(tool=tool, n_chunks=n_chunks, mode=mode, users_per_chunk=upc, seed=seed,
-                            max_contributions=max_contributions)
-                proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--one", json.dumps(spec)],
-                                      capture_output=True, text=True, cwd=REPO)
+                spec = dict(
+                    tool=tool,
+                    n_chunks=n_chunks,
+                    mode=mode,
+                    users_per_chunk=upc,
+                    seed=seed,
+                    max_contributions=max_contributions,
+                )
+                proc = subprocess.run(
+                    [sys.executable, os.path.abspath(__file__), "--one", json.dumps(spec)],
+                    capture_output=True,
+                    text=True,
+                    cwd=REPO,
+                )
                 if proc.returncode != 0:  # reported in the summary; the other runs go on
                     tail = proc.stderr.strip().splitlines()[-1:] or ["(no stderr)"]
                     FAILURES.append(f"{tool}, {n_pairs:,} pairs, {mode}: exit {proc.returncode}: {tail[0][:300]}")
-                    log(f"speed {tool:24s} {n_pairs:>11,d} {mode:17s} FAILED (exit {proc.returncode})\n"
-                        f"{proc.stderr[-3000:]}")
+                    log(
+                        f"speed {tool:24s} {n_pairs:>11,d} {mode:17s} FAILED (exit {proc.returncode})\n"
+                        f"{proc.stderr[-3000:]}"
+                    )
                     continue
                 res = json.loads(proc.stdout.strip().splitlines()[-1])
                 if mode == "reference":
                     ref_digest = res["digest"]
-                same = "" if tool.startswith("pdp_") or tool == READ_INPUT or ref_digest is None else (
-                    "yes" if res["digest"] == ref_digest else "NO")
-                rows.append(dict(tool=tool, pairs=n_pairs, mode=mode, wall_s=res["wall_s"], cpu_s=res["cpu_s"],
-                                 pairs_per_s=n_pairs / res["wall_s"], peak_rss_mb=res["peak_rss_mb"],
-                                 released=res["released"], equals_reference=same))
-                log(f"speed {tool:24s} {n_pairs:>11,d} {mode:17s} {res['wall_s']:8.1f} s "
-                    f"{n_pairs / res['wall_s']:>10,.0f} pairs/s {res['peak_rss_mb']:8.0f} MB {same}")
+                same = (
+                    ""
+                    if tool.startswith("pdp_") or tool == READ_INPUT or ref_digest is None
+                    else ("yes" if res["digest"] == ref_digest else "NO")
+                )
+                rows.append(
+                    dict(
+                        tool=tool,
+                        pairs=n_pairs,
+                        mode=mode,
+                        wall_s=res["wall_s"],
+                        cpu_s=res["cpu_s"],
+                        pairs_per_s=n_pairs / res["wall_s"],
+                        peak_rss_mb=res["peak_rss_mb"],
+                        released=res["released"],
+                        equals_reference=same,
+                    )
+                )
+                log(
+                    f"speed {tool:24s} {n_pairs:>11,d} {mode:17s} {res['wall_s']:8.1f} s "
+                    f"{n_pairs / res['wall_s']:>10,.0f} pairs/s {res['peak_rss_mb']:8.0f} MB {same}"
+                )
     # ratios measured in this run: time / basic's time, and pairs/s of ours / PipelineDP Gaussian's
     index = {(r["tool"], r["pairs"], r["mode"]): r for r in rows}
     for r in rows:
@@ -279,10 +327,17 @@ def fit_scaling(rows):
         x = np.log([r["pairs"] for r in rs])
         y = np.log([r["wall_s"] for r in rs])
         b = float(np.polyfit(x, y, 1)[0])
-        out.append(dict(tool=tool, mode=mode, sizes=" / ".join(f"{r['pairs']:,}" for r in rs),
-                        wall_s=" / ".join(f"{r['wall_s']:.1f}" for r in rs),
-                        peak_rss_mb=" / ".join(f"{r['peak_rss_mb']:.0f}" for r in rs), exponent=b,
-                        rss_growth=rs[-1]["peak_rss_mb"] / rs[0]["peak_rss_mb"]))
+        out.append(
+            dict(
+                tool=tool,
+                mode=mode,
+                sizes=" / ".join(f"{r['pairs']:,}" for r in rs),
+                wall_s=" / ".join(f"{r['wall_s']:.1f}" for r in rs),
+                peak_rss_mb=" / ".join(f"{r['peak_rss_mb']:.0f}" for r in rs),
+                exponent=b,
+                rss_growth=rs[-1]["peak_rss_mb"] / rs[0]["peak_rss_mb"],
+            )
+        )
     return out
 
 
@@ -323,33 +378,63 @@ def targets(utility, speed, scaling):
         b, g = idx.get(("basic", n, "in_memory")), idx.get(("pdp_gaussian", n, "in_memory"))
         if b and g:
             ratio = b["pairs_per_s"] / g["pairs_per_s"]
-            out.append((f"basic >= 3x PipelineDP Gaussian pairs/s ({n:,} pairs, in_memory)",
-                        f"{b['pairs_per_s']:,.0f} vs {g['pairs_per_s']:,.0f} pairs/s = {ratio:.2f}x", ratio >= 3))
+            out.append(
+                (
+                    f"basic >= 3x PipelineDP Gaussian pairs/s ({n:,} pairs, in_memory)",
+                    f"{b['pairs_per_s']:,.0f} vs {g['pairs_per_s']:,.0f} pairs/s = {ratio:.2f}x",
+                    ratio >= 3,
+                )
+            )
         floor = idx.get((READ_INPUT, n, "in_memory"))
         if b and g and floor:
             ours, theirs = b["wall_s"] - floor["wall_s"], g["wall_s"] - floor["wall_s"]
-            out.append((f"(context) time above reading the input ({READ_INPUT}: {floor['wall_s']:.1f} s), "
-                        f"basic vs PipelineDP Gaussian ({n:,} pairs, in_memory)",
-                        f"{ours:.1f} s vs {theirs:.1f} s = PipelineDP takes {theirs / ours:.2f}x as long"
-                        if ours > 0 else "n/a", None))
+            out.append(
+                (
+                    f"(context) time above reading the input ({READ_INPUT}: {floor['wall_s']:.1f} s), "
+                    f"basic vs PipelineDP Gaussian ({n:,} pairs, in_memory)",
+                    f"{ours:.1f} s vs {theirs:.1f} s = PipelineDP takes {theirs / ours:.2f}x as long"
+                    if ours > 0
+                    else "n/a",
+                    None,
+                )
+            )
         for alg, bound in (("mad", 2.5), ("mad2r", 5.0)):
             a = idx.get((alg, n, "in_memory"))
             if a and b:
-                out.append((f"{alg} <= {bound}x basic's wall time ({n:,} pairs, in_memory)",
-                            f"{a['wall_s']:.1f} s vs {b['wall_s']:.1f} s = {a['time_vs_basic']:.2f}x",
-                            a["time_vs_basic"] <= bound))
+                out.append(
+                    (
+                        f"{alg} <= {bound}x basic's wall time ({n:,} pairs, in_memory)",
+                        f"{a['wall_s']:.1f} s vs {b['wall_s']:.1f} s = {a['time_vs_basic']:.2f}x",
+                        a["time_vs_basic"] <= bound,
+                    )
+                )
     for s in scaling:
         if s["mode"] == "in_memory" and not s["tool"].startswith("pdp_"):
             largest = max(r["pairs"] for r in speed if r["tool"] == s["tool"] and r["mode"] == s["mode"])
             if largest < 1_000_000:  # below ~1M pairs the runner's fixed start-up cost dominates
-                out.append((f"{s['tool']}: time linear in pairs (exponent <= 1.1)",
-                            f"not evaluated: largest size {largest:,} pairs < 1M (fixed costs dominate)", None))
+                out.append(
+                    (
+                        f"{s['tool']}: time linear in pairs (exponent <= 1.1)",
+                        f"not evaluated: largest size {largest:,} pairs < 1M (fixed costs dominate)",
+                        None,
+                    )
+                )
                 continue
-            out.append((f"{s['tool']}: time linear in pairs (exponent <= 1.1)", f"exponent {s['exponent']:.2f} over {s['sizes']}",
-                        None if s["tool"] == READ_INPUT else s["exponent"] <= 1.1))
+            out.append(
+                (
+                    f"{s['tool']}: time linear in pairs (exponent <= 1.1)",
+                    f"exponent {s['exponent']:.2f} over {s['sizes']}",
+                    None if s["tool"] == READ_INPUT else s["exponent"] <= 1.1,
+                )
+            )
             if is_parallel(s["tool"]):
-                out.append((f"{s['tool']}: peak memory flat in pairs", f"peak RSS {s['peak_rss_mb']} MB "
-                            f"({s['rss_growth']:.2f}x for {s['sizes']} pairs)", s["rss_growth"] <= 1.5))
+                out.append(
+                    (
+                        f"{s['tool']}: peak memory flat in pairs",
+                        f"peak RSS {s['peak_rss_mb']} MB ({s['rss_growth']:.2f}x for {s['sizes']} pairs)",
+                        s["rss_growth"] <= 1.5,
+                    )
+                )
     groups = {}
     for r in utility:
         groups.setdefault((r["dataset"], r["max_contributions"]), []).append(r)
@@ -363,49 +448,120 @@ def targets(utility, speed, scaling):
         for r in rs:
             if is_parallel(r["tool"]):
                 ratio = r["released_mean"] / best["released_mean"] if best["released_mean"] > 0 else float("inf")
-                out.append((f"{ds}, max contributions {k}: {r['tool']} >= 2x PipelineDP's best ({best['tool']})",
-                            f"{r['released_mean']:,.1f} vs {best['released_mean']:,.1f} = {ratio:.1f}x", ratio >= 2))
+                out.append(
+                    (
+                        f"{ds}, max contributions {k}: {r['tool']} >= 2x PipelineDP's best ({best['tool']})",
+                        f"{r['released_mean']:,.1f} vs {best['released_mean']:,.1f} = {ratio:.1f}x",
+                        ratio >= 2,
+                    )
+                )
     return out
 
 
 def summary_markdown(args, cfg, utility, speed, scaling, wall, started):
-    lines = [f"Measured {started} UTC by `{args.command_line}` in {wall / 60:.1f} min on "
-             f"{platform.platform()}, Python {platform.python_version()}, {os.cpu_count()} cores. "
-             f"epsilon = {EPSILON:g}, delta = {DELTA:g} for every tool; Delta_0 (= PipelineDP's "
-             f"max_partitions_contributed) as listed. Mode: {'quick' if args.quick else 'full'}.", ""]
-    lines += ["## Utility: released items and coverage by item frequency", "",
-              f"Mean +- std over {cfg['seeds']} seeds. coverage_kK = fraction of the items held by >= K users "
-              "that were released (the MAD paper's Figure 1). Ours: in-memory reference (identical to Beam "
-              "under a seed); PipelineDP: its LocalBackend, unseeded.", ""]
-    ucols = [("dataset", "dataset"), ("Delta_0", "max_contributions"), ("tool", "tool"), ("released", "released_mean"),
-             ("std", "released_std")] + [(f"cov>={c}", f"coverage_k{c}") for c in COVERAGE_K]
+    lines = [
+        f"Measured {started} UTC by `{args.command_line}` in {wall / 60:.1f} min on "
+        f"{platform.platform()}, Python {platform.python_version()}, {os.cpu_count()} cores. "
+        f"epsilon = {EPSILON:g}, delta = {DELTA:g} for every tool; Delta_0 (= PipelineDP's "
+        f"max_partitions_contributed) as listed. Mode: {'quick' if args.quick else 'full'}.",
+        "",
+    ]
+    lines += [
+        "## Utility: released items and coverage by item frequency",
+        "",
+        f"Mean +- std over {cfg['seeds']} seeds. coverage_kK = fraction of the items held by >= K users "
+        "that were released (the MAD paper's Figure 1). Ours: in-memory reference (identical to Beam "
+        "under a seed); PipelineDP: its LocalBackend, unseeded.",
+        "",
+    ]
+    ucols = [
+        ("dataset", "dataset"),
+        ("Delta_0", "max_contributions"),
+        ("tool", "tool"),
+        ("released", "released_mean"),
+        ("std", "released_std"),
+    ] + [(f"cov>={c}", f"coverage_k{c}") for c in COVERAGE_K]
     ufmt = {"released_mean": _f(1), "released_std": _f(1), **{f"coverage_k{c}": _f(3) for c in COVERAGE_K}}
     lines += [md_table(utility, ucols, ufmt), ""]
-    lines += ["Datasets: " + "; ".join(sorted({f"{r['dataset']} ({r['users']:,} users, {r['pairs']:,} pairs, "
-                                                 f"{r['items']:,} items)" for r in utility})), "", "![coverage](coverage.png)", ""]
-    lines += ["## Speed", "", "Zipf(1.1) pairs generated inside the pipeline (10 per user on average), Delta_0 = 100. "
-              "time_vs_basic and vs_pdp_gauss (pairs/s ratio) are within the same size and mode of this run. "
-              "Peak RSS: the run's subprocess (its own VmHWM, or its largest child's peak if larger, e.g. a multi_processing worker). CPU s: user + sys time of "
-              "that subprocess and its children, including ~3 s of imports (less sensitive than wall time "
-              "to other load on the machine; for multi_processing the workers' CPU may not all be counted).", ""]
-    scols = [("tool", "tool"), ("pairs", "pairs"), ("mode", "mode"), ("wall s", "wall_s"), ("CPU s", "cpu_s"), ("pairs/s", "pairs_per_s"),
-             ("peak RSS MB", "peak_rss_mb"), ("released", "released"), ("== ref", "equals_reference"),
-             ("time / basic", "time_vs_basic"), ("pairs/s / pdp_gaussian", "speed_vs_pdp_gaussian")]
-    sfmt = {"wall_s": _f(1), "cpu_s": _f(1), "pairs_per_s": _f(0), "peak_rss_mb": _f(0), "time_vs_basic": _f(2), "speed_vs_pdp_gaussian": _f(2)}
+    lines += [
+        "Datasets: "
+        + "; ".join(
+            sorted(
+                {f"{r['dataset']} ({r['users']:,} users, {r['pairs']:,} pairs, {r['items']:,} items)" for r in utility}
+            )
+        ),
+        "",
+        "![coverage](coverage.png)",
+        "",
+    ]
+    lines += [
+        "## Speed",
+        "",
+        "Zipf(1.1) pairs generated inside the pipeline (10 per user on average), Delta_0 = 100. "
+        "time_vs_basic and vs_pdp_gauss (pairs/s ratio) are within the same size and mode of this run. "
+        "Peak RSS: the run's subprocess (its own VmHWM, or its largest child's peak if larger, e.g. a "
+        "multi_processing worker). CPU s: user + sys time of "
+        "that subprocess and its children, including ~3 s of imports (less sensitive than wall time "
+        "to other load on the machine; for multi_processing the workers' CPU may not all be counted).",
+        "",
+    ]
+    scols = [
+        ("tool", "tool"),
+        ("pairs", "pairs"),
+        ("mode", "mode"),
+        ("wall s", "wall_s"),
+        ("CPU s", "cpu_s"),
+        ("pairs/s", "pairs_per_s"),
+        ("peak RSS MB", "peak_rss_mb"),
+        ("released", "released"),
+        ("== ref", "equals_reference"),
+        ("time / basic", "time_vs_basic"),
+        ("pairs/s / pdp_gaussian", "speed_vs_pdp_gaussian"),
+    ]
+    sfmt = {
+        "wall_s": _f(1),
+        "cpu_s": _f(1),
+        "pairs_per_s": _f(0),
+        "peak_rss_mb": _f(0),
+        "time_vs_basic": _f(2),
+        "speed_vs_pdp_gaussian": _f(2),
+    }
     lines += [md_table(speed, scols, sfmt), ""]
-    lines += ["## Scaling", "", "Fitted exponent b of wall time ~ pairs^b (least squares on log-log).", "",
-              md_table(scaling, [("tool", "tool"), ("mode", "mode"), ("pairs", "sizes"), ("wall s", "wall_s"),
-                                 ("peak RSS MB", "peak_rss_mb"), ("exponent", "exponent")], {"exponent": _f(2)}),
-              "", "![scaling](scaling.png)", ""]
+    lines += [
+        "## Scaling",
+        "",
+        "Fitted exponent b of wall time ~ pairs^b (least squares on log-log).",
+        "",
+        md_table(
+            scaling,
+            [
+                ("tool", "tool"),
+                ("mode", "mode"),
+                ("pairs", "sizes"),
+                ("wall s", "wall_s"),
+                ("peak RSS MB", "peak_rss_mb"),
+                ("exponent", "exponent"),
+            ],
+            {"exponent": _f(2)},
+        ),
+        "",
+        "![scaling](scaling.png)",
+        "",
+    ]
     if FAILURES:
         lines += ["## Failed runs", ""] + [f"- {f}" for f in FAILURES] + [""]
     lines += ["## Targets (issue 8), evaluated on this run", ""]
     if args.quick:
-        lines += ["Quick mode: sizes far below the targets' 4M pairs, where start-up costs dominate; the "
-                  "speed and scaling rows are a smoke test, not a measurement of the targets.", ""]
+        lines += [
+            "Quick mode: sizes far below the targets' 4M pairs, where start-up costs dominate; the "
+            "speed and scaling rows are a smoke test, not a measurement of the targets.",
+            "",
+        ]
     lines += ["| target | measured | met |", "|---|---|---|"]
-    lines += [f"| {t} | {m} | {'n/a' if ok is None else 'yes' if ok else '**no**'} |"
-              for t, m, ok in targets(utility, speed, scaling)]
+    lines += [
+        f"| {t} | {m} | {'n/a' if ok is None else 'yes' if ok else '**no**'} |"
+        for t, m, ok in targets(utility, speed, scaling)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -422,8 +578,14 @@ def plot(utility, scaling_rows, speed, out):
         for ax, (ds, k) in zip(axes[0], panels):
             for r in [r for r in utility if r["dataset"] == ds and r["max_contributions"] == k]:
                 ys = [r[f"coverage_k{c}"] for c in COVERAGE_K]
-                ax.plot(COVERAGE_K, ys, marker="o", linestyle="--" if r["tool"].startswith("pdp_") else "-",
-                        color=colors[r["tool"]], label=r["tool"])
+                ax.plot(
+                    COVERAGE_K,
+                    ys,
+                    marker="o",
+                    linestyle="--" if r["tool"].startswith("pdp_") else "-",
+                    color=colors[r["tool"]],
+                    label=r["tool"],
+                )
             ax.set_xscale("log")
             ax.set_xticks(COVERAGE_K, [str(c) for c in COVERAGE_K])
             ax.set_ylim(-0.02, 1.02)
@@ -438,9 +600,14 @@ def plot(utility, scaling_rows, speed, out):
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for j, s in enumerate(scaling_rows):
         rs = sorted([r for r in speed if r["tool"] == s["tool"] and r["mode"] == s["mode"]], key=lambda r: r["pairs"])
-        ax.plot([r["pairs"] for r in rs], [r["wall_s"] for r in rs], marker="o",
-                linestyle="--" if s["tool"].startswith("pdp_") else "-", color=plt.cm.tab20(j % 20),
-                label=f"{s['tool']} {s['mode']} (b={s['exponent']:.2f})")
+        ax.plot(
+            [r["pairs"] for r in rs],
+            [r["wall_s"] for r in rs],
+            marker="o",
+            linestyle="--" if s["tool"].startswith("pdp_") else "-",
+            color=plt.cm.tab20(j % 20),
+            label=f"{s['tool']} {s['mode']} (b={s['exponent']:.2f})",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("pairs")
@@ -459,7 +626,9 @@ def main(argv=None):
     ap.add_argument("--corpus", default=DEFAULT_CORPUS, help="user<TAB>word .tsv.gz for the commits_full dataset")
     ap.add_argument("--seeds", type=int, help="override the number of utility seeds")
     ap.add_argument("--sizes", type=float, nargs="+", help="override the speed sizes (pairs), run for every tool")
-    ap.add_argument("--modes", nargs="+", default=["in_memory"], help="modes for --sizes (reference, in_memory, multi_processing)")
+    ap.add_argument(
+        "--modes", nargs="+", default=["in_memory"], help="modes for --sizes (reference, in_memory, multi_processing)"
+    )
     ap.add_argument("--tools", nargs="+", help="override the tools (our algorithm names and pdp_* peers)")
     ap.add_argument("--utility", nargs="+", help="override the utility datasets (name:k1,k2 ...)")
     ap.add_argument("--no-peers", action="store_true", help="skip PipelineDP (bench extra not installed)")
@@ -492,7 +661,7 @@ def main(argv=None):
 
     import logging
 
-    logging.getLogger("transforms.randomness").setLevel(logging.ERROR)  # seeded-run warnings
+    logging.getLogger("transforms.core.randomness").setLevel(logging.ERROR)  # seeded-run warnings
     utility = run_utility(cfg, args.corpus, tools, log)
     speed = run_speed(cfg, tools, log)
     scaling = fit_scaling(speed)
@@ -511,7 +680,9 @@ def main(argv=None):
 
 def write_benchmarks_md(summary, out):
     rel = os.path.relpath(out, REPO)
-    body = summary.replace("](coverage.png)", f"]({rel}/coverage.png)").replace("](scaling.png)", f"]({rel}/scaling.png)")
+    body = summary.replace("](coverage.png)", f"]({rel}/coverage.png)").replace(
+        "](scaling.png)", f"]({rel}/scaling.png)"
+    )
     head = open(os.path.join(REPO, "benchmarks", "BENCHMARKS_HEAD.md")).read()
     with open(os.path.join(REPO, "BENCHMARKS.md"), "w") as f:
         f.write(head + "\n" + body)

@@ -8,7 +8,7 @@ size (the largest single process of the job: the runner or one worker) and the p
 RSS of the whole process tree (runner + SDK workers), sampled every 0.5 s from /proc.
 
 The pairs are generated inside the pipeline (a few chunk ids are created, each expanded on a worker
-by :func:`transforms.synthetic.zipf_pairs_of_chunk`: Zipf(1.1) items over 1M ranks, mean degree 10),
+by :func:`transforms.testing.synthetic.zipf_pairs_of_chunk`: Zipf(1.1) items over 1M ranks, mean degree 10),
 never materialised by ``beam.Create``.
 
 What bounds memory: our transforms hold O(Delta_0) per user (bottom-k subsample) and O(1) per item
@@ -17,6 +17,7 @@ runner: its FnApiRunner keeps every shuffled PCollection of a stage in the runne
 so on the DirectRunner peak memory grows with the data (the table shows by how much). On
 Dataflow/Flink the shuffle is external and per-worker memory is bounded by the bundle size.
 """
+
 import argparse
 import os
 import re
@@ -36,15 +37,16 @@ def run_child(pairs: int, workers: int, out_dir: str) -> None:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from privacy.params import SelectionParams
-    from transforms.select import SelectPartitions
-    from transforms.synthetic import zipf_pairs_of_chunk
+    from privacy.selection import SelectionParams
+    from transforms.selection.select import SelectPartitions
+    from transforms.testing.synthetic import zipf_pairs_of_chunk
 
     n_users = max(1, pairs // MEAN_DEGREE)
     chunks = max(1, n_users // USERS_PER_CHUNK)
     per_chunk = n_users // chunks
-    options = PipelineOptions(["--runner=DirectRunner", "--direct_running_mode=multi_processing",
-                               f"--direct_num_workers={workers}"])
+    options = PipelineOptions(
+        ["--runner=DirectRunner", "--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
+    )
     with beam.Pipeline(options=options) as p:
         _ = (
             p
@@ -87,8 +89,18 @@ def measure(pairs: int, workers: int) -> dict:
     import tempfile
 
     with tempfile.TemporaryDirectory() as out_dir:
-        cmd = ["/usr/bin/time", "-v", sys.executable, os.path.abspath(__file__), "--child", str(pairs),
-               "--workers", str(workers), "--out", out_dir]
+        cmd = [
+            "/usr/bin/time",
+            "-v",
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            str(pairs),
+            "--workers",
+            str(workers),
+            "--out",
+            out_dir,
+        ]
         t0 = time.time()
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         peak = [0]
@@ -110,8 +122,14 @@ def measure(pairs: int, workers: int) -> dict:
         maxrss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", err).group(1))
         elapsed = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", err).group(1)
         released = open(os.path.join(out_dir, "released_count-00000-of-00001")).read().strip()
-    return {"pairs": pairs, "wall_s": wall, "time_elapsed": elapsed, "maxrss_mb": maxrss / 1024,
-            "tree_peak_mb": peak[0] / 1024, "released": released}
+    return {
+        "pairs": pairs,
+        "wall_s": wall,
+        "time_elapsed": elapsed,
+        "maxrss_mb": maxrss / 1024,
+        "tree_peak_mb": peak[0] / 1024,
+        "released": released,
+    }
 
 
 def main(argv=None):
@@ -131,8 +149,11 @@ def main(argv=None):
     print("|---|---|---|---|---|---|")
     for n in (int(x) for x in args.pairs.split(",")):
         r = measure(n, args.workers)
-        print(f"| {n:,} | {r['wall_s']:.0f} | {n / r['wall_s']:,.0f} | {r['maxrss_mb']:.0f} | "
-              f"{r['tree_peak_mb']:.0f} | {r['released']} |", flush=True)
+        print(
+            f"| {n:,} | {r['wall_s']:.0f} | {n / r['wall_s']:,.0f} | {r['maxrss_mb']:.0f} | "
+            f"{r['tree_peak_mb']:.0f} | {r['released']} |",
+            flush=True,
+        )
     return 0
 
 

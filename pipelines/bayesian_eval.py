@@ -7,12 +7,13 @@
 
 NOT a private computation: it reads the true private counts to score the mechanisms, for offline
 evaluation of parameters only. The private distribution is the users' (unclamped) n-gram counts over
-the public vocabulary, normalised. Mechanisms run in memory (:mod:`transforms.bayesian_reference`,
+the public vocabulary, normalised. Mechanisms run in memory (:mod:`transforms.bayesian.reference`,
 identical to the Beam pipeline under a seed); ``--distribution NAME=PATH`` also scores released
 ``n-gram<TAB>probability`` files (e.g. the pipeline's output). Rows "public" (the prior alone,
 ``softmax(mu_p)``) and "uniform" are references. KL is in nats, the released distribution mixed with
 1e-9 of the uniform one so that zeros of the Laplace baselines stay finite.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,9 +25,9 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines.bayesian_ngrams import _float_list, load_public_counts
 from pipelines.io import INPUT_FORMATS, ParseFileFn
-from privacy.bayesian_params import MECHANISMS, SENSITIVITIES, BayesianParams
-from transforms import bayesian_kernels as K
-from transforms.bayesian_reference import release_from_user_counts, user_counts_from_texts
+from privacy.bayesian import MECHANISMS, SENSITIVITIES, BayesianParams
+from transforms.bayesian import bayesian_kernels as K
+from transforms.bayesian.reference import release_from_user_counts, user_counts_from_texts
 
 
 def read_user_texts(pattern: str, input_format: str, user_column: str, text_column: str) -> Dict[str, List[str]]:
@@ -71,10 +72,18 @@ def evaluate(
 
     Reference rows: ``public`` (softmax(mu_p), no private data) and ``uniform``."""
     rows = [
-        {"mechanism": "public", "epsilon": None, "kl_mean": K.kl_divergence(p_private, K.softmax(K.mu_prior(prior.alpha))),
-         "kl_std": 0.0},
-        {"mechanism": "uniform", "epsilon": None,
-         "kl_mean": K.kl_divergence(p_private, np.full(prior.size, 1.0 / prior.size)), "kl_std": 0.0},
+        {
+            "mechanism": "public",
+            "epsilon": None,
+            "kl_mean": K.kl_divergence(p_private, K.softmax(K.mu_prior(prior.alpha))),
+            "kl_std": 0.0,
+        },
+        {
+            "mechanism": "uniform",
+            "epsilon": None,
+            "kl_mean": K.kl_divergence(p_private, np.full(prior.size, 1.0 / prior.size)),
+            "kl_std": 0.0,
+        },
     ]
     for mech in mechanisms:
         for eps in epsilons:
@@ -83,8 +92,9 @@ def evaluate(
             for r in range(repeats):
                 theta, _ = release_from_user_counts(users, prior, params, seed=seed + r)
                 kls.append(K.kl_divergence(p_private, theta))
-            rows.append({"mechanism": mech, "epsilon": eps, "kl_mean": float(np.mean(kls)),
-                         "kl_std": float(np.std(kls))})
+            rows.append(
+                {"mechanism": mech, "epsilon": eps, "kl_mean": float(np.mean(kls)), "kl_std": float(np.std(kls))}
+            )
     return rows
 
 
@@ -118,8 +128,10 @@ def read_distribution(path: str, prior: K.PublicPrior) -> np.ndarray:
 
 def build_parser() -> argparse.ArgumentParser:
     d = BayesianParams()
-    p = argparse.ArgumentParser(prog="python -m pipelines.bayesian_eval",
-                                description="KL(private || mechanism) vs epsilon (offline, NOT private).")
+    p = argparse.ArgumentParser(
+        prog="python -m pipelines.bayesian_eval",
+        description="KL(private || mechanism) vs epsilon (offline, NOT private).",
+    )
     p.add_argument("--private", required=True)
     p.add_argument("--input_format", required=True, choices=INPUT_FORMATS)
     p.add_argument("--user_column", default="user")
@@ -127,8 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--public", required=True)
     p.add_argument("--n", type=int, default=d.n)
     p.add_argument("--epsilons", type=_float_list, default=[0.1, 0.2, 0.5, 1.0, 2.0])
-    p.add_argument("--mechanisms", default=",".join(MECHANISMS),
-                   help="comma-separated subset of " + ", ".join(MECHANISMS))
+    p.add_argument(
+        "--mechanisms", default=",".join(MECHANISMS), help="comma-separated subset of " + ", ".join(MECHANISMS)
+    )
     p.add_argument("--delta", type=float, default=d.delta)
     p.add_argument("--C", type=int, default=d.C)
     p.add_argument("--W", type=int, default=d.W)
@@ -138,8 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sensitivity", default=d.sensitivity, choices=SENSITIVITIES)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0, help="first seed of the repeats (default 0)")
-    p.add_argument("--distribution", action="append", default=[], metavar="NAME=PATH",
-                   help="also score a released distribution (pipeline output prefix or glob)")
+    p.add_argument(
+        "--distribution",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="also score a released distribution (pipeline output prefix or glob)",
+    )
     return p
 
 
@@ -153,8 +171,16 @@ def run(argv: Optional[List[str]] = None) -> int:
                 raise ValueError(f"mechanisms: unknown mechanism {m!r} (allowed: {', '.join(MECHANISMS)})")
         if args.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {args.repeats}")
-        base = BayesianParams(n=args.n, delta=args.delta, C=args.C, W=args.W, S=args.S, rho=args.rho,
-                              tune=args.tune, sensitivity=args.sensitivity)
+        base = BayesianParams(
+            n=args.n,
+            delta=args.delta,
+            C=args.C,
+            W=args.W,
+            S=args.S,
+            rho=args.rho,
+            tune=args.tune,
+            sensitivity=args.sensitivity,
+        )
         prior = load_public_counts(args.public, args.n)
         texts = read_user_texts(args.private, args.input_format, args.user_column, args.text_column)
         p_private = private_distribution(texts, prior, args.n)
@@ -170,8 +196,10 @@ def run(argv: Optional[List[str]] = None) -> int:
     rows = evaluate(users, p_private, prior, base, args.epsilons, mechanisms, args.repeats, args.seed)
     for name, q in named:
         rows.append({"mechanism": name, "epsilon": None, "kl_mean": K.kl_divergence(p_private, q), "kl_std": 0.0})
-    print(f"KL(private || released), nats; {len(users)} users with an n-gram of the public vocabulary, "
-          f"|V| = {prior.size}, C={base.C}, W={base.W}, {args.repeats} seeds (offline evaluation, NOT private)")
+    print(
+        f"KL(private || released), nats; {len(users)} users with an n-gram of the public vocabulary, "
+        f"|V| = {prior.size}, C={base.C}, W={base.W}, {args.repeats} seeds (offline evaluation, NOT private)"
+    )
     print(format_table(rows))
     return 0
 

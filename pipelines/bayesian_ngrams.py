@@ -18,6 +18,7 @@ data (brute force or Claim 1): a data-dependent (local) sensitivity. The report 
 (``"sensitivity": "data-dependent"``) and docs/bayesian_ngrams.md explains what that does and does not
 guarantee. ``--mechanism laplace`` is the only option with a standard, data-independent guarantee.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,9 +33,9 @@ from apache_beam.io.filesystems import FileSystems
 from pipelines import common, observability
 from pipelines.extract_ngrams import load_tokenizer
 from pipelines.io import DEFAULT_MAX_TEXT_LENGTH, INPUT_FORMATS, ReadRecords
-from privacy.bayesian_params import MECHANISMS, SENSITIVITIES, BayesianParams
-from transforms.bayesian import BayesianNgrams
-from transforms.bayesian_kernels import PublicPrior
+from privacy.bayesian import MECHANISMS, SENSITIVITIES, BayesianParams
+from transforms.bayesian.bayesian import BayesianNgrams
+from transforms.bayesian.bayesian_kernels import PublicPrior
 
 GUARANTEE = {
     "data-dependent": (
@@ -68,18 +69,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m pipelines.bayesian_ngrams",
         description="DP n-gram probability distribution over a public vocabulary with a public prior "
-                    "(Bayesian DP, Laplace baselines) on Beam.",
+        "(Bayesian DP, Laplace baselines) on Beam.",
     )
     p.add_argument("--private", required=True, help="private user-level text: path or glob (local, gs://, ...)")
     p.add_argument("--input_format", required=True, choices=INPUT_FORMATS)
     p.add_argument("--user_column", default="user", help="name of the user column/key (default: user)")
     p.add_argument("--text_column", default="text", help="name of the text column/key (default: text)")
-    p.add_argument("--skip_bad_records", action="store_true",
-                   help="skip malformed private records (default: fail); how many is data-dependent and "
-                        "only written with --diagnostics PATH (non-private)")
-    p.add_argument("--max_text_length", type=int, default=DEFAULT_MAX_TEXT_LENGTH,
-                   help="longest accepted private text, in characters (default %(default)s); longer ones are "
-                        "bad records (read in bounded chunks)")
+    p.add_argument(
+        "--skip_bad_records",
+        action="store_true",
+        help="skip malformed private records (default: fail); how many is data-dependent and "
+        "only written with --diagnostics PATH (non-private)",
+    )
+    p.add_argument(
+        "--max_text_length",
+        type=int,
+        default=DEFAULT_MAX_TEXT_LENGTH,
+        help="longest accepted private text, in characters (default %(default)s); longer ones are "
+        "bad records (read in bounded chunks)",
+    )
     p.add_argument("--public", required=True, help="public n-gram counts, n-gram<TAB>count per line")
     p.add_argument("--output", required=True, help="prefix of the output files (n-gram<TAB>probability)")
     p.add_argument("--report", required=True, help="path of the JSON report")
@@ -91,31 +99,59 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--W", type=int, default=d.W, help="max total count per user (default %(default)s)")
     p.add_argument("--S", type=float, default=d.S, help="decay S of w = min(1, S*N/C) (default %(default)s)")
     p.add_argument("--rho", type=float, default=d.rho, help="posterior weight rho (default %(default)s)")
-    p.add_argument("--tune", action="store_true",
-                   help="choose (S, rho) privately on a grid (Algorithm 2) instead of --S/--rho")
+    p.add_argument(
+        "--tune", action="store_true", help="choose (S, rho) privately on a grid (Algorithm 2) instead of --S/--rho"
+    )
     p.add_argument("--S_grid", type=_float_list, default=list(d.S_grid), help="S candidates (comma-separated)")
     p.add_argument("--rho_grid", type=_float_list, default=list(d.rho_grid), help="rho candidates")
-    p.add_argument("--tune_epsilon_fraction", type=float, default=d.tune_epsilon_fraction,
-                   help="share of epsilon spent on tuning (paper: 1/3)")
-    p.add_argument("--validation_fraction", type=float, default=d.validation_fraction,
-                   help="share of users in the scoring set of Algorithm 2 (paper: 0.1)")
-    p.add_argument("--sensitivity", default=d.sensitivity, choices=SENSITIVITIES,
-                   help="brute_force (exact max over users) or bound (Claim 1); both data-dependent")
-    p.add_argument("--seed", type=int, default=None,
-                   help="reproducible mode: every random draw is a function of the seed. NOT private "
-                        "against anyone who knows the seed; for tests and demos only")
-    p.add_argument("--tokenizer", default=None,
-                   help="module:function replacing the default tokenizer (NFKC, lowercase, word runs)")
+    p.add_argument(
+        "--tune_epsilon_fraction",
+        type=float,
+        default=d.tune_epsilon_fraction,
+        help="share of epsilon spent on tuning (paper: 1/3)",
+    )
+    p.add_argument(
+        "--validation_fraction",
+        type=float,
+        default=d.validation_fraction,
+        help="share of users in the scoring set of Algorithm 2 (paper: 0.1)",
+    )
+    p.add_argument(
+        "--sensitivity",
+        default=d.sensitivity,
+        choices=SENSITIVITIES,
+        help="brute_force (exact max over users) or bound (Claim 1); both data-dependent",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="reproducible mode: every random draw is a function of the seed. NOT private "
+        "against anyone who knows the seed; for tests and demos only",
+    )
+    p.add_argument(
+        "--tokenizer", default=None, help="module:function replacing the default tokenizer (NFKC, lowercase, word runs)"
+    )
     observability.add_args(p)  # --diagnostics, --progress_interval, --log_level, --no_wait, --plots
     return p
 
 
 def params_from_args(args) -> BayesianParams:
     return BayesianParams(
-        epsilon=args.epsilon, delta=args.delta, n=args.n, mechanism=args.mechanism, C=args.C, W=args.W,
-        S=args.S, rho=args.rho, sensitivity=args.sensitivity, tune=bool(args.tune),
-        S_grid=tuple(args.S_grid), rho_grid=tuple(args.rho_grid),
-        tune_epsilon_fraction=args.tune_epsilon_fraction, validation_fraction=args.validation_fraction,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        n=args.n,
+        mechanism=args.mechanism,
+        C=args.C,
+        W=args.W,
+        S=args.S,
+        rho=args.rho,
+        sensitivity=args.sensitivity,
+        tune=bool(args.tune),
+        S_grid=tuple(args.S_grid),
+        rho_grid=tuple(args.rho_grid),
+        tune_epsilon_fraction=args.tune_epsilon_fraction,
+        validation_fraction=args.validation_fraction,
     )
 
 
@@ -139,8 +175,9 @@ def load_public_counts(path: str, n: int) -> PublicPrior:
                 raise ValueError(f"--public {path}:{line_no}: expected n-gram<TAB>count")
             gram, value = parts
             if gram != " ".join(gram.split()) or len(gram.split()) != n:
-                raise ValueError(f"--public {path}:{line_no}: expected an n-gram of {n} words joined by single "
-                                 f"spaces, got {gram!r}")
+                raise ValueError(
+                    f"--public {path}:{line_no}: expected an n-gram of {n} words joined by single spaces, got {gram!r}"
+                )
             try:
                 count = float(value)
             except ValueError:
@@ -172,14 +209,21 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: BayesianParams):
     prior = load_public_counts(args.public, params.n)
     tokenizer = load_tokenizer(args.tokenizer)
     read = pipeline | "ReadPrivate" >> ReadRecords(
-        args.private, args.input_format, args.user_column, args.text_column, args.skip_bad_records,
-        allow_newlines=True, max_value_length=args.max_text_length,
+        args.private,
+        args.input_format,
+        args.user_column,
+        args.text_column,
+        args.skip_bad_records,
+        allow_newlines=True,
+        max_value_length=args.max_text_length,
     )  # records: (user, text)
     records = observability.mark(read.records, "Read", args)  # (user, text)
     out = records | "Bayesian" >> BayesianNgrams(prior, params, seed=args.seed, tokenizer=tokenizer)
-    _ = (out["distribution"]  # (n-gram, probability)
-         | "Format" >> beam.Map(format_probability)
-         | "WriteDistribution" >> beam.io.WriteToText(args.output))
+    _ = (
+        out["distribution"]  # (n-gram, probability)
+        | "Format" >> beam.Map(format_probability)
+        | "WriteDistribution" >> beam.io.WriteToText(args.output)
+    )
     observability.attach_diagnostics(pipeline, read, args, "bayesian_ngrams")  # only with --diagnostics
     summary = {
         "params": params.as_dict(),
@@ -202,9 +246,11 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: BayesianParams):
 
 def summarize(report: dict, args, params) -> str:
     extra = f", S={report['S']:g}, rho={report['rho']:g}" if "S" in report else ""
-    return (f"released a distribution over {report['vocabulary_size']} public {params.n}-grams "
-            f"({params.mechanism}{extra}, epsilon={params.epsilon:g}, sensitivity {report['sensitivity']}); "
-            f"probabilities: {args.output}*  report: {args.report}")
+    return (
+        f"released a distribution over {report['vocabulary_size']} public {params.n}-grams "
+        f"({params.mechanism}{extra}, epsilon={params.epsilon:g}, sensitivity {report['sensitivity']}); "
+        f"probabilities: {args.output}*  report: {args.report}"
+    )
 
 
 def run(argv: Optional[List[str]] = None) -> int:

@@ -1,4 +1,5 @@
 """Shared pipeline plumbing: Beam options pass-through, run-time reports, small I/O helpers."""
+
 from __future__ import annotations
 
 import argparse
@@ -33,19 +34,33 @@ def add_input_args(parser: argparse.ArgumentParser, value_column: str) -> None:
     parser.add_argument("--input", required=True, help="input file path or glob (local, gs://, ...)")
     parser.add_argument("--input_format", required=True, choices=INPUT_FORMATS)
     parser.add_argument("--user_column", default="user", help="name of the user column/key (default: user)")
-    parser.add_argument(f"--{value_column}_column", default=value_column,
-                        help=f"name of the {value_column} column/key (default: {value_column})")
-    parser.add_argument("--skip_bad_records", action="store_true",
-                        help="skip malformed records instead of failing on the first one (default: fail, "
-                             "naming its file and line). Their number is data-dependent: it is only "
-                             "written with --diagnostics PATH (non-private)")
+    parser.add_argument(
+        f"--{value_column}_column",
+        default=value_column,
+        help=f"name of the {value_column} column/key (default: {value_column})",
+    )
+    parser.add_argument(
+        "--skip_bad_records",
+        action="store_true",
+        help="skip malformed records instead of failing on the first one (default: fail, "
+        "naming its file and line). Their number is data-dependent: it is only "
+        "written with --diagnostics PATH (non-private)",
+    )
     default_max = DEFAULT_MAX_TEXT_LENGTH if value_column == "text" else DEFAULT_MAX_ITEM_LENGTH
-    parser.add_argument(f"--max_{value_column}_length", type=int, default=default_max,
-                        help=f"longest accepted {value_column}, in characters (default %(default)s); longer "
-                             "ones are bad records (read in bounded chunks, never loaded whole)")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="reproducible mode: every random draw is a function of the seed. NOT private "
-                             "against anyone who knows the seed; for tests and demos only")
+    parser.add_argument(
+        f"--max_{value_column}_length",
+        type=int,
+        default=default_max,
+        help=f"longest accepted {value_column}, in characters (default %(default)s); longer "
+        "ones are bad records (read in bounded chunks, never loaded whole)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="reproducible mode: every random draw is a function of the seed. NOT private "
+        "against anyone who knows the seed; for tests and demos only",
+    )
     observability.add_args(parser)
 
 
@@ -76,8 +91,9 @@ def make_pipeline(options: PipelineOptions) -> beam.Pipeline:
     runner) pins :class:`LocalDirectRunner`, so the mode given is the mode that runs."""
     runner = options.view_as(StandardOptions).runner
     flags = getattr(options, "_flags", None) or []  # the raw arguments (an explicit in_memory equals the default)
-    mode_given = (any(str(f).startswith("--direct_running_mode") for f in flags)
-                  or "direct_running_mode" in options.get_all_options(drop_default=True))
+    mode_given = any(
+        str(f).startswith("--direct_running_mode") for f in flags
+    ) or "direct_running_mode" in options.get_all_options(drop_default=True)
     if mode_given and runner in (None, "DirectRunner", "direct", "Direct"):
         return beam.Pipeline(runner=LocalDirectRunner(), options=options)
     return beam.Pipeline(options=options)
@@ -123,9 +139,7 @@ def count_output_lines(prefix: str) -> Tuple[int, List[str]]:
 
 def input_error_message(exc: BaseException):
     """A one-line message for errors caused by the input (bad record, no file), else None."""
-    from pipelines.io import BadRecordError
-
-    from pipelines.io import EmptyInputError
+    from pipelines.io import BadRecordError, EmptyInputError
 
     msg = str(exc)
     if isinstance(exc, EmptyInputError):
@@ -186,8 +200,11 @@ def run_main(parser: argparse.ArgumentParser, argv, make_params, build_pipeline,
     except ValueError as e:
         parser.error(str(e))
     if getattr(args, "skip_bad_records", False):
-        print("warning: --skip_bad_records: malformed records are skipped; how many is data-dependent and "
-              "only written with --diagnostics PATH (non-private)", file=sys.stderr)
+        print(
+            "warning: --skip_bad_records: malformed records are skipped; how many is data-dependent and "
+            "only written with --diagnostics PATH (non-private)",
+            file=sys.stderr,
+        )
     wait = should_wait(options, args)
     outputs = [args.output, args.report]
     # Only a run we wait for can clean up after a failure; a submitted job writes its outputs later

@@ -15,6 +15,7 @@ spaces), in files starting with ``--output``; the JSON report at ``--report`` (p
 per-level sigma_k, rho_k, |S_{k-1}|, |V_k|, expected-spurious bound and released count - all functions
 of released output and public parameters; nothing else about the data).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,16 +29,9 @@ import apache_beam as beam
 
 from pipelines import common, observability
 from pipelines.io import FailIfEmpty, ReadRecords
-from privacy.dpne_accounting import (
-    DPNE_ALGORITHMS,
-    DPNE_WEIGHTINGS,
-    PRUNINGS,
-    VK_METHODS,
-    DPNEParams,
-    dpne_composed_privacy,
-)
-from transforms import ngrams
-from transforms.dpne import DPNE
+from privacy.dpne import DPNE_ALGORITHMS, DPNE_WEIGHTINGS, PRUNINGS, VK_METHODS, DPNEParams, dpne_composed_privacy
+from transforms.core import text as tx
+from transforms.dpne.dpne import DPNE
 
 _LOG = logging.getLogger(__name__)
 
@@ -55,7 +49,7 @@ def _int_list(text: str) -> List[int]:
 def load_tokenizer(spec: Optional[str]):
     """``module:function`` -> the function (must be a picklable top-level function ``str -> list[str]``)."""
     if not spec:
-        return ngrams.default_tokenize
+        return tx.default_tokenize
     if ":" not in spec:
         raise ValueError(f"tokenizer must be 'module:function', got {spec!r}")
     mod, fn = spec.split(":", 1)
@@ -78,21 +72,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_n", type=int, default=d.max_n, help="T, longest n-gram length (default %(default)s)")
     p.add_argument("--epsilon", type=float, default=d.epsilon, help="(default %(default)s)")
     p.add_argument("--delta", type=float, default=d.delta, help="(default %(default)s)")
-    p.add_argument("--max_contributions", type=_int_list, default=[d.max_contributions],
-                   help="Delta_k: one integer for every length or T comma-separated integers (default 300)")
+    p.add_argument(
+        "--max_contributions",
+        type=_int_list,
+        default=[d.max_contributions],
+        help="Delta_k: one integer for every length or T comma-separated integers (default 300)",
+    )
     p.add_argument("--eta", type=float, default=d.eta, help="spurious fraction target (default %(default)s)")
-    p.add_argument("--sigma_decay", type=float, default=d.sigma_decay,
-                   help="c in sigma_k = c * sigma_{k-1} (default %(default)s)")
+    p.add_argument(
+        "--sigma_decay", type=float, default=d.sigma_decay, help="c in sigma_k = c * sigma_{k-1} (default %(default)s)"
+    )
     p.add_argument("--pruning", default=d.pruning, choices=PRUNINGS)
     p.add_argument("--weighting", default=d.weighting, choices=DPNE_WEIGHTINGS)
-    p.add_argument("--vk_method", default=d.vk_method, choices=VK_METHODS,
-                   help="|V_k|: exact sum_y L(y)R(y) (default) or the paper's sampling estimator")
+    p.add_argument(
+        "--vk_method",
+        default=d.vk_method,
+        choices=VK_METHODS,
+        help="|V_k|: exact sum_y L(y)R(y) (default) or the paper's sampling estimator",
+    )
     p.add_argument("--sample_rate", type=float, default=d.sample_rate, help="p of --vk_method sample")
     p.add_argument("--dpsu_single_length", type=int, default=None, help="length L of dpsu_single (default T)")
     p.add_argument("--beta", type=float, default=d.beta, help="MAD tau_k = rho_k + beta*sigma_k (default 2)")
     p.add_argument("--d_max", type=int, default=d.d_max, help="MAD maximum adaptive degree (default 50)")
-    p.add_argument("--tokenizer", default=None,
-                   help="module:function replacing the default tokenizer (NFKC, lowercase, word runs)")
+    p.add_argument(
+        "--tokenizer", default=None, help="module:function replacing the default tokenizer (NFKC, lowercase, word runs)"
+    )
     p.add_argument("--num_shards", type=int, default=8, help=argparse.SUPPRESS)
     return p
 
@@ -100,10 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
 def params_from_args(args) -> DPNEParams:
     mc = args.max_contributions
     return DPNEParams(
-        epsilon=args.epsilon, delta=args.delta, max_n=args.max_n,
-        max_contributions=mc[0] if len(mc) == 1 else tuple(mc), eta=args.eta, sigma_decay=args.sigma_decay,
-        pruning=args.pruning, weighting=args.weighting, algorithm=args.algorithm, vk_method=args.vk_method,
-        sample_rate=args.sample_rate, dpsu_single_length=args.dpsu_single_length, beta=args.beta,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        max_n=args.max_n,
+        max_contributions=mc[0] if len(mc) == 1 else tuple(mc),
+        eta=args.eta,
+        sigma_decay=args.sigma_decay,
+        pruning=args.pruning,
+        weighting=args.weighting,
+        algorithm=args.algorithm,
+        vk_method=args.vk_method,
+        sample_rate=args.sample_rate,
+        dpsu_single_length=args.dpsu_single_length,
+        beta=args.beta,
         d_max=args.d_max,
     )
 
@@ -124,8 +137,13 @@ def build_report(_, base: dict, levels: list) -> str:
 
 def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
     read = pipeline | "Read" >> ReadRecords(
-        args.input, args.input_format, args.user_column, args.text_column, args.skip_bad_records,
-        allow_newlines=True, max_value_length=args.max_text_length,
+        args.input,
+        args.input_format,
+        args.user_column,
+        args.text_column,
+        args.skip_bad_records,
+        allow_newlines=True,
+        max_value_length=args.max_text_length,
     )
     _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
     dpne = DPNE(params, seed=args.seed, tokenizer=load_tokenizer(args.tokenizer), num_shards=args.num_shards)
@@ -152,8 +170,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
     report = (
         pipeline
         | "ReportSeed" >> beam.Create([None])
-        | "BuildReport" >> beam.Map(
-            build_report, summary, beam.pvalue.AsList(out["levels"]))
+        | "BuildReport" >> beam.Map(build_report, summary, beam.pvalue.AsList(out["levels"]))
     )
     common.write_single_file(report, args.report, "WriteReport")
     return dpne
@@ -162,7 +179,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
 def true_ngram_lines(record, max_n: int, tokenizer):
     """(user, text) -> (user, ``k<TAB>n-gram``) for every k-gram, k <= max_n, of the text (output format)."""
     user, text = record
-    for k, grams in ngrams.text_all_kgrams(text, max_n, tokenizer).items():
+    for k, grams in tx.text_all_kgrams(text, max_n, tokenizer).items():
         for gram in grams:
             yield user, f"{k}\t{gram}"
 
@@ -170,9 +187,11 @@ def true_ngram_lines(record, max_n: int, tokenizer):
 def evaluation_pairs(pipeline: beam.Pipeline, path: str, args):
     """NON-PRIVATE evaluation input (``--evaluate_against``): (user, ``k<TAB>n-gram``) of the true data."""
     read = pipeline | "ReadTrue" >> ReadRecords(
-        path, args.input_format, args.user_column, args.text_column, args.skip_bad_records, allow_newlines=True)
+        path, args.input_format, args.user_column, args.text_column, args.skip_bad_records, allow_newlines=True
+    )
     return read.records | "TrueNgrams" >> beam.FlatMap(
-        true_ngram_lines, args.max_n, load_tokenizer(args.tokenizer))  # (user, k<TAB>n-gram)
+        true_ngram_lines, args.max_n, load_tokenizer(args.tokenizer)
+    )  # (user, k<TAB>n-gram)
 
 
 def evaluation_group(line: str) -> int:
@@ -182,8 +201,10 @@ def evaluation_group(line: str) -> int:
 
 def summarize(report: dict, args, params) -> str:
     per_k = {d.get("k", d.get("run")): d["released"] for d in report["levels"]}
-    return (f"released {report['released']} n-grams ({params.algorithm}, epsilon={params.epsilon:g}, "
-            f"delta={params.delta:g}) {per_k}; n-grams: {args.output}*  report: {args.report}")
+    return (
+        f"released {report['released']} n-grams ({params.algorithm}, epsilon={params.epsilon:g}, "
+        f"delta={params.delta:g}) {per_k}; n-grams: {args.output}*  report: {args.report}"
+    )
 
 
 def run(argv: Optional[List[str]] = None) -> int:

@@ -34,6 +34,7 @@ Documented handling (not errors):
 Memory: a line is read with a bounded ``readline``; an over-long line is reported as a bad record
 (and skipped in chunks with ``skip_bad_records``) without loading it whole.
 """
+
 from __future__ import annotations
 
 import json
@@ -77,7 +78,7 @@ def read_lines(raw, cap: Optional[int], chunk_size: int = 1 << 16):
             elif cap is not None and nl + 1 - start > cap:
                 yield b"", True
             else:
-                yield bytes(buf[start:nl + 1]), False
+                yield bytes(buf[start : nl + 1]), False
             start = nl + 1
         del buf[:start]
         if cap is not None and len(buf) > cap:
@@ -103,8 +104,7 @@ class EmptyInputError(ValueError):
 def check_not_empty(count: int, pattern: str) -> int:
     if count == 0:
         raise EmptyInputError(
-            f"input: no records in {pattern} (the files are empty or hold only headers/blank lines"
-            " or only bad records)"
+            f"input: no records in {pattern} (the files are empty or hold only headers/blank lines or only bad records)"
         )
     return count
 
@@ -149,7 +149,11 @@ def _as_value(value, allow_newlines: bool, max_length: Optional[int] = None) -> 
     if not value.strip():
         return None, "value is only whitespace"
     if max_length is not None and len(value) > max_length:
-        return None, f"value has {len(value)} characters, more than the limit {max_length} (raise it with --max_{{value}}_length)"
+        return (
+            None,
+            f"value has {len(value)} characters, more than the limit {max_length} "
+            "(raise it with --max_{value}_length)",
+        )
     if not allow_newlines and ("\n" in value or "\r" in value):
         return None, "value contains a line break (outputs are one item per line)"
     return value, ""
@@ -160,8 +164,15 @@ class ParseFileFn(beam.DoFn):
 
     BAD = "bad"
 
-    def __init__(self, input_format: str, user_column: str, value_column: str, skip_bad_records: bool,
-                 allow_newlines: bool, max_value_length: Optional[int] = None):
+    def __init__(
+        self,
+        input_format: str,
+        user_column: str,
+        value_column: str,
+        skip_bad_records: bool,
+        allow_newlines: bool,
+        max_value_length: Optional[int] = None,
+    ):
         if input_format not in INPUT_FORMATS:
             raise ValueError(f"input_format must be one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
         self._format = input_format
@@ -169,8 +180,9 @@ class ParseFileFn(beam.DoFn):
         self._value_col = value_column
         self._skip = skip_bad_records
         self._allow_newlines = allow_newlines
-        if max_value_length is not None and (isinstance(max_value_length, bool) or not isinstance(max_value_length, int)
-                                             or max_value_length < 1):
+        if max_value_length is not None and (
+            isinstance(max_value_length, bool) or not isinstance(max_value_length, int) or max_value_length < 1
+        ):
             raise ValueError(f"max_{value_column}_length must be an integer >= 1, got {max_value_length!r}")
         self._max_len = max_value_length
         self._line_cap = None if max_value_length is None else _LINE_BYTES_PER_CHAR * max_value_length + _LINE_SLACK
@@ -178,9 +190,7 @@ class ParseFileFn(beam.DoFn):
     def _bad(self, path, line_no, reason):
         reason = reason.replace("{value}", self._value_col)
         if not self._skip:
-            raise BadRecordError(
-                f"{path}:{line_no}: {reason} (use --skip_bad_records to skip and count bad records)"
-            )
+            raise BadRecordError(f"{path}:{line_no}: {reason} (use --skip_bad_records to skip and count bad records)")
         return beam.pvalue.TaggedOutput(self.BAD, 1)
 
     def process(self, metadata):
@@ -193,8 +203,12 @@ class ParseFileFn(beam.DoFn):
             for data, overlong in read_lines(raw, self._line_cap):
                 line_no += 1
                 if overlong:
-                    yield self._bad(path, line_no, f"line longer than {self._line_cap} bytes (value limit "
-                                                   f"{self._max_len} characters; raise it with --max_{{value}}_length)")
+                    yield self._bad(
+                        path,
+                        line_no,
+                        f"line longer than {self._line_cap} bytes (value limit "
+                        f"{self._max_len} characters; raise it with --max_{{value}}_length)",
+                    )
                     continue
                 try:
                     line = data.decode("utf-8")
@@ -274,18 +288,28 @@ class ReadRecords(beam.PTransform):
     ``result.bad`` (a PCollection with one 1 per skipped bad record).
     """
 
-    def __init__(self, file_pattern: str, input_format: str, user_column: str = "user",
-                 value_column: str = "item", skip_bad_records: bool = False, allow_newlines: bool = False,
-                 max_value_length: Optional[int] = None, label=None):
+    def __init__(
+        self,
+        file_pattern: str,
+        input_format: str,
+        user_column: str = "user",
+        value_column: str = "item",
+        skip_bad_records: bool = False,
+        allow_newlines: bool = False,
+        max_value_length: Optional[int] = None,
+        label=None,
+    ):
         super().__init__(label)
         self._pattern = file_pattern
-        self._fn = ParseFileFn(input_format, user_column, value_column, skip_bad_records, allow_newlines,
-                               max_value_length)
+        self._fn = ParseFileFn(
+            input_format, user_column, value_column, skip_bad_records, allow_newlines, max_value_length
+        )
 
     def expand(self, pbegin):
         outputs = (
             pbegin
-            | "MatchFiles" >> fileio.MatchFiles(
+            | "MatchFiles"
+            >> fileio.MatchFiles(
                 self._pattern, empty_match_treatment=fileio.EmptyMatchTreatment.DISALLOW
             )  # FileMetadata (fails if nothing matches)
             | "SpreadFiles" >> beam.Reshuffle()  # FileMetadata, one file per work item

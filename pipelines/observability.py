@@ -14,6 +14,7 @@ pairs, in logs, Beam metrics, progress lines or the report.
     warning. These numbers are exact functions of the private input: they are NOT differentially
     private and must stay with the operator (never publish them next to the released items).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,10 @@ from apache_beam.metrics import Metrics
 _LOG = logging.getLogger(__name__)
 
 NAMESPACE = "diagnostics_non_private"
-WARNING = ("NON-PRIVATE diagnostics: exact counts computed from the private input. They are not "
-           "differentially private; keep them with the operator and never publish them.")
+WARNING = (
+    "NON-PRIVATE diagnostics: exact counts computed from the private input. They are not "
+    "differentially private; keep them with the operator and never publish them."
+)
 
 # Per-process progress registry: stage -> {"started": t, "elements": n}. Filled by StageMarker in
 # the process that runs it (the launcher itself for the in-memory DirectRunner).
@@ -42,23 +45,46 @@ _PROGRESS_LOCK = threading.Lock()
 def add_args(parser: argparse.ArgumentParser) -> None:
     """--diagnostics, --progress_interval, --log_level, --no_wait, --plots, --evaluate_against."""
     g = parser.add_argument_group("observability and evaluation")
-    g.add_argument("--diagnostics", default=None, metavar="PATH",
-                   help="write NON-PRIVATE diagnostics (exact records read, malformed records, users, "
-                        "pairs after bounding, elements per stage) as JSON to PATH and enable the "
-                        "matching Beam counters. Not differentially private: for the operator only")
-    g.add_argument("--progress_interval", type=float, default=10.0,
-                   help="seconds between progress lines on local runs (stages, elapsed time); 0 disables")
-    g.add_argument("--log_level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                   help="INFO names each stage as it starts (never items or counts)")
-    g.add_argument("--no_wait", action="store_true",
-                   help="submit and return without waiting for the job (remote runners); implied on "
-                        "Flex Template launches and classic template creation (--template_location)")
-    g.add_argument("--plots", default=None, metavar="DIR",
-                   help="write PNG charts of the report to DIR (needs the 'plots' extra: matplotlib)")
-    g.add_argument("--evaluate_against", default=None, metavar="TRUE_DATA",
-                   help="NON-PRIVATE offline evaluation: read TRUE_DATA (same format and columns as "
-                        "--input), write coverage of items by frequency next to the report "
-                        "(<report>.evaluation.json) and, with --plots, a coverage chart")
+    g.add_argument(
+        "--diagnostics",
+        default=None,
+        metavar="PATH",
+        help="write NON-PRIVATE diagnostics (exact records read, malformed records, users, "
+        "pairs after bounding, elements per stage) as JSON to PATH and enable the "
+        "matching Beam counters. Not differentially private: for the operator only",
+    )
+    g.add_argument(
+        "--progress_interval",
+        type=float,
+        default=10.0,
+        help="seconds between progress lines on local runs (stages, elapsed time); 0 disables",
+    )
+    g.add_argument(
+        "--log_level",
+        default="WARNING",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="INFO names each stage as it starts (never items or counts)",
+    )
+    g.add_argument(
+        "--no_wait",
+        action="store_true",
+        help="submit and return without waiting for the job (remote runners); implied on "
+        "Flex Template launches and classic template creation (--template_location)",
+    )
+    g.add_argument(
+        "--plots",
+        default=None,
+        metavar="DIR",
+        help="write PNG charts of the report to DIR (needs the 'plots' extra: matplotlib)",
+    )
+    g.add_argument(
+        "--evaluate_against",
+        default=None,
+        metavar="TRUE_DATA",
+        help="NON-PRIVATE offline evaluation: read TRUE_DATA (same format and columns as "
+        "--input), write coverage of items by frequency next to the report "
+        "(<report>.evaluation.json) and, with --plots, a coverage chart",
+    )
 
 
 class StageMarker(beam.DoFn):
@@ -133,8 +159,11 @@ class ProgressDisplay:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-            print(progress_line(time.time() - self._t0, self._show_counts).replace(
-                "elapsed;", "elapsed (finished);"), file=self._stream, flush=True)
+            print(
+                progress_line(time.time() - self._t0, self._show_counts).replace("elapsed;", "elapsed (finished);"),
+                file=self._stream,
+                flush=True,
+            )
         return False
 
 
@@ -164,8 +193,9 @@ def _diagnostics_json(_, pipeline_name: str, extra: dict, **counts) -> str:
     return json.dumps(report, indent=2, sort_keys=True)
 
 
-def attach_diagnostics(pipeline: beam.Pipeline, read, args, pipeline_name: str,
-                       max_contributions: Optional[int] = None):
+def attach_diagnostics(
+    pipeline: beam.Pipeline, read, args, pipeline_name: str, max_contributions: Optional[int] = None
+):
     """Adds the NON-PRIVATE diagnostics branch when ``args.diagnostics`` is set; else nothing.
 
     ``read`` is the output of :class:`pipelines.io.ReadRecords` (``records``: (user, value),
@@ -200,8 +230,12 @@ def attach_diagnostics(pipeline: beam.Pipeline, read, args, pipeline_name: str,
     diag = (
         pipeline
         | "DiagSeed" >> beam.Create([None])
-        | "DiagBuild" >> beam.Map(
-            _diagnostics_json, pipeline_name, extra,
-            **{name: beam.pvalue.AsSingleton(pc) for name, pc in published.items()})
+        | "DiagBuild"
+        >> beam.Map(
+            _diagnostics_json,
+            pipeline_name,
+            extra,
+            **{name: beam.pvalue.AsSingleton(pc) for name, pc in published.items()},
+        )
     )  # JSON text
     return diag | "DiagWrite" >> beam.io.WriteToText(args.diagnostics, shard_name_template="", num_shards=1)

@@ -5,6 +5,7 @@ Adding a pipeline = one ``PipelineSpec`` here + ``templates/<name>/metadata.json
 ``build_pipeline(pipeline, args, params)`` and ``run(argv)`` (the CLI skeleton in
 ``pipelines.common.run_main``).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -56,8 +57,20 @@ PIPELINES: Tuple[PipelineSpec, ...] = (
         stages=("ReadPrivate", "Bayesian", "Format", "WriteDistribution", "BuildReport", "WriteReport"),
         sample_input="data/dpne_commits_sample.jsonl.gz",
         input_format="jsonl",
-        sample_args=("--public", "data/bayesian_public_trigrams.tsv.gz", "--n", "3", "--epsilon", "1",
-                     "--delta", "1e-5", "--C", "1", "--W", "100"),
+        sample_args=(
+            "--public",
+            "data/bayesian_public_trigrams.tsv.gz",
+            "--n",
+            "3",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-5",
+            "--C",
+            "1",
+            "--W",
+            "100",
+        ),
         input_flag="private",
     ),
 )

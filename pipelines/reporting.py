@@ -11,6 +11,7 @@ PCollection of (user, item-line) where item-line has the exact format of its out
 (select_partitions: the item; extract_ngrams: ``k<TAB>n-gram``) and ``evaluation_group(line)``
 (the chart series, e.g. the n-gram length).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -24,8 +25,10 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines import common
 
-EVAL_WARNING = ("NON-PRIVATE evaluation: computed from the true data (exact item frequencies). Not "
-                "differentially private; for offline evaluation by people allowed to see the raw data.")
+EVAL_WARNING = (
+    "NON-PRIVATE evaluation: computed from the true data (exact item frequencies). Not "
+    "differentially private; for offline evaluation by people allowed to see the raw data."
+)
 
 
 def frequency_bin(users: int) -> Tuple[int, int]:
@@ -89,10 +92,17 @@ def _bins_json(_, bins: List, meta: dict) -> str:
         if lo < 0:
             spurious[group] = released
             continue
-        rows.append({"group": group, "min_users": lo, "max_users": hi, "items": items, "released": released,
-                     "coverage": released / items if items else 0.0})
-    out = {"NON_PRIVATE_EVALUATION": True, "warning": EVAL_WARNING, "bins": rows,
-           "released_not_in_true_data": spurious}
+        rows.append(
+            {
+                "group": group,
+                "min_users": lo,
+                "max_users": hi,
+                "items": items,
+                "released": released,
+                "coverage": released / items if items else 0.0,
+            }
+        )
+    out = {"NON_PRIVATE_EVALUATION": True, "warning": EVAL_WARNING, "bins": rows, "released_not_in_true_data": spurious}
     out.update(meta)
     return json.dumps(out, indent=2, sort_keys=True)
 
@@ -109,8 +119,7 @@ def run_evaluation(module, args, options) -> str:
     released = p | "ReadReleased" >> beam.io.ReadFromText(args.output + "*")  # line
     bins = pairs | "Coverage" >> CoverageByFrequency(released, module.evaluation_group)
     meta = {"true_data": args.evaluate_against, "released_output": args.output + "*"}
-    text = (p | "Seed" >> beam.Create([None])
-            | "ToJson" >> beam.Map(_bins_json, beam.pvalue.AsList(bins), meta))
+    text = p | "Seed" >> beam.Create([None]) | "ToJson" >> beam.Map(_bins_json, beam.pvalue.AsList(bins), meta)
     _ = text | "Write" >> beam.io.WriteToText(path, shard_name_template="", num_shards=1)
     p.run().wait_until_finish()
     return path
@@ -135,15 +144,23 @@ def released_series(report: dict) -> Tuple[str, List[str], List[int], str]:
     if "rounds" in report:
         rounds = report["rounds"]
         labels = [f"round {r['round']}\nrho={r['threshold']:.3g}\nsigma={r['noise_scale']:.3g}" for r in rounds]
-        return ("round", labels, [int(r["released"]) for r in rounds],
-                f"{report.get('algorithm')}: released items per round "
-                f"(epsilon={report.get('epsilon'):g}, delta={report.get('delta'):g})")
+        return (
+            "round",
+            labels,
+            [int(r["released"]) for r in rounds],
+            f"{report.get('algorithm')}: released items per round "
+            f"(epsilon={report.get('epsilon'):g}, delta={report.get('delta'):g})",
+        )
     if "levels" in report:
         levels = report["levels"]
         labels = [str(d.get("k", d.get("run"))) for d in levels]
-        return ("n-gram length k", labels, [int(d["released"]) for d in levels],
-                f"{report.get('algorithm')}: released n-grams per length "
-                f"(epsilon={report.get('epsilon'):g}, delta={report.get('delta'):g})")
+        return (
+            "n-gram length k",
+            labels,
+            [int(d["released"]) for d in levels],
+            f"{report.get('algorithm')}: released n-grams per length "
+            f"(epsilon={report.get('epsilon'):g}, delta={report.get('delta'):g})",
+        )
     raise ValueError("report has neither 'rounds' nor 'levels': no released-count chart is defined for it")
 
 
@@ -178,8 +195,14 @@ def plot_coverage(evaluation: dict, out_dir: str) -> str:
         name = "" if group == "all" else f"k={group} "
         line = ax1.plot(x, [r["items"] for r in rows], marker="o", label=f"{name}all items")[0]
         shown = [(xi, r["released"]) for xi, r in zip(x, rows) if r["released"] > 0]  # log scale: no zeros
-        ax1.plot([a for a, _ in shown], [b for _, b in shown], marker="s", linestyle="--",
-                 color=line.get_color(), label=f"{name}released")
+        ax1.plot(
+            [a for a, _ in shown],
+            [b for _, b in shown],
+            marker="s",
+            linestyle="--",
+            color=line.get_color(),
+            label=f"{name}released",
+        )
         ax2.plot(x, [r["coverage"] for r in rows], marker="o", label=name.strip() or "coverage")
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)

@@ -10,6 +10,7 @@ Every argument this parser does not know is passed to Beam (runner, Dataflow/Fli
 (UTF-8), in files starting with ``--output``; the JSON report at ``--report`` (privacy parameters,
 per-round noise/threshold/released count; nothing else about the data).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,9 +22,9 @@ import apache_beam as beam
 
 from pipelines import common, observability
 from pipelines.io import FailIfEmpty, ReadRecords
-from privacy.params import ACCOUNTINGS, ALGORITHMS, SelectionParams
-from transforms.joins import DEFAULT_MAX_BROADCAST_ITEMS
-from transforms.select import SelectPartitions
+from privacy.selection import ACCOUNTINGS, ALGORITHMS, SelectionParams
+from transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
+from transforms.selection.select import SelectPartitions
 
 _LOG = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m pipelines.select_partitions",
         description="User-level DP partition selection (Basic, Laplace/count baselines, MAD, MAD2R, DP-SIPS, "
-                    "sequential PolicyGaussian/PolicyLaplace) on Beam.",
+        "sequential PolicyGaussian/PolicyLaplace) on Beam.",
     )
     common.add_input_args(p, "item")
     p.add_argument("--output", required=True, help="prefix of the output files (released items, one per line)")
@@ -55,48 +56,97 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--b_max", type=float, default=d.b_max, help="MAD2R maximum bias (default %(default)s)")
     p.add_argument("--c_lb", type=float, default=d.c_lb, help="MAD2R lower-bound constant (default %(default)s)")
     p.add_argument("--c_ub", type=float, default=d.c_ub, help="MAD2R upper-bound constant (default %(default)s)")
-    p.add_argument("--budget_split", type=_fractions, default=list(d.budget_split),
-                   help="fractions of (epsilon, delta) per round for mad2r/dp_sips (default 0.1,0.9)")
-    p.add_argument("--accounting", default=d.accounting, choices=ACCOUNTINGS,
-                   help="multi-round accounting: gdp (exact Gaussian composition, default) or basic (paper)")
-    p.add_argument("--alpha", type=float, default=d.alpha,
-                   help="policy_gaussian/policy_laplace cutoff Gamma = rho + alpha*noise_scale "
-                        "(default %(default)s as in the DPSU paper's Table 2; the paper finds 2-6 best)")
-    p.add_argument("--passes", type=int, default=d.passes,
-                   help="policy algorithms: passes over the users, each spending 1/passes of every "
-                        "user's budget (DPSU paper sec. 6.2.1; default %(default)s)")
-    p.add_argument("--max_sequential_pairs", type=int, default=d.max_sequential_pairs,
-                   help="policy algorithms gather all user sets on one worker: fail before that if there are "
-                        "more (user, item) pairs after contribution bounding (default %(default)s, about "
-                        "250 bytes per pair on that worker)")
-    p.add_argument("--max_broadcast_items", type=int, default=DEFAULT_MAX_BROADCAST_ITEMS,
-                   help="mad/mad2r: per-item values (excess fractions, round-2 biases) go to every worker as a "
-                        "side input when at most this many items have one, else through a sharded join; "
-                        "changes the cost, never the output (default %(default)s, a dict of that many "
-                        "entries per worker)")
-    p.add_argument("--max_users_per_key", type=int, default=10_000,
-                   help="mad/mad2r sharded join: users per join key for hot items (default %(default)s)")
+    p.add_argument(
+        "--budget_split",
+        type=_fractions,
+        default=list(d.budget_split),
+        help="fractions of (epsilon, delta) per round for mad2r/dp_sips (default 0.1,0.9)",
+    )
+    p.add_argument(
+        "--accounting",
+        default=d.accounting,
+        choices=ACCOUNTINGS,
+        help="multi-round accounting: gdp (exact Gaussian composition, default) or basic (paper)",
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=d.alpha,
+        help="policy_gaussian/policy_laplace cutoff Gamma = rho + alpha*noise_scale "
+        "(default %(default)s as in the DPSU paper's Table 2; the paper finds 2-6 best)",
+    )
+    p.add_argument(
+        "--passes",
+        type=int,
+        default=d.passes,
+        help="policy algorithms: passes over the users, each spending 1/passes of every "
+        "user's budget (DPSU paper sec. 6.2.1; default %(default)s)",
+    )
+    p.add_argument(
+        "--max_sequential_pairs",
+        type=int,
+        default=d.max_sequential_pairs,
+        help="policy algorithms gather all user sets on one worker: fail before that if there are "
+        "more (user, item) pairs after contribution bounding (default %(default)s, about "
+        "250 bytes per pair on that worker)",
+    )
+    p.add_argument(
+        "--max_broadcast_items",
+        type=int,
+        default=DEFAULT_MAX_BROADCAST_ITEMS,
+        help="mad/mad2r: per-item values (excess fractions, round-2 biases) go to every worker as a "
+        "side input when at most this many items have one, else through a sharded join; "
+        "changes the cost, never the output (default %(default)s, a dict of that many "
+        "entries per worker)",
+    )
+    p.add_argument(
+        "--max_users_per_key",
+        type=int,
+        default=10_000,
+        help="mad/mad2r sharded join: users per join key for hot items (default %(default)s)",
+    )
     return p
 
 
 def params_from_args(args) -> SelectionParams:
     return SelectionParams(
-        epsilon=args.epsilon, delta=args.delta, max_contributions=args.max_contributions, d_max=args.d_max,
-        beta=args.beta, b_min=args.b_min, b_max=args.b_max, c_lb=args.c_lb, c_ub=args.c_ub,
-        budget_split=tuple(args.budget_split), accounting=args.accounting,
-        alpha=args.alpha, passes=args.passes, max_sequential_pairs=args.max_sequential_pairs,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        max_contributions=args.max_contributions,
+        d_max=args.d_max,
+        beta=args.beta,
+        b_min=args.b_min,
+        b_max=args.b_max,
+        c_lb=args.c_lb,
+        c_ub=args.c_ub,
+        budget_split=tuple(args.budget_split),
+        accounting=args.accounting,
+        alpha=args.alpha,
+        passes=args.passes,
+        max_sequential_pairs=args.max_sequential_pairs,
     )
 
 
 def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> SelectPartitions:
     """Adds the whole job to ``pipeline``; returns the selection transform (for its plan)."""
     read = pipeline | "Read" >> ReadRecords(
-        args.input, args.input_format, args.user_column, args.item_column, args.skip_bad_records, max_value_length=args.max_item_length,
+        args.input,
+        args.input_format,
+        args.user_column,
+        args.item_column,
+        args.skip_bad_records,
+        max_value_length=args.max_item_length,
     )
     _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
     records = observability.mark(read.records, "Read", args)  # (user, item)
-    select = SelectPartitions(args.algorithm, params, seed=args.seed, output_rounds=True,
-                              max_users_per_key=args.max_users_per_key, max_broadcast_items=args.max_broadcast_items)
+    select = SelectPartitions(
+        args.algorithm,
+        params,
+        seed=args.seed,
+        output_rounds=True,
+        max_users_per_key=args.max_users_per_key,
+        max_broadcast_items=args.max_broadcast_items,
+    )
     tagged = records | "Select" >> select  # (round, item)
     tagged = observability.mark(tagged, "Select", args)  # (round, item)
     items = tagged | "Items" >> beam.Values()  # item
@@ -132,8 +182,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
     report = (
         pipeline
         | "ReportSeed" >> beam.Create([None])
-        | "BuildReport" >> beam.Map(
-            common.build_report, base, beam.pvalue.AsDict(round_counts))
+        | "BuildReport" >> beam.Map(common.build_report, base, beam.pvalue.AsDict(round_counts))
     )
     common.write_single_file(report, args.report, "WriteReport")
     return select
@@ -142,7 +191,8 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
 def evaluation_pairs(pipeline: beam.Pipeline, path: str, args):
     """NON-PRIVATE evaluation input (``--evaluate_against``): (user, item) of the true data, read like --input."""
     read = pipeline | "ReadTrue" >> ReadRecords(
-        path, args.input_format, args.user_column, args.item_column, args.skip_bad_records)
+        path, args.input_format, args.user_column, args.item_column, args.skip_bad_records
+    )
     return read.records  # (user, item)
 
 
@@ -152,8 +202,10 @@ def evaluation_group(line: str) -> str:
 
 
 def summarize(report: dict, args, params: SelectionParams) -> str:
-    return (f"released {report['released']} items ({args.algorithm}, epsilon={params.epsilon:g}, "
-            f"delta={params.delta:g}); items: {args.output}*  report: {args.report}")
+    return (
+        f"released {report['released']} items ({args.algorithm}, epsilon={params.epsilon:g}, "
+        f"delta={params.delta:g}); items: {args.output}*  report: {args.report}"
+    )
 
 
 def run(argv: Optional[List[str]] = None) -> int:

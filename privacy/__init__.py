@@ -1,0 +1,28 @@
+"""Privacy parameters, calibration and accounting: pure math, no Beam.
+
+The public API::
+
+    from privacy import SelectionParams, DPNEParams, BayesianParams, PrivacyBudget, ALGORITHMS
+
+One module per family holds its validated, frozen parameter class and its calibration plan
+(``selection.py``, ``dpne.py``, ``bayesian.py``); ``calibration.py`` (analytic Gaussian mechanism,
+thresholds) and ``accounting.py`` (budget splits, Gaussian-DP composition) are shared;
+``validation.py`` holds the validators every parameter class uses; ``audit.py`` the statistics of
+the empirical privacy audit.
+"""
+
+from privacy.bayesian import BayesianParams
+from privacy.dpne import DPNEParams
+from privacy.selection import ALGORITHMS, AlgorithmSpec, RoundPlan, SelectionParams, plan_rounds
+from privacy.validation import PrivacyBudget
+
+__all__ = [
+    "SelectionParams",
+    "DPNEParams",
+    "BayesianParams",
+    "PrivacyBudget",
+    "ALGORITHMS",
+    "AlgorithmSpec",
+    "RoundPlan",
+    "plan_rounds",
+]

@@ -31,6 +31,7 @@ probability <= ``f_r delta / 2``, and a union bound over rounds gives ``delta/2`
 The 'gdp' accounting yields noticeably smaller per-round noise than 'basic' for the same
 (eps, delta) (e.g. split (0.1, 0.9) at eps = 1), hence more released items.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,7 +45,10 @@ from privacy.calibration import (
     gaussian_epsilon,
     gaussian_threshold,
 )
-from privacy.params import ACCOUNTINGS, check_choice, check_fractions, check_int, check_range
+from privacy.validation import check_choice, check_fractions, check_int, check_range
+
+#: multi-round accounting: exact Gaussian-DP composition (default) or the paper's basic split
+ACCOUNTINGS = ("gdp", "basic")
 
 __all__ = [
     "split_budget",
@@ -57,9 +61,7 @@ __all__ = [
 HFunction = Callable[[np.ndarray], np.ndarray]
 
 
-def split_budget(
-    epsilon: float, delta: float, fractions: Sequence[float]
-) -> List[Tuple[float, float]]:
+def split_budget(epsilon: float, delta: float, fractions: Sequence[float]) -> List[Tuple[float, float]]:
     """Basic-composition split: round r gets ``(f_r * epsilon, f_r * delta)``.
 
     Basic composition (Dwork & Roth 2014, Theorem 3.16) of the per-round guarantees gives the total
@@ -163,9 +165,7 @@ def multi_round_calibration(
     else:
         hs = list(h_per_round)
         if len(hs) != len(fr):
-            raise ValueError(
-                f"h_per_round must have one entry per round ({len(fr)} fractions), got {len(hs)}"
-            )
+            raise ValueError(f"h_per_round must have one entry per round ({len(fr)} fractions), got {len(hs)}")
     budgets = split_budget(epsilon, delta, fr)
     out: List[Calibration] = []
     if accounting == "basic":

@@ -13,8 +13,9 @@ An audit *fails* when the lower bound exceeds the claimed epsilon: then, unless 
 Clopper-Pearson bounds failed (probability <= the ``alpha`` spent on them), the mechanism is not
 (epsilon, delta)-DP.
 
-Pure functions (numpy/scipy), no Beam. The cases and the runner are in :mod:`transforms.audit`.
+Pure functions (numpy/scipy), no Beam. The cases and the runner are in :mod:`transforms.testing.audit`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,7 +24,7 @@ from typing import Tuple
 
 from scipy import stats
 
-from privacy.params import check_int, check_range
+from privacy.validation import check_int, check_range
 
 
 def clopper_pearson(successes: int, trials: int, alpha: float) -> Tuple[float, float]:

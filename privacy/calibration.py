@@ -32,6 +32,7 @@ accurate for ``epsilon`` in [0.001, 100] and ``delta`` down to 1e-30 (and well b
 ``e^eps * Phi(.)`` is never formed directly, and ``PhiInv(q)`` for ``q`` within 1e-30 of 1 is taken
 as ``-ndtri(1 - q)`` with ``1 - q`` computed by ``expm1``/``log1p``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,7 +42,7 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 from scipy import optimize, special
 
-from privacy.params import check_int, check_range
+from privacy.validation import check_int, check_range
 
 __all__ = [
     "Calibration",
@@ -229,9 +230,7 @@ def gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> fl
     while g(hi) > 0.0:
         lo, hi = hi, hi * 2.0
         if hi > 1e12:
-            raise ValueError(
-                f"sigma={sigma!r} is too small for delta={delta!r}: epsilon would exceed 1e12"
-            )
+            raise ValueError(f"sigma={sigma!r} is too small for delta={delta!r}: epsilon would exceed 1e12")
     eps = optimize.brentq(g, lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=500)
     return _round_up_root(lambda e: _log_delta(s, e) <= log_target, eps * (1.0 + _SIGMA_MARGIN) + 1e-15)
 
@@ -303,9 +302,7 @@ def gaussian_threshold_with_argmax(
     return _max_over_t(max_contributions, h, noise_term)
 
 
-def gaussian_threshold(
-    sigma: float, delta: float, max_contributions: int, h: Optional[HFunction] = None
-) -> float:
+def gaussian_threshold(sigma: float, delta: float, max_contributions: int, h: Optional[HFunction] = None) -> float:
     """Threshold of Gaussian weight-and-threshold selection.
 
     MAD paper Algorithm 1 / Theorem 3.3; DPSU paper Theorems 5.1, B.2 (``h = 1/sqrt(t)``) and
@@ -455,7 +452,16 @@ def calibrate_count_laplace(epsilon: float, delta: float, max_contributions: int
     """
     max_contributions = check_int("max_contributions", max_contributions, 1)
     b = laplace_scale(epsilon, float(max_contributions))
-    rho = laplace_threshold(
-        epsilon, delta, max_contributions, h=np.ones_like, sensitivity=float(max_contributions)
-    )
+    rho = laplace_threshold(epsilon, delta, max_contributions, h=np.ones_like, sensitivity=float(max_contributions))
     return Calibration("laplace", b, rho, float(epsilon), float(delta))
+
+
+def mad_tau(rho: float, sigma: float, beta: float) -> float:
+    """MAD's adaptive threshold ``tau = max(1, rho + beta sigma)`` (MAD paper Alg. 3; selection and DPNE).
+
+    Raising tau is always allowed: MAD's privacy holds for every tau >= 1 (Lemmas 5.3, 5.6), and
+    tau only decides how much weight is rerouted, not the noise or threshold.
+    """
+    if not math.isfinite(rho):
+        return math.inf
+    return max(1.0, float(rho) + float(beta) * float(sigma))

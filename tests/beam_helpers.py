@@ -1,4 +1,5 @@
 """Helpers to run small Beam pipelines in tests with a pinned DirectRunner mode (no Prism download)."""
+
 import glob
 import os
 import tempfile
@@ -7,7 +8,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 
-from transforms.testing import format_tsv
+from transforms.testing.beam import format_tsv
 
 
 def options(mode="in_memory", workers=None):

@@ -1,6 +1,5 @@
 import logging
 import random
-import string
 
 import pytest
 

@@ -1,4 +1,5 @@
 """Small seeded runs of every registered pipeline on a cut of its bundled sample (shared by tests)."""
+
 import gzip
 import os
 import subprocess
@@ -30,20 +31,38 @@ def sample_args(spec):
 
 
 def cli_args(spec, input_path, out_dir, *extra):
-    return [f"--{spec.input_flag}", input_path, "--input_format", spec.input_format,
-            "--output", os.path.join(out_dir, "released"), "--report", os.path.join(out_dir, "report.json"),
-            *sample_args(spec), "--seed", str(SEED), *extra]
+    return [
+        f"--{spec.input_flag}",
+        input_path,
+        "--input_format",
+        spec.input_format,
+        "--output",
+        os.path.join(out_dir, "released"),
+        "--report",
+        os.path.join(out_dir, "report.json"),
+        *sample_args(spec),
+        "--seed",
+        str(SEED),
+        *extra,
+    ]
 
 
 def run_cli(spec, argv, timeout=600):
-    return subprocess.run([sys.executable, "-m", f"pipelines.{spec.name}", *argv], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", f"pipelines.{spec.name}", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def released_lines(out_dir):
     import glob
 
-    return sorted(l.rstrip("\n") for p in glob.glob(os.path.join(out_dir, "released*")) for l in open(p, encoding="utf-8"))
+    return sorted(
+        l.rstrip("\n") for p in glob.glob(os.path.join(out_dir, "released*")) for l in open(p, encoding="utf-8")
+    )
 
 
 PIPELINES = registry.PIPELINES

@@ -1,4 +1,5 @@
 """Tests for privacy/accounting.py (budget splits, Gaussian-DP composition, multi-round calibration)."""
+
 import math
 
 import numpy as np
@@ -23,9 +24,7 @@ from privacy.calibration import (
 
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
 
-fractions_st = st.lists(st.floats(0.01, 1.0), min_size=1, max_size=6).map(
-    lambda xs: [x / sum(xs) for x in xs]
-)
+fractions_st = st.lists(st.floats(0.01, 1.0), min_size=1, max_size=6).map(lambda xs: [x / sum(xs) for x in xs])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -52,9 +51,7 @@ def test_split_budget_property(fr, eps, delta):
     assert math.fsum(d for _, d in out) == pytest.approx(delta, rel=1e-9)
 
 
-@pytest.mark.parametrize(
-    "fractions", [[0.5, 0.6], [0.0, 1.0], [-0.1, 1.1], [], ["a", 1.0], None, [float("nan"), 1.0]]
-)
+@pytest.mark.parametrize("fractions", [[0.5, 0.6], [0.0, 1.0], [-0.1, 1.1], [], ["a", 1.0], None, [float("nan"), 1.0]])
 def test_split_budget_rejects_bad_fractions(fractions):
     with pytest.raises(ValueError, match="fractions"):
         split_budget(1.0, 1e-5, fractions)
@@ -189,6 +186,7 @@ def test_gdp_composition_against_pld_accountant():
     """dp-accounting's PLD composition of the per-round Gaussians gives delta(eps) ~ delta/2 for
     'gdp' (exact), and strictly less for 'basic' (basic composition is loose)."""
     from dp_accounting.pld import privacy_loss_distribution as pld
+
     eps, delta = 1.0, 1e-5
 
     def composed_delta(sigmas):
@@ -205,9 +203,7 @@ def test_gdp_composition_against_pld_accountant():
 
 def test_multi_round_h_per_round():
     b_max = 2.0
-    cals = multi_round_calibration(
-        1.0, 1e-5, [0.1, 0.9], "gdp", 100, h_per_round=[None, lambda t: b_max / np.sqrt(t)]
-    )
+    cals = multi_round_calibration(1.0, 1e-5, [0.1, 0.9], "gdp", 100, h_per_round=[None, lambda t: b_max / np.sqrt(t)])
     default = multi_round_calibration(1.0, 1e-5, [0.1, 0.9], "gdp", 100)
     assert cals[0] == default[0]
     assert cals[1].noise_scale == default[1].noise_scale

@@ -5,6 +5,7 @@ silent loss.
 Exit codes: 2 = bad parameter (argparse, message names the parameter), 3 = bad input (message names
 ``FILE:LINE`` or the input pattern), 0 = handled as documented.
 """
+
 import json
 import os
 import subprocess
@@ -16,10 +17,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import extract_ngrams, select_partitions
-from privacy.dpne_accounting import DPNEParams
-from privacy.params import SelectionParams
-from transforms import randomness, reference
-from transforms.dpne_reference import dpne_reference
+from privacy.dpne import DPNEParams
+from privacy.selection import SelectionParams
+from transforms import reference
+from transforms.core import randomness
+from transforms.dpne.reference import dpne_reference
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARAMS = SelectionParams(2.0, 1e-4, max_contributions=8)
@@ -27,9 +29,25 @@ PARAMS = SelectionParams(2.0, 1e-4, max_contributions=8)
 
 def _select(tmp_path, path, fmt="tsv", *extra):
     out, rep = tmp_path / "out" / "items", tmp_path / "out" / "report.json"
-    argv = ["--input", str(path), "--input_format", fmt, "--output", str(out), "--report", str(rep),
-            "--epsilon", "2", "--delta", "1e-4", "--max_contributions", "8",
-            "--direct_running_mode", "in_memory", *extra]
+    argv = [
+        "--input",
+        str(path),
+        "--input_format",
+        fmt,
+        "--output",
+        str(out),
+        "--report",
+        str(rep),
+        "--epsilon",
+        "2",
+        "--delta",
+        "1e-4",
+        "--max_contributions",
+        "8",
+        "--direct_running_mode",
+        "in_memory",
+        *extra,
+    ]
     code = select_partitions.run(argv)
     items = sorted(l.rstrip("\n") for p in sorted((tmp_path / "out").glob("items*")) for l in open(p, encoding="utf-8"))
     return code, items
@@ -37,8 +55,23 @@ def _select(tmp_path, path, fmt="tsv", *extra):
 
 def _ngrams(tmp_path, path, fmt="jsonl", *extra):
     out, rep = tmp_path / "nout" / "ngrams", tmp_path / "nout" / "report.json"
-    argv = ["--input", str(path), "--input_format", fmt, "--output", str(out), "--report", str(rep),
-            "--max_n", "2", "--max_contributions", "5", "--direct_running_mode", "in_memory", *extra]
+    argv = [
+        "--input",
+        str(path),
+        "--input_format",
+        fmt,
+        "--output",
+        str(out),
+        "--report",
+        str(rep),
+        "--max_n",
+        "2",
+        "--max_contributions",
+        "5",
+        "--direct_running_mode",
+        "in_memory",
+        *extra,
+    ]
     return extract_ngrams.run(argv)
 
 
@@ -75,10 +108,30 @@ def test_all_bad_records_skipped_is_empty_input(tmp_path, capsys):
 def test_input_errors_print_one_line_not_a_beam_stack_trace(tmp_path):
     path = _write(tmp_path, "in.tsv", "u1\ta\nu2\t   \n")
     proc = subprocess.run(
-        [sys.executable, "-m", "pipelines.select_partitions", "--input", str(path), "--input_format", "tsv",
-         "--output", str(tmp_path / "o"), "--report", str(tmp_path / "r.json"), "--epsilon", "1",
-         "--delta", "1e-5", "--direct_running_mode", "in_memory"],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "pipelines.select_partitions",
+            "--input",
+            str(path),
+            "--input_format",
+            "tsv",
+            "--output",
+            str(tmp_path / "o"),
+            "--report",
+            str(tmp_path / "r.json"),
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-5",
+            "--direct_running_mode",
+            "in_memory",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 3
     assert f"error: bad input record: {path}:2: value is only whitespace" in proc.stderr
     # No stack trace and no Beam-internal error record (INFO chatter of the runner may appear).
@@ -168,7 +221,11 @@ def test_jsonl_integer_and_string_user_ids_are_the_same_user(tmp_path):
 
 @pytest.mark.parametrize("user", [1.5, True, None, {"a": 1}, ""])
 def test_jsonl_user_ids_of_other_types_are_bad_records(tmp_path, capsys, user):
-    path = _write(tmp_path, "in.jsonl", json.dumps({"user": "ok", "item": "a"}) + "\n" + json.dumps({"user": user, "item": "a"}) + "\n")
+    path = _write(
+        tmp_path,
+        "in.jsonl",
+        json.dumps({"user": "ok", "item": "a"}) + "\n" + json.dumps({"user": user, "item": "a"}) + "\n",
+    )
     code, _ = _select(tmp_path, path, "jsonl")
     assert code == 3 and f"{path}:2: 'user' must be a non-empty string or an integer" in capsys.readouterr().err
 
@@ -239,18 +296,41 @@ def test_bottom_k_subsample_streams_in_o_delta0_memory():
 
 @pytest.mark.parametrize(
     "flag,value,name",
-    [("--epsilon", "nan", "epsilon"), ("--epsilon", "inf", "epsilon"), ("--epsilon", "-0.5", "epsilon"),
-     ("--epsilon", "0", "epsilon"), ("--epsilon", "101", "epsilon"),
-     ("--delta", "nan", "delta"), ("--delta", "0", "delta"), ("--delta", "1", "delta"), ("--delta", "-1e-5", "delta"),
-     ("--delta", "inf", "delta"), ("--max_contributions", "0", "max_contributions"),
-     ("--max_contributions", "-3", "max_contributions"), ("--max_contributions", "100000000", "max_contributions"),
-     ("--max_contributions", "1e3", "max_contributions"), ("--beta", "-1", "beta"), ("--beta", "nan", "beta"),
-     ("--c_ub", "inf", "c_ub"), ("--b_max", "nan", "b_max"), ("--budget_split", "nan,0.5", "budget_split"),
-     ("--max_item_length", "0", "max_item_length")],
+    [
+        ("--epsilon", "nan", "epsilon"),
+        ("--epsilon", "inf", "epsilon"),
+        ("--epsilon", "-0.5", "epsilon"),
+        ("--epsilon", "0", "epsilon"),
+        ("--epsilon", "101", "epsilon"),
+        ("--delta", "nan", "delta"),
+        ("--delta", "0", "delta"),
+        ("--delta", "1", "delta"),
+        ("--delta", "-1e-5", "delta"),
+        ("--delta", "inf", "delta"),
+        ("--max_contributions", "0", "max_contributions"),
+        ("--max_contributions", "-3", "max_contributions"),
+        ("--max_contributions", "100000000", "max_contributions"),
+        ("--max_contributions", "1e3", "max_contributions"),
+        ("--beta", "-1", "beta"),
+        ("--beta", "nan", "beta"),
+        ("--c_ub", "inf", "c_ub"),
+        ("--b_max", "nan", "b_max"),
+        ("--budget_split", "nan,0.5", "budget_split"),
+        ("--max_item_length", "0", "max_item_length"),
+    ],
 )
 def test_bad_selection_parameters_exit_2_naming_them(tmp_path, capsys, flag, value, name):
     path = _write(tmp_path, "in.tsv", "u\ta\n")
-    out = ["--input", str(path), "--input_format", "tsv", "--output", str(tmp_path / "o"), "--report", str(tmp_path / "r")]
+    out = [
+        "--input",
+        str(path),
+        "--input_format",
+        "tsv",
+        "--output",
+        str(tmp_path / "o"),
+        "--report",
+        str(tmp_path / "r"),
+    ]
     base = {"--epsilon": "1", "--delta": "1e-5"}
     base[flag] = value
     argv = out + [a for kv in base.items() for a in kv] + ["--direct_running_mode", "in_memory"]
@@ -263,10 +343,18 @@ def test_bad_selection_parameters_exit_2_naming_them(tmp_path, capsys, flag, val
 
 @pytest.mark.parametrize(
     "flag,value,name",
-    [("--epsilon", "nan", "epsilon"), ("--delta", "2", "delta"), ("--eta", "nan", "eta"), ("--eta", "1", "eta"),
-     ("--sigma_decay", "inf", "sigma_decay"), ("--max_n", "0", "max_n"), ("--max_contributions", "0", "max_contributions"),
-     ("--max_contributions", "3,4,5", "max_contributions"), ("--sample_rate", "-1", "sample_rate"),
-     ("--max_text_length", "-5", "max_text_length")],
+    [
+        ("--epsilon", "nan", "epsilon"),
+        ("--delta", "2", "delta"),
+        ("--eta", "nan", "eta"),
+        ("--eta", "1", "eta"),
+        ("--sigma_decay", "inf", "sigma_decay"),
+        ("--max_n", "0", "max_n"),
+        ("--max_contributions", "0", "max_contributions"),
+        ("--max_contributions", "3,4,5", "max_contributions"),
+        ("--sample_rate", "-1", "sample_rate"),
+        ("--max_text_length", "-5", "max_text_length"),
+    ],
 )
 def test_bad_ngram_parameters_exit_2_naming_them(tmp_path, capsys, flag, value, name):
     path = _write(tmp_path, "in.jsonl", '{"user": "u", "text": "a b"}\n')
@@ -288,7 +376,8 @@ def test_ngrams_reference_agrees_on_good_input_after_bad_input_checks(tmp_path):
 
 # --- the bounded line reader -------------------------------------------------------------------------
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from pipelines.io import read_lines  # noqa: E402
 
@@ -298,14 +387,18 @@ class _Stream:
         self._data, self._pos = data, 0
 
     def read(self, n):
-        out = self._data[self._pos:self._pos + n]
+        out = self._data[self._pos : self._pos + n]
         self._pos += n
         return out
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")), max_size=12),
-       st.booleans(), st.integers(1, 7), st.integers(1, 40))
+@given(
+    st.lists(st.binary(max_size=30).map(lambda b: b.replace(b"\n", b"")), max_size=12),
+    st.booleans(),
+    st.integers(1, 7),
+    st.integers(1, 40),
+)
 def test_read_lines_equals_splitting_with_overlong_marked(lines, final_newline, chunk, cap):
     data = b"\n".join(lines) + (b"\n" if final_newline and lines else b"")
     got = list(read_lines(_Stream(data), cap, chunk_size=chunk))

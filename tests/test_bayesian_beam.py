@@ -1,4 +1,5 @@
 """Beam BayesianNgrams == the in-memory reference under a seed; unseeded outputs are distributions."""
+
 import math
 import random
 
@@ -6,11 +7,12 @@ import apache_beam as beam
 import numpy as np
 import pytest
 
+from privacy.bayesian import BayesianParams
+from transforms.bayesian import bayesian_kernels as K
+from transforms.bayesian.bayesian import BayesianNgrams
+from transforms.bayesian.reference import release
+
 from beam_helpers import collect
-from privacy.bayesian_params import BayesianParams
-from transforms import bayesian_kernels as K
-from transforms.bayesian import BayesianNgrams
-from transforms.bayesian_reference import release
 
 WORDS = ["the", "a", "fix", "bug", "add", "test", "docs", "update"]
 
@@ -21,8 +23,10 @@ def make_texts(seed=11, users=80):
     for u in range(users):
         docs = []
         for _ in range(rnd.randint(1, 3)):
-            lines = [" ".join(rnd.choice(WORDS[: rnd.randint(3, 8)]) for _ in range(rnd.randint(1, 9)))
-                     for _ in range(rnd.randint(1, 3))]
+            lines = [
+                " ".join(rnd.choice(WORDS[: rnd.randint(3, 8)]) for _ in range(rnd.randint(1, 9)))
+                for _ in range(rnd.randint(1, 3))
+            ]
             docs.append("\n".join(lines))
         texts[f"user{u}"] = docs
     return texts
@@ -31,8 +35,13 @@ def make_texts(seed=11, users=80):
 TEXTS = make_texts()
 RECORDS = [(u, t) for u, docs in TEXTS.items() for t in docs]
 PRIOR = K.PublicPrior.from_counts(
-    {f"{a} {b}": float((i * 7 + j * 3) % 11) for i, a in enumerate(WORDS) for j, b in enumerate(WORDS)
-     if (i + j) % 3 != 0} | {"not private": 5.0}
+    {
+        f"{a} {b}": float((i * 7 + j * 3) % 11)
+        for i, a in enumerate(WORDS)
+        for j, b in enumerate(WORDS)
+        if (i + j) % 3 != 0
+    }
+    | {"not private": 5.0}
 )
 
 

@@ -1,4 +1,5 @@
 """Bayesian DP n-gram kernels: sensitivities vs naive recomputation, Claims 1-2, selection, baselines."""
+
 import math
 
 import numpy as np
@@ -7,10 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines.bayesian_eval import evaluate
-from privacy.bayesian_params import BayesianParams
-from transforms import bayesian_kernels as K
-from transforms.bayesian_reference import candidate_log_thetas, finalize, release_from_user_counts
-from transforms.bayesian_synthetic import synthetic_corpus
+from privacy.bayesian import BayesianParams
+from transforms.bayesian import bayesian_kernels as K
+from transforms.bayesian.bayesian_kernels import candidate_log_thetas
+from transforms.bayesian.reference import release_from_user_counts
+from transforms.testing.bayesian_synthetic import synthetic_corpus
 
 
 @st.composite
@@ -35,12 +37,13 @@ def naive_r(users, V, S, C):
 
 def naive_max_change(users, V, S, C, rho, mu_p):
     """max over users of ||mu_ps(D) - mu_ps(D - user)||_2, recomputed from scratch."""
+
     def mu(us):
         c, N = K.accumulate(us, V)
         return K.posterior_mean(K.x_hat(c), K.decay_weights(N, S, C), mu_p, rho)
 
     full = mu(users)
-    return max(np.linalg.norm(full - mu(users[:j] + users[j + 1:])) for j in range(len(users)))
+    return max(np.linalg.norm(full - mu(users[:j] + users[j + 1 :])) for j in range(len(users)))
 
 
 @settings(max_examples=300, deadline=None)
@@ -101,15 +104,18 @@ def test_claim2_score_sensitivity(release_set, scoring_set, rho):
 
     full = q(users2, c1)
     for j in range(len(users2)):
-        assert abs(full - q(users2[:j] + users2[j + 1:], c1)) <= bound * (1 + 1e-9) + 1e-9
+        assert abs(full - q(users2[:j] + users2[j + 1 :], c1)) <= bound * (1 + 1e-9) + 1e-9
     lt = K.log_softmax(K.posterior_mean(K.x_hat(c2), K.decay_weights(N2, S, C), mu_p, rho))
     W = max(1, int(max((cnt.sum() for _, cnt in users1), default=1)))
     for idx, cnt in users1:
         change = K.user_score_change(lt[None, :], idx, cnt)[0]
         c_minus = c1.copy()
         c_minus[idx] -= cnt
-        assert change == pytest.approx(full - K.cross_entropy_score(c_minus, K.posterior_mean(
-            K.x_hat(c2), K.decay_weights(N2, S, C), mu_p, rho)), rel=1e-9, abs=1e-9)
+        assert change == pytest.approx(
+            full - K.cross_entropy_score(c_minus, K.posterior_mean(K.x_hat(c2), K.decay_weights(N2, S, C), mu_p, rho)),
+            rel=1e-9,
+            abs=1e-9,
+        )
         assert change <= K.score_change_bound(lt, C, W) * (1 + 1e-12)
 
 
@@ -129,7 +135,7 @@ def test_claim2_printed_lipschitz_constant_is_too_small():
         c, N = K.accumulate(us, V)
         return K.cross_entropy_score(c1, K.posterior_mean(K.x_hat(c), K.decay_weights(N, S, C), mu_p, rho))
 
-    change = max(abs(q(users2) - q(users2[:j] + users2[j + 1:])) for j in range(len(users2)))
+    change = max(abs(q(users2) - q(users2[:j] + users2[j + 1 :])) for j in range(len(users2)))
     assert change > 1.5 * rho * np.linalg.norm(c1) * gamma  # printed constant: violated
     assert change <= K.score_sensitivity_release_set(rho, gamma, c1)  # corrected: holds
 
@@ -162,8 +168,9 @@ def test_probabilities_valid_for_extreme_counts(mechanism, tune):
     users = {"heavy": (np.array([0, 1]), np.array([10**6, 10**6])), "one": (np.array([5]), np.array([1]))}
     for eps in (1e-3, 1.0, 100.0):
         for S, rho in ((1e-3, 1e-3), (1e4, 1.0)):
-            params = BayesianParams(mechanism=mechanism, epsilon=eps, C=10**6, W=2 * 10**6, S=S, rho=rho,
-                                    tune=tune, validation_fraction=0.5)
+            params = BayesianParams(
+                mechanism=mechanism, epsilon=eps, C=10**6, W=2 * 10**6, S=S, rho=rho, tune=tune, validation_fraction=0.5
+            )
             for seed in (0, 1, None):
                 theta, _ = release_from_user_counts(users, prior, params, seed=seed)
                 assert theta.shape == (V,)
@@ -226,8 +233,16 @@ def test_bayesian_beats_laplace_at_eps_0_1_when_prior_is_private_distribution():
     """Public prior drawn from the private distribution (tau=1, noise=0); mean KL over 10 seeds.
     Measured: Bayesian ~0.01 nats, Laplace ~3 nats; a reversal would need a >100x swing."""
     sc = synthetic_corpus(V=500, users=5000, public_size=500_000, tau=1.0, noise=0.0, C=1, W=20, seed=3)
-    rows = evaluate(sc.users, sc.p_private, sc.prior, BayesianParams(C=1, W=20), [0.1],
-                    ["bayesian", "laplace"], repeats=10, seed=100)
+    rows = evaluate(
+        sc.users,
+        sc.p_private,
+        sc.prior,
+        BayesianParams(C=1, W=20),
+        [0.1],
+        ["bayesian", "laplace"],
+        repeats=10,
+        seed=100,
+    )
     kl = {r["mechanism"]: r["kl_mean"] for r in rows}
     assert kl["bayesian"] < kl["laplace"]
     assert kl["bayesian"] < kl["uniform"]
@@ -240,21 +255,24 @@ def test_candidate_log_thetas_are_normalised():
     np.testing.assert_allclose(np.exp(lt).sum(axis=1), 1.0, rtol=1e-12)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"epsilon": 0}, "epsilon"),
-    ({"delta": 0.9}, "delta"),
-    ({"C": 0}, "C must"),
-    ({"W": 1, "C": 2}, "W (total count per user) must be >= C"),
-    ({"S": -1}, "S must"),
-    ({"rho": 1.5}, "rho must"),
-    ({"mechanism": "gauss"}, "mechanism"),
-    ({"sensitivity": "exact"}, "sensitivity"),
-    ({"tune": True, "mechanism": "laplace"}, "tune applies"),
-    ({"S_grid": ()}, "S_grid"),
-    ({"rho_grid": (0.5, 0.5)}, "rho_grid must not repeat"),
-    ({"tune_epsilon_fraction": 1.0}, "tune_epsilon_fraction"),
-    ({"n": 0}, "n must"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"epsilon": 0}, "epsilon"),
+        ({"delta": 0.9}, "delta"),
+        ({"C": 0}, "C must"),
+        ({"W": 1, "C": 2}, "W (total count per user) must be >= C"),
+        ({"S": -1}, "S must"),
+        ({"rho": 1.5}, "rho must"),
+        ({"mechanism": "gauss"}, "mechanism"),
+        ({"sensitivity": "exact"}, "sensitivity"),
+        ({"tune": True, "mechanism": "laplace"}, "tune applies"),
+        ({"S_grid": ()}, "S_grid"),
+        ({"rho_grid": (0.5, 0.5)}, "rho_grid must not repeat"),
+        ({"tune_epsilon_fraction": 1.0}, "tune_epsilon_fraction"),
+        ({"n": 0}, "n must"),
+    ],
+)
 def test_params_validation_names_parameter(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         BayesianParams(**kwargs)

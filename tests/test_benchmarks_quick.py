@@ -3,6 +3,7 @@
 Checks the files and their contents (columns, ranges, Beam == reference under a seed), not speed:
 speed targets are read from the benchmark's own tables (BENCHMARKS.md).
 """
+
 import csv
 import math
 import os
@@ -18,9 +19,25 @@ TOOLS = ["basic", "mad", "pdp_gaussian"]
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "run_all.py"), "--quick", "--out", str(out),
-           "--seeds", "2", "--utility", "commits_sample:5,100", "--sizes", "20000", "40000",
-           "--modes", "reference", "in_memory", "--tools", *TOOLS]
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "benchmarks", "run_all.py"),
+        "--quick",
+        "--out",
+        str(out),
+        "--seeds",
+        "2",
+        "--utility",
+        "commits_sample:5,100",
+        "--sizes",
+        "20000",
+        "40000",
+        "--modes",
+        "reference",
+        "in_memory",
+        "--tools",
+        *TOOLS,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc.stdout
@@ -50,8 +67,13 @@ def test_speed_and_scaling_csv(results):
     out, _ = results
     rows = _rows(out, "speed.csv")
     modes = {(r["tool"], r["mode"]) for r in rows}
-    assert modes == {("basic", "reference"), ("basic", "in_memory"), ("mad", "reference"), ("mad", "in_memory"),
-                     ("pdp_gaussian", "in_memory")}
+    assert modes == {
+        ("basic", "reference"),
+        ("basic", "in_memory"),
+        ("mad", "reference"),
+        ("mad", "in_memory"),
+        ("pdp_gaussian", "in_memory"),
+    }
     assert len(rows) == 2 * len(modes)
     for r in rows:
         assert float(r["wall_s"]) > 0 and float(r["pairs_per_s"]) > 0 and float(r["peak_rss_mb"]) > 10

@@ -4,9 +4,11 @@ Independent oracles: 60-digit mpmath evaluation of the closed forms, dp-accounti
 Gaussian calibration and its privacy-loss-distribution (PLD) accountant, and the failure-probability
 statements the thresholds are derived from (MAD Theorem 3.3, DPSU Theorem 4.1 eq. (2)).
 """
+
 import math
 import warnings
 
+import mpmath  # test extra
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -30,8 +32,6 @@ from privacy.calibration import (
     laplace_threshold,
     laplace_threshold_with_argmax,
 )
-
-import mpmath  # test extra
 
 pytestmark = pytest.mark.filterwarnings("error::RuntimeWarning")
 
@@ -107,6 +107,7 @@ def test_sigma_against_mpmath(eps, delta):
 
 def test_sigma_against_dp_accounting_exact():
     from dp_accounting import gaussian_mechanism as gm
+
     for eps in [0.01, 0.1, 1.0, 5.0, 50.0]:
         for delta in [0.1, 1e-5, 1e-10, 1e-15]:
             ours = analytic_gaussian_sigma(eps, delta)
@@ -119,13 +120,14 @@ def test_sigma_against_dp_accounting_exact():
 def test_sigma_against_dp_accounting_pld(eps, delta):
     """The PLD accountant (an independent numerical method) agrees on the privacy profile."""
     from dp_accounting.pld import privacy_loss_distribution as pld
+
     sigma = analytic_gaussian_sigma(eps, delta)
     # Connect-the-dots PLD (pessimistic): an upper bound on delta, tight to discretisation.
     d_at = pld.from_gaussian_mechanism(sigma, value_discretization_interval=1e-4).get_delta_for_epsilon(eps)
     assert d_at == pytest.approx(delta, rel=1e-3)
-    d_below = pld.from_gaussian_mechanism(
-        sigma * (1 - 1e-2), value_discretization_interval=1e-4
-    ).get_delta_for_epsilon(eps)
+    d_below = pld.from_gaussian_mechanism(sigma * (1 - 1e-2), value_discretization_interval=1e-4).get_delta_for_epsilon(
+        eps
+    )
     assert d_below > delta
 
 
@@ -186,6 +188,7 @@ def test_gaussian_epsilon_inverts_sigma(eps, delta):
 
 def test_gaussian_epsilon_against_dp_accounting_and_zero_case():
     from dp_accounting import gaussian_mechanism as gm
+
     for sigma, delta in [(0.5, 1e-5), (3.0, 1e-6), (40.0, 1e-12)]:
         assert gaussian_epsilon(sigma, delta) == pytest.approx(gm.get_epsilon_gaussian(sigma, delta), rel=1e-8)
     # Huge noise: already (0, delta)-DP since 2 Phi(1/(2 sigma)) - 1 <= delta.

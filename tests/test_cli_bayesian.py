@@ -1,4 +1,5 @@
 """End-to-end tests of ``python -m pipelines.bayesian_ngrams`` and ``python -m pipelines.bayesian_eval``."""
+
 import glob
 import gzip
 import json
@@ -7,11 +8,11 @@ import math
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_bayesian_beam import PRIOR, TEXTS
 
 from pipelines import bayesian_eval, bayesian_ngrams
-from privacy.bayesian_params import BayesianParams
-from test_bayesian_beam import PRIOR, TEXTS
-from transforms.bayesian_reference import release
+from privacy.bayesian import BayesianParams
+from transforms.bayesian.reference import release
 
 
 def write_private(tmp_path, fmt):
@@ -39,9 +40,27 @@ def write_public(tmp_path, lines=None, name="public.tsv.gz"):
 
 def run_cli(tmp_path, private, fmt, public, *extra, name="out"):
     out, report = tmp_path / name / "probs", tmp_path / name / "report.json"
-    argv = ["--private", private, "--input_format", fmt, "--public", public, "--output", str(out),
-            "--report", str(report), "--n", "2", "--C", "2", "--W", "6", "--direct_running_mode", "in_memory",
-            *extra]
+    argv = [
+        "--private",
+        private,
+        "--input_format",
+        fmt,
+        "--public",
+        public,
+        "--output",
+        str(out),
+        "--report",
+        str(report),
+        "--n",
+        "2",
+        "--C",
+        "2",
+        "--W",
+        "6",
+        "--direct_running_mode",
+        "in_memory",
+        *extra,
+    ]
     code = bayesian_ngrams.run(argv)
     lines = [l.rstrip("\n") for p in sorted(glob.glob(str(out) + "*")) for l in open(p, encoding="utf-8")]
     dist = {l.split("\t")[0]: float(l.split("\t")[1]) for l in lines}
@@ -51,8 +70,20 @@ def run_cli(tmp_path, private, fmt, public, *extra, name="out"):
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
 def test_cli_equals_reference_and_reports_data_dependence(tmp_path, fmt):
-    code, dist, rep = run_cli(tmp_path, write_private(tmp_path, fmt), fmt, write_public(tmp_path),
-                              "--epsilon", "2", "--S", "0.5", "--rho", "0.4", "--seed", "4")
+    code, dist, rep = run_cli(
+        tmp_path,
+        write_private(tmp_path, fmt),
+        fmt,
+        write_public(tmp_path),
+        "--epsilon",
+        "2",
+        "--S",
+        "0.5",
+        "--rho",
+        "0.4",
+        "--seed",
+        "4",
+    )
     assert code == 0
     want, _ = release(TEXTS, PRIOR, BayesianParams(n=2, C=2, W=6, epsilon=2.0, S=0.5, rho=0.4), seed=4)
     assert dist == want
@@ -65,8 +96,22 @@ def test_cli_equals_reference_and_reports_data_dependence(tmp_path, fmt):
 def test_cli_tsv_tune_and_laplace(tmp_path):
     private = write_private(tmp_path, "tsv")
     public = write_public(tmp_path)
-    code, dist, rep = run_cli(tmp_path, private, "tsv", public, "--tune", "--S_grid", "0.01,1",
-                              "--rho_grid", "0.3,0.7", "--tune_epsilon_fraction", "0.25", "--seed", "1", name="t")
+    code, dist, rep = run_cli(
+        tmp_path,
+        private,
+        "tsv",
+        public,
+        "--tune",
+        "--S_grid",
+        "0.01,1",
+        "--rho_grid",
+        "0.3,0.7",
+        "--tune_epsilon_fraction",
+        "0.25",
+        "--seed",
+        "1",
+        name="t",
+    )
     assert code == 0 and set(dist) == set(PRIOR.vocab)
     assert math.fsum(dist.values()) == pytest.approx(1.0, abs=1e-12)
     assert rep["epsilon_tune"] == 0.25 and rep["epsilon_release"] == 0.75 and rep["tune_candidates"] == 4
@@ -77,13 +122,16 @@ def test_cli_tsv_tune_and_laplace(tmp_path):
     assert math.fsum(dist.values()) == pytest.approx(1.0, abs=1e-12)
 
 
-@pytest.mark.parametrize("lines, message", [
-    (["a b\tx"], "count must be a number"),
-    (["a b\t-1"], "finite and >= 0"),
-    (["a b c\t1"], "n-gram of 2 words"),
-    (["a b\t1", "a b\t2"], "duplicate n-gram"),
-    (["a b 1"], "expected n-gram<TAB>count"),
-])
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (["a b\tx"], "count must be a number"),
+        (["a b\t-1"], "finite and >= 0"),
+        (["a b c\t1"], "n-gram of 2 words"),
+        (["a b\t1", "a b\t2"], "duplicate n-gram"),
+        (["a b 1"], "expected n-gram<TAB>count"),
+    ],
+)
 def test_bad_public_file_is_a_parameter_error(tmp_path, capsys, lines, message):
     with pytest.raises(SystemExit) as e:
         run_cli(tmp_path, write_private(tmp_path, "jsonl"), "jsonl", write_public(tmp_path, lines))
@@ -102,8 +150,9 @@ def test_bad_parameters_and_bad_private_record(tmp_path, capsys):
     code, _, _ = run_cli(tmp_path, str(bad), "jsonl", public, name="bad")
     assert code == 3 and "bad.jsonl:2" in capsys.readouterr().err
     diag = tmp_path / "diag.json"
-    code, dist, rep = run_cli(tmp_path, str(bad), "jsonl", public, "--skip_bad_records", "--diagnostics",
-                              str(diag), name="skip")
+    code, dist, rep = run_cli(
+        tmp_path, str(bad), "jsonl", public, "--skip_bad_records", "--diagnostics", str(diag), name="skip"
+    )
     assert code == 0 and "diagnostics_non_private" not in rep  # the exact count is not in the report
     assert json.loads(diag.read_text())["counts"]["malformed_records"] == 1
 
@@ -114,9 +163,31 @@ def test_eval_command_prints_kl_per_mechanism(tmp_path, capsys):
     code, _, _ = run_cli(tmp_path, private, "jsonl", public, "--seed", "2")
     assert code == 0
     capsys.readouterr()
-    assert bayesian_eval.run(["--private", private, "--input_format", "jsonl", "--public", public, "--n", "2",
-                              "--epsilons", "0.5,4", "--repeats", "2", "--C", "2", "--W", "6",
-                              "--distribution", f"cli={tmp_path / 'out' / 'probs'}"]) == 0
+    assert (
+        bayesian_eval.run(
+            [
+                "--private",
+                private,
+                "--input_format",
+                "jsonl",
+                "--public",
+                public,
+                "--n",
+                "2",
+                "--epsilons",
+                "0.5,4",
+                "--repeats",
+                "2",
+                "--C",
+                "2",
+                "--W",
+                "6",
+                "--distribution",
+                f"cli={tmp_path / 'out' / 'probs'}",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     rows = [l.split() for l in out.splitlines()[3:]]
     names = [(r[0], r[1]) for r in rows]

@@ -1,4 +1,5 @@
 """End-to-end tests of ``python -m pipelines.select_partitions``."""
+
 import glob
 import gzip
 import json
@@ -11,10 +12,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import random_user_sets
 from pipelines import select_partitions
-from privacy.params import SelectionParams
+from privacy.selection import SelectionParams
 from transforms import reference
+
+from conftest import random_user_sets
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETS = random_user_sets(random.Random(21), 1000, 200, 12)
@@ -36,9 +38,25 @@ def write_input(tmp_path, fmt, pairs=PAIRS):
 
 def run_cli(tmp_path, input_path, fmt, *extra, name="out"):
     out, report = tmp_path / name / "items", tmp_path / name / "report.json"
-    argv = ["--input", input_path, "--input_format", fmt, "--output", str(out), "--report", str(report),
-            "--epsilon", "2", "--delta", "1e-4", "--max_contributions", "8",
-            "--direct_running_mode", "in_memory", *extra]
+    argv = [
+        "--input",
+        input_path,
+        "--input_format",
+        fmt,
+        "--output",
+        str(out),
+        "--report",
+        str(report),
+        "--epsilon",
+        "2",
+        "--delta",
+        "1e-4",
+        "--max_contributions",
+        "8",
+        "--direct_running_mode",
+        "in_memory",
+        *extra,
+    ]
     code = select_partitions.run(argv)
     items = [l.rstrip("\n") for p in sorted(glob.glob(str(out) + "*")) for l in open(p, encoding="utf-8")]
     rep = json.loads(report.read_text()) if report.exists() else None
@@ -62,7 +80,9 @@ def test_each_input_format_gives_the_reference_output(tmp_path, fmt):
 
 def test_report_has_one_entry_per_round_for_dp_sips(tmp_path):
     path = write_input(tmp_path, "tsv")
-    code, items, rep = run_cli(tmp_path, path, "tsv", "--algorithm", "dp_sips", "--budget_split", "0.05,0.15,0.8", "--seed", "3")
+    code, items, rep = run_cli(
+        tmp_path, path, "tsv", "--algorithm", "dp_sips", "--budget_split", "0.05,0.15,0.8", "--seed", "3"
+    )
     assert code == 0
     assert [r["round"] for r in rep["rounds"]] == [1, 2, 3]
     assert sum(r["released"] for r in rep["rounds"]) == rep["released"] == len(items)
@@ -93,7 +113,7 @@ def test_bad_record_fails_with_file_and_line(tmp_path, capsys):
         ('{"user": "u1", "item": "a"}\n{"user": "u2"}\n', 2),
         ('{"user": null, "item": "a"}\n', 1),
         ('{"user": "u1", "item": "two\\nlines"}\n', 1),
-        ('[1, 2]\n', 1),
+        ("[1, 2]\n", 1),
     ],
 )
 def test_bad_jsonl_records_are_reported(tmp_path, capsys, content, line):
@@ -109,8 +129,9 @@ def test_skip_bad_records_counts_them_only_in_non_private_diagnostics(tmp_path, 
     path = tmp_path / "mixed.tsv"
     path.write_bytes(("user\titem\n" + good + "no tab here\n\tempty user\nu9\t\n").encode() + b"u1\t\xff\xfe\n")
     diag = tmp_path / "diag.json"
-    code, items, rep = run_cli(tmp_path, str(path), "tsv", "--skip_bad_records", "--seed", "5",
-                               "--diagnostics", str(diag))
+    code, items, rep = run_cli(
+        tmp_path, str(path), "tsv", "--skip_bad_records", "--seed", "5", "--diagnostics", str(diag)
+    )
     assert code == 0
     assert "--skip_bad_records" in capsys.readouterr().err  # the operator is warned
     assert "diagnostics_non_private" not in rep and "malformed_records" not in json.dumps(rep)
@@ -145,8 +166,10 @@ def test_join_options_change_cost_not_output(tmp_path, algorithm):
     """--max_broadcast_items 0 (always the sharded join, 3 users per key) releases exactly what the
     default side-input mode releases under the same seed, and the reference."""
     path = write_input(tmp_path, "tsv")
-    runs = [run_cli(tmp_path, path, "tsv", "--algorithm", algorithm, "--seed", "9", "--d_max", "6", *extra, name=str(k))
-            for k, extra in enumerate([[], ["--max_broadcast_items", "0", "--max_users_per_key", "3"]])]
+    runs = [
+        run_cli(tmp_path, path, "tsv", "--algorithm", algorithm, "--seed", "9", "--d_max", "6", *extra, name=str(k))
+        for k, extra in enumerate([[], ["--max_broadcast_items", "0", "--max_users_per_key", "3"]])
+    ]
     want = reference.select(SETS, algorithm, SelectionParams(2.0, 1e-4, max_contributions=8, d_max=6), seed=9)
     assert runs[0][0] == runs[1][0] == 0
     assert sorted(runs[0][1]) == sorted(runs[1][1]) == sorted(want) and want
@@ -154,10 +177,17 @@ def test_join_options_change_cost_not_output(tmp_path, algorithm):
 
 @pytest.mark.parametrize(
     "flag,value,name",
-    [("--epsilon", "-1", "epsilon"), ("--delta", "1.5", "delta"), ("--max_contributions", "0", "max_contributions"),
-     ("--d_max", "3", "d_max"), ("--b_min", "0.4", "b_min"), ("--b_max", "0.9", "b_max"),
-     ("--budget_split", "0.5,0.6", "budget_split"), ("--max_broadcast_items", "-1", "max_broadcast_items"),
-     ("--max_users_per_key", "0", "max_users_per_key")],
+    [
+        ("--epsilon", "-1", "epsilon"),
+        ("--delta", "1.5", "delta"),
+        ("--max_contributions", "0", "max_contributions"),
+        ("--d_max", "3", "d_max"),
+        ("--b_min", "0.4", "b_min"),
+        ("--b_max", "0.9", "b_max"),
+        ("--budget_split", "0.5,0.6", "budget_split"),
+        ("--max_broadcast_items", "-1", "max_broadcast_items"),
+        ("--max_users_per_key", "0", "max_users_per_key"),
+    ],
 )
 def test_bad_parameters_exit_2_naming_the_parameter(tmp_path, capsys, flag, value, name):
     path = write_input(tmp_path, "tsv")
@@ -174,10 +204,33 @@ def test_cli_subprocess_same_items_in_memory_and_multi_processing(tmp_path):
     results = []
     for mode in ("in_memory", "multi_processing"):
         out = tmp_path / mode
-        cmd = [sys.executable, "-m", "pipelines.select_partitions", "--input", path, "--input_format", "tsv",
-               "--output", str(out / "items"), "--report", str(out / "report.json"), "--algorithm", "basic",
-               "--epsilon", "1", "--delta", "1e-5", "--max_contributions", "100", "--seed", "42",
-               "--direct_running_mode", mode, "--direct_num_workers", "2"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pipelines.select_partitions",
+            "--input",
+            path,
+            "--input_format",
+            "tsv",
+            "--output",
+            str(out / "items"),
+            "--report",
+            str(out / "report.json"),
+            "--algorithm",
+            "basic",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-5",
+            "--max_contributions",
+            "100",
+            "--seed",
+            "42",
+            "--direct_running_mode",
+            mode,
+            "--direct_num_workers",
+            "2",
+        ]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "released" in proc.stdout

@@ -1,25 +1,26 @@
 """DPNE accounting (Theorem 2.1, Prop. 2.2) and parameter validation."""
+
 import math
 
 import numpy as np
 import pytest
 from scipy import special, stats
 
-from privacy.calibration import analytic_gaussian_sigma
-from privacy.dpne_accounting import (
+from privacy.calibration import analytic_gaussian_sigma, mad_tau
+from privacy.dpne import (
     DPNEParams,
     dpne_composed_privacy,
     dpne_level_sigmas,
     dpne_rho_1,
     dpne_rho_k,
-    mad_tau,
     plan_runs,
     spurious_probability,
 )
 
 
-@pytest.mark.parametrize("eps,delta,T,decay", [(4, 1e-7, 9, 1.0), (1, 1e-7, 6, 1.0), (1, 1e-5, 5, 0.7),
-                                               (8, 1e-10, 3, 1.3)])
+@pytest.mark.parametrize(
+    "eps,delta,T,decay", [(4, 1e-7, 9, 1.0), (1, 1e-7, 6, 1.0), (1, 1e-5, 5, 0.7), (8, 1e-10, 3, 1.3)]
+)
 def test_composed_sigmas_give_exactly_epsilon_delta(eps, delta, T, decay):
     prm = DPNEParams(epsilon=eps, delta=delta, max_n=T, sigma_decay=decay)
     sigma_star, sigmas = dpne_level_sigmas(prm)

@@ -1,4 +1,5 @@
 """Beam DPNE == in-memory reference under a fixed seed; the extract_ngrams CLI end to end."""
+
 import glob
 import gzip
 import json
@@ -8,11 +9,13 @@ import tempfile
 import apache_beam as beam
 import pytest
 
-from beam_helpers import make_test_pipeline
 from pipelines import extract_ngrams
-from privacy.dpne_accounting import DPNEParams
-from transforms.dpne import DPNE
-from transforms.dpne_reference import dpne_reference, markov_corpus
+from privacy.dpne import DPNEParams
+from transforms.dpne.dpne import DPNE
+from transforms.dpne.reference import dpne_reference
+from transforms.testing.synthetic import markov_corpus
+
+from beam_helpers import make_test_pipeline
 
 SEED = 2024
 
@@ -29,10 +32,16 @@ def run_beam(records, params, seed, mode="in_memory", workers=None):
     with tempfile.TemporaryDirectory() as tmp:
         with make_test_pipeline(mode, workers) as p:
             out = p | beam.Create(records) | beam.Reshuffle() | DPNE(params, seed=seed, num_shards=3)
-            _ = (out["ngrams"] | "Fmt" >> beam.Map(extract_ngrams.format_ngram)
-                 | "W1" >> beam.io.WriteToText(os.path.join(tmp, "ng")))
-            _ = (out["levels"] | "Json" >> beam.Map(json.dumps, sort_keys=True)
-                 | "W2" >> beam.io.WriteToText(os.path.join(tmp, "lv")))
+            _ = (
+                out["ngrams"]
+                | "Fmt" >> beam.Map(extract_ngrams.format_ngram)
+                | "W1" >> beam.io.WriteToText(os.path.join(tmp, "ng"))
+            )
+            _ = (
+                out["levels"]
+                | "Json" >> beam.Map(json.dumps, sort_keys=True)
+                | "W2" >> beam.io.WriteToText(os.path.join(tmp, "lv"))
+            )
 
         def read(prefix):
             return [l.rstrip("\n") for f in sorted(glob.glob(os.path.join(tmp, prefix) + "*")) for l in open(f)]
@@ -46,13 +55,28 @@ def level_key(d):
 
 CONFIGS = [
     pytest.param(DPNEParams(epsilon=4, delta=1e-5, max_n=4, max_contributions=15, eta=0.3), id="dpne-both"),
-    pytest.param(DPNEParams(epsilon=4, delta=1e-5, max_n=4, max_contributions=(15, 10, 10, 5), eta=0.3,
-                            pruning="single", vk_method="sample", sample_rate=0.3, sigma_decay=0.8),
-                 id="dpne-single-sample"),
+    pytest.param(
+        DPNEParams(
+            epsilon=4,
+            delta=1e-5,
+            max_n=4,
+            max_contributions=(15, 10, 10, 5),
+            eta=0.3,
+            pruning="single",
+            vk_method="sample",
+            sample_rate=0.3,
+            sigma_decay=0.8,
+        ),
+        id="dpne-single-sample",
+    ),
     pytest.param(DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10, algorithm="dpsu_all"), id="dpsu_all"),
-    pytest.param(DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10, algorithm="dpsu_even"), id="dpsu_even"),
-    pytest.param(DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10, algorithm="dpsu_single",
-                            dpsu_single_length=2), id="dpsu_single"),
+    pytest.param(
+        DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10, algorithm="dpsu_even"), id="dpsu_even"
+    ),
+    pytest.param(
+        DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10, algorithm="dpsu_single", dpsu_single_length=2),
+        id="dpsu_single",
+    ),
 ]
 
 
@@ -110,11 +134,31 @@ def test_cli_end_to_end(records, tmp_path):
     want = dpne_reference(records, params, seed=5).lines()
     for fmt, path in (("jsonl", inp), ("tsv", tsv)):
         out, rep = tmp_path / f"out_{fmt}", tmp_path / f"rep_{fmt}.json"
-        rc = extract_ngrams.run([
-            "--input", str(path), "--input_format", fmt, "--output", str(out), "--report", str(rep),
-            "--max_n", "3", "--epsilon", "4", "--delta", "1e-5", "--max_contributions", "15", "--eta", "0.3",
-            "--seed", "5", "--direct_running_mode=in_memory",
-        ])
+        rc = extract_ngrams.run(
+            [
+                "--input",
+                str(path),
+                "--input_format",
+                fmt,
+                "--output",
+                str(out),
+                "--report",
+                str(rep),
+                "--max_n",
+                "3",
+                "--epsilon",
+                "4",
+                "--delta",
+                "1e-5",
+                "--max_contributions",
+                "15",
+                "--eta",
+                "0.3",
+                "--seed",
+                "5",
+                "--direct_running_mode=in_memory",
+            ]
+        )
         assert rc == 0
         lines = sorted(l.rstrip("\n") for f in glob.glob(str(out) + "*") for l in open(f, encoding="utf-8"))
         assert lines == want  # same n-grams whether a user's lines come as one record or many
@@ -129,6 +173,20 @@ def test_cli_end_to_end(records, tmp_path):
 
 def test_cli_rejects_bad_parameters(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        extract_ngrams.run(["--input", "x", "--input_format", "jsonl", "--output", "o", "--report", "r",
-                            "--max_n", "3", "--max_contributions", "1,2"])
+        extract_ngrams.run(
+            [
+                "--input",
+                "x",
+                "--input_format",
+                "jsonl",
+                "--output",
+                "o",
+                "--report",
+                "r",
+                "--max_n",
+                "3",
+                "--max_contributions",
+                "1,2",
+            ]
+        )
     assert "max_contributions must be one integer or a list of max_n=3" in capsys.readouterr().err

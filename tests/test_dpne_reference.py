@@ -1,13 +1,16 @@
 """DPNE reference: Prop. 2.1 (downward closed), S_k in V_k, spurious fraction <= eta, privacy canaries."""
+
 import math
 
 import numpy as np
 import pytest
 from scipy import stats
 
-from privacy.dpne_accounting import DPNEParams
-from transforms import ngrams
-from transforms.dpne_reference import dpne_reference, markov_corpus, ngram_user_counts, user_kgrams
+from privacy.dpne import DPNEParams
+from transforms.core import text as tx
+from transforms.dpne import dpne_kernels
+from transforms.dpne.reference import dpne_reference, ngram_user_counts, user_kgrams
+from transforms.testing.synthetic import markov_corpus
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,7 @@ def test_downward_closed_and_subset_of_valid(corpus, weighting):
         assert sum(map(len, out.values())) > 50 and len(out[4]) > 0
         assert released_subgrams_closed(out)  # Proposition 2.1
         for k in range(2, 6):
-            assert all(ngrams.is_valid(g, out[k - 1], out[1], "both") for g in out[k])  # S_k subset of V_k
+            assert all(dpne_kernels.is_valid(g, out[k - 1], out[1], "both") for g in out[k])  # S_k subset of V_k
         for lvl in res.levels:
             if weighting == "mad" and lvl["rho"] is not None:
                 assert lvl["tau"] >= 1.0
@@ -50,8 +53,8 @@ def test_single_side_pruning_subset_of_valid(corpus):
     prm = DPNEParams(epsilon=4, delta=1e-6, max_n=5, max_contributions=20, eta=0.2, pruning="single")
     out = dpne_reference(None, prm, rng=np.random.default_rng(1), user_grams=ug).ngrams
     for k in range(2, 6):
-        assert all(ngrams.is_valid(g, out[k - 1], out[1], "single") for g in out[k])
-        assert all(ngrams.head(g) in out[k - 1] for g in out[k])
+        assert all(dpne_kernels.is_valid(g, out[k - 1], out[1], "single") for g in out[k])
+        assert all(tx.head(g) in out[k - 1] for g in out[k])
 
 
 def test_spurious_fraction_at_most_eta_in_expectation(corpus):
@@ -96,7 +99,7 @@ def test_no_single_user_ngram_released_at_eps1(corpus):
             k = lvl["k"]
             if lvl["rho"] is None:
                 continue
-            valid_single = [g for g in single[k] if ngrams.is_valid(g, out[k - 1], out[1])]
+            valid_single = [g for g in single[k] if dpne_kernels.is_valid(g, out[k - 1], out[1])]
             expected += len(valid_single) * stats.norm.sf((lvl["rho"] - 1.0) / lvl["sigma"])
             observed += len(out[k] & single[k])
     assert observed <= expected + 4 * math.sqrt(expected) + 1
@@ -116,8 +119,18 @@ def test_report_has_only_public_quantities(corpus):
     _, ug, _ = corpus
     prm = DPNEParams(epsilon=4, delta=1e-6, max_n=3, max_contributions=10, vk_method="sample", sample_rate=0.2)
     res = dpne_reference(None, prm, seed=1, user_grams=ug)
-    allowed = {"k", "sigma", "max_contributions", "rho", "released", "s_prev", "v_k", "spurious_prob",
-               "expected_spurious_bound", "tau"}
+    allowed = {
+        "k",
+        "sigma",
+        "max_contributions",
+        "rho",
+        "released",
+        "s_prev",
+        "v_k",
+        "spurious_prob",
+        "expected_spurious_bound",
+        "tau",
+    }
     for lvl in res.levels:
         assert set(lvl) <= allowed
         if lvl["k"] >= 2:  # |V_k| is the estimate, a function of the released S_1, S_{k-1}
@@ -152,7 +165,7 @@ def test_valid_single_user_kgrams_released_at_most_at_spurious_rate():
     for seed in range(20):
         res = dpne_reference(None, prm, rng=np.random.default_rng(seed), user_grams=ug)
         lvl = res.levels[2]
-        valid = [g for g in canaries if ngrams.is_valid(g, res.ngrams[2], res.ngrams[1])]
+        valid = [g for g in canaries if dpne_kernels.is_valid(g, res.ngrams[2], res.ngrams[1])]
         bound += len(valid) * stats.norm.sf((lvl["rho"] - 1.0) / lvl["sigma"])
         observed += len(res.ngrams[3] & canaries)
         assert not ({f"a{i}" for i in range(10)} - res.ngrams[1])  # popular words all released

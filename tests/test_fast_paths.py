@@ -3,15 +3,17 @@
 The Beam == reference tests (test_foundation_beam.py, test_mad_beam.py, ...) check the end result;
 these check the kernels directly on random inputs.
 """
+
 import collections
 import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from transforms import randomness
-from transforms.combiners import ExactSumFn, from_fixed_point, to_fixed_point
+from transforms.core import randomness
+from transforms.core.combiners import ExactSumFn, from_fixed_point, to_fixed_point
 
 finite = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e300, max_value=1e300)
 

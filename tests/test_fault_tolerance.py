@@ -15,6 +15,7 @@ What is proven, precisely:
   different, which is why stages with two consumers are checkpointed (tests/test_multiprocessing.py).
 * A run that fails after writing some output removes it (outputs, report and beam-temp staging).
 """
+
 import glob
 import importlib
 import inspect
@@ -29,14 +30,15 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 import transforms
 from pipelines import common, select_partitions
-from privacy.dpne_accounting import DPNEParams
-from privacy.params import SelectionParams
-from transforms import reference, testing
-from transforms.bounding import CapUserItemsFn
-from transforms.dpne import DPNE
-from transforms.dpne_reference import dpne_reference
-from transforms.select import SelectPartitions
-from transforms.threshold import AddNoiseFn
+from privacy.dpne import DPNEParams
+from privacy.selection import SelectionParams
+from transforms import reference
+from transforms.core.bounding import CapUserItemsFn
+from transforms.core.noise import AddNoiseFn
+from transforms.dpne.dpne import DPNE
+from transforms.dpne.reference import dpne_reference
+from transforms.selection.select import SelectPartitions
+from transforms.testing import beam as testing
 
 RND = random.Random(3)
 PAIRS = [(f"u{u}", f"i{min(int(RND.paretovariate(1.0)), 300)}") for u in range(300) for _ in range(RND.randint(1, 12))]
@@ -47,10 +49,12 @@ TEXTS = [(f"u{u}", " ".join(RND.choice("abcdefgh") for _ in range(6))) for u in 
 def package_dofn_classes():
     """Every beam.DoFn subclass defined in the transforms package (except the test helpers)."""
     classes = []
-    for mod in pkgutil.iter_modules(transforms.__path__):
-        module = importlib.import_module(f"transforms.{mod.name}")
+    for mod in pkgutil.walk_packages(transforms.__path__, "transforms."):
+        if mod.ispkg or mod.name.startswith("transforms.testing"):
+            continue
+        module = importlib.import_module(mod.name)
         for _, obj in inspect.getmembers(module, inspect.isclass):
-            if issubclass(obj, beam.DoFn) and obj.__module__ == module.__name__ and module.__name__ != "transforms.testing":
+            if issubclass(obj, beam.DoFn) and obj.__module__ == module.__name__:
                 classes.append(obj)
     return classes
 
@@ -111,8 +115,11 @@ def test_fnapi_direct_runner_does_not_retry(tmp_path):
     undo = testing.inject_bundle_failures(CapUserItemsFn, str(markers))
     try:
         with pytest.raises(Exception, match="injected failure"):
-            _run(lambda p: p | beam.Create(PAIRS) | SelectPartitions("basic", PARAMS, seed=1), "DirectRunner",
-                 str(tmp_path / "o"))
+            _run(
+                lambda p: p | beam.Create(PAIRS) | SelectPartitions("basic", PARAMS, seed=1),
+                "DirectRunner",
+                str(tmp_path / "o"),
+            )
     finally:
         undo()
 
@@ -130,7 +137,9 @@ def test_reexecuted_dofns_reproduce_their_output():
     for fn, elements in ((CapUserItemsFn(3, 7, 0), grouped), (AddNoiseFn("gaussian", 2.0, 7, 1), weights)):
         assert execute(fn, elements) == execute(fn, elements)
     # Unseeded: a re-executed draw differs (so a stage read twice must be checkpointed).
-    assert execute(AddNoiseFn("laplace", 2.0, None, 1), weights) != execute(AddNoiseFn("laplace", 2.0, None, 1), weights)
+    assert execute(AddNoiseFn("laplace", 2.0, None, 1), weights) != execute(
+        AddNoiseFn("laplace", 2.0, None, 1), weights
+    )
 
 
 # --- atomic output ---------------------------------------------------------------------------------
@@ -146,9 +155,24 @@ def test_failed_run_leaves_no_partial_output(tmp_path, monkeypatch, capsys):
     src.write_text("".join(f"u{j}\ta\n" for j in range(60)), encoding="utf-8")
     out = tmp_path / "out"
     with pytest.raises(Exception, match="report stage failed"):
-        select_partitions.run(["--input", str(src), "--input_format", "tsv", "--output", str(out / "items"),
-                               "--report", str(out / "report.json"), "--epsilon", "1", "--delta", "1e-5",
-                               "--direct_running_mode", "in_memory"])
+        select_partitions.run(
+            [
+                "--input",
+                str(src),
+                "--input_format",
+                "tsv",
+                "--output",
+                str(out / "items"),
+                "--report",
+                str(out / "report.json"),
+                "--epsilon",
+                "1",
+                "--delta",
+                "1e-5",
+                "--direct_running_mode",
+                "in_memory",
+            ]
+        )
     assert not out.exists() or os.listdir(out) == []
 
 
@@ -159,9 +183,24 @@ def test_failed_input_leaves_no_output_and_keeps_earlier_files(tmp_path, capsys)
     unrelated.write_text("keep me\n")
     src = tmp_path / "in.tsv"
     src.write_text("".join(f"u{j}\ta\n" for j in range(60)) + "bad line\n", encoding="utf-8")
-    code = select_partitions.run(["--input", str(src), "--input_format", "tsv", "--output", str(out / "items"),
-                                  "--report", str(out / "report.json"), "--epsilon", "1", "--delta", "1e-5",
-                                  "--direct_running_mode", "in_memory"])
+    code = select_partitions.run(
+        [
+            "--input",
+            str(src),
+            "--input_format",
+            "tsv",
+            "--output",
+            str(out / "items"),
+            "--report",
+            str(out / "report.json"),
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-5",
+            "--direct_running_mode",
+            "in_memory",
+        ]
+    )
     assert code == 3
     assert sorted(os.listdir(out)) == ["items-from-last-week.txt"] and unrelated.read_text() == "keep me\n"
 

@@ -1,20 +1,21 @@
 """Beam transforms of the foundation against the in-memory reference, under fixed seeds."""
+
 import random
 
 import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
+from privacy.selection import SelectionParams, plan_rounds
+from transforms import reference
+from transforms.core.bounding import BoundContributions
+from transforms.core.joins import AttachItemValues
+from transforms.core.noise import AddNoise, NoisyThreshold
+from transforms.selection.basic import UserSetWeights
+from transforms.selection.select import SelectPartitions
+
 from beam_helpers import collect, collect_pairs, make_test_pipeline
 from conftest import pairs_of, random_user_sets
-from privacy.params import SelectionParams
-from privacy.plans import plan_rounds
-from transforms import reference
-from transforms.basic import UserSetWeights
-from transforms.bounding import BoundContributions
-from transforms.joins import AttachItemValues
-from transforms.select import SelectPartitions
-from transforms.threshold import AddNoise, NoisyThreshold
 
 
 def _as_sorted_lists(user_sets):
@@ -26,7 +27,12 @@ def test_bound_contributions_matches_reference_and_caps():
     pairs = pairs_of(sets) + pairs_of(sets)[:100]  # duplicates must be removed
     k = 7
     got = collect(
-        lambda p: p | beam.Create(pairs) | BoundContributions(k, seed=11) | beam.MapTuple(lambda u, it: f"{u}\t{'|'.join(sorted(it))}")
+        lambda p: (
+            p
+            | beam.Create(pairs)
+            | BoundContributions(k, seed=11)
+            | beam.MapTuple(lambda u, it: f"{u}\t{'|'.join(sorted(it))}")
+        )
     )
     got = {line.split("\t")[0]: line.split("\t")[1].split("|") for line in got}
     want = _as_sorted_lists(reference.bound_contributions(sets, k, seed=11))
@@ -60,7 +66,9 @@ def test_user_set_weights_equal_reference(weighting):
 
 def test_add_noise_seeded_matches_reference_and_differs_by_round():
     weights = {f"i{j}": float(j) for j in range(300)}
-    got = dict(collect_pairs(lambda p: p | beam.Create(list(weights.items())) | AddNoise("gaussian", 2.0, seed=5, round_=3)))
+    got = dict(
+        collect_pairs(lambda p: p | beam.Create(list(weights.items())) | AddNoise("gaussian", 2.0, seed=5, round_=3))
+    )
     want = reference.add_noise(weights, "gaussian", 2.0, seed=5, round_=3)
     assert got == want
     other = reference.add_noise(weights, "gaussian", 2.0, seed=5, round_=4)
@@ -73,7 +81,11 @@ def test_noisy_threshold_keeps_exactly_items_at_or_above_rho():
     noisy = reference.add_noise(weights, plan.noise, plan.noise_scale, seed=3, round_=1)
     want = sorted(i for i, w in noisy.items() if w >= plan.threshold)
     with make_test_pipeline() as p:
-        out = p | beam.Create(list(weights.items())) | NoisyThreshold(plan.noise, plan.noise_scale, plan.threshold, seed=3, round_=1)
+        out = (
+            p
+            | beam.Create(list(weights.items()))
+            | NoisyThreshold(plan.noise, plan.noise_scale, plan.threshold, seed=3, round_=1)
+        )
         assert_that(out, equal_to(want))
     assert want == sorted(reference.noisy_threshold(weights, plan, seed=3))
 
@@ -89,7 +101,9 @@ def _flatten_joined(element, per_user_lists):
 @pytest.mark.parametrize("per_user_lists", [False, True])
 def test_attach_item_values_shards_hot_items_without_losing_pairs(per_user_lists):
     rng = random.Random(3)
-    pairs = [(f"u{u}", "hot") for u in range(500)] + [(f"u{rng.randrange(500)}", f"c{rng.randrange(40)}") for _ in range(400)]
+    pairs = [(f"u{u}", "hot") for u in range(500)] + [
+        (f"u{rng.randrange(500)}", f"c{rng.randrange(40)}") for _ in range(400)
+    ]
     pairs = sorted(set(pairs))
     values = {"hot": 0.5, **{f"c{j}": j / 7 for j in range(0, 40, 2)}}
     counts = {}
@@ -101,7 +115,8 @@ def test_attach_item_values_shards_hot_items_without_losing_pairs(per_user_lists
         vals = p | "V" >> beam.Create(list(values.items()))
         cnts = p | "C" >> beam.Create(list(counts.items()))
         return (
-            p | "P" >> beam.Create(pairs)
+            p
+            | "P" >> beam.Create(pairs)
             | AttachItemValues(vals, cnts, max_users_per_key=37, per_user_lists=per_user_lists)  # "hot" -> 14 shards
             | beam.FlatMap(_flatten_joined, per_user_lists)
             | beam.MapTuple(lambda u, iv: f"{u}\t{iv[0]}\t{iv[1]!r}")
@@ -129,8 +144,12 @@ def test_dp_sips_three_rounds_rounds_are_disjoint():
     assert len(plans) == 3
     assert sum(len(v) for v in per_round.values()) == len(set().union(*per_round.values()))
     got = collect(
-        lambda p: p | beam.Create(pairs_of(sets)) | SelectPartitions("dp_sips", params, seed=9, output_rounds=True)
-        | beam.MapTuple(lambda r, i: f"{r}\t{i}")
+        lambda p: (
+            p
+            | beam.Create(pairs_of(sets))
+            | SelectPartitions("dp_sips", params, seed=9, output_rounds=True)
+            | beam.MapTuple(lambda r, i: f"{r}\t{i}")
+        )
     )
     want = sorted(f"{r}\t{i}" for r, items in per_round.items() for i in items)
     assert sorted(got) == want
@@ -159,11 +178,12 @@ def test_select_partitions_validates_arguments():
 def test_join_values_to_sets_same_in_broadcast_and_join_mode(pair_items):
     """JoinValuesToSets: one element per user, with exactly the values of the user's items, whichever
     mode the run picks (max_broadcast_items 0 forces the sharded join; hot item over 14 shards)."""
-    from transforms.joins import JoinValuesToSets
+    from transforms.core.joins import JoinValuesToSets
 
     rng = random.Random(8)
-    sets = {f"u{u}": sorted({"hot"} | {f"c{rng.randrange(40)}" for _ in range(rng.randrange(1, 6))})
-            for u in range(500)}
+    sets = {
+        f"u{u}": sorted({"hot"} | {f"c{rng.randrange(40)}" for _ in range(rng.randrange(1, 6))}) for u in range(500)
+    }
     values = {"hot": 0.5, **{f"c{j}": j / 7 for j in range(0, 40, 2)}}
     rows = [(u, [(i, 1.0) for i in s] if pair_items else s) for u, s in sets.items()]
     want = sorted(f"{u}\t{sorted((i, values[i]) for i in s if i in values)}" for u, s in sets.items())
@@ -171,9 +191,13 @@ def test_join_values_to_sets_same_in_broadcast_and_join_mode(pair_items):
     def build(limit):
         def fn(p):
             vals = p | "V" >> beam.Create(list(values.items()))
-            return (p | "S" >> beam.Create(rows)
-                    | JoinValuesToSets(vals, pair_items=pair_items, max_users_per_key=37, max_broadcast_items=limit)
-                    | beam.MapTuple(lambda u, sv: f"{u}\t{sorted(sv[1])}"))
+            return (
+                p
+                | "S" >> beam.Create(rows)
+                | JoinValuesToSets(vals, pair_items=pair_items, max_users_per_key=37, max_broadcast_items=limit)
+                | beam.MapTuple(lambda u, sv: f"{u}\t{sorted(sv[1])}")
+            )
+
         return fn
 
     assert sorted(collect(build(0))) == want

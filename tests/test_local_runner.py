@@ -1,4 +1,5 @@
 """An explicit --direct_running_mode pins the local runner: no Prism download, the mode asked for runs."""
+
 import logging
 
 import apache_beam as beam
@@ -7,12 +8,17 @@ import pytest
 from pipelines import common
 
 
-@pytest.mark.parametrize("args,expected", [
-    (["--direct_running_mode", "in_memory"], "LocalDirectRunner"),
-    (["--runner", "DirectRunner", "--direct_running_mode=multi_processing"], "LocalDirectRunner"),
-    (["--runner", "PortableRunner", "--job_endpoint", "localhost:1", "--direct_running_mode", "in_memory"],
-     "PortableRunner"),
-])
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["--direct_running_mode", "in_memory"], "LocalDirectRunner"),
+        (["--runner", "DirectRunner", "--direct_running_mode=multi_processing"], "LocalDirectRunner"),
+        (
+            ["--runner", "PortableRunner", "--job_endpoint", "localhost:1", "--direct_running_mode", "in_memory"],
+            "PortableRunner",
+        ),
+    ],
+)
 def test_make_pipeline_pins_the_local_runner_only_for_an_explicit_direct_mode(args, expected):
     pipeline = common.make_pipeline(common.pipeline_options(args))
     assert type(pipeline.runner).__name__ == expected

@@ -1,4 +1,5 @@
 """MAD / MAD2R Beam transforms against the reference, and Theorem 6.1 (stochastic dominance)."""
+
 import random
 
 import apache_beam as beam
@@ -6,14 +7,14 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
+from privacy.selection import SelectionParams, plan_rounds
+from transforms import reference
+from transforms.selection.mad import MADWeights
+from transforms.selection.select import SelectPartitions
+from transforms.testing.synthetic import heavy_light_sets
+
 from beam_helpers import collect, collect_pairs
 from conftest import pairs_of, random_user_sets
-from privacy.params import SelectionParams
-from privacy.plans import plan_rounds
-from transforms import reference
-from transforms.mad import MADWeights
-from transforms.select import SelectPartitions
-from transforms.synthetic import heavy_light_sets
 
 
 def _capped(seed=4, n_users=1500):
@@ -24,8 +25,11 @@ def _capped(seed=4, n_users=1500):
 @pytest.mark.parametrize("max_users_per_key", [10_000, 25])  # 25: hot items sharded over many keys
 def test_mad_weights_beam_equals_reference_exactly(max_users_per_key):
     _, capped = _capped()
-    got = dict(collect_pairs(lambda p: p | beam.Create(list(capped.items()))
-                             | MADWeights(3.0, 6, max_users_per_key=max_users_per_key)))
+    got = dict(
+        collect_pairs(
+            lambda p: p | beam.Create(list(capped.items())) | MADWeights(3.0, 6, max_users_per_key=max_users_per_key)
+        )
+    )
     want = reference.mad_weights(capped, 3.0, 6)
     assert got == want  # bit-identical: both sum with correct rounding
     basic = reference.basic_weights(capped)
@@ -50,9 +54,14 @@ def test_select_mad_algorithms_equal_reference(algorithm, accounting):
     sets = random_user_sets(random.Random(4), 1500, 300, 15)
     params = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=8, d_max=6, accounting=accounting)
     plans, per_round = reference.select_rounds(sets, algorithm, params, seed=123)
-    got = collect(lambda p: p | beam.Create(pairs_of(sets))
-                  | SelectPartitions(algorithm, params, seed=123, output_rounds=True)
-                  | beam.MapTuple(lambda r, i: f"{r}\t{i}"))
+    got = collect(
+        lambda p: (
+            p
+            | beam.Create(pairs_of(sets))
+            | SelectPartitions(algorithm, params, seed=123, output_rounds=True)
+            | beam.MapTuple(lambda r, i: f"{r}\t{i}")
+        )
+    )
     want = sorted(f"{r}\t{i}" for r, items in per_round.items() for i in items)
     assert sorted(got) == want
     assert all(per_round.values())  # every round released something: a non-trivial check
@@ -65,8 +74,11 @@ def test_mad_family_identical_in_multi_processing_mode():
     params = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=8, d_max=6)
     for algorithm in ("mad", "mad2r"):
         want = reference.select(sets, algorithm, params, seed=31)
-        got = collect(lambda p: p | beam.Create(pairs_of(sets)) | beam.Reshuffle()
-                      | SelectPartitions(algorithm, params, seed=31), mode="multi_processing", workers=2)
+        got = collect(
+            lambda p: p | beam.Create(pairs_of(sets)) | beam.Reshuffle() | SelectPartitions(algorithm, params, seed=31),
+            mode="multi_processing",
+            workers=2,
+        )
         assert sorted(got) == sorted(want) and want
 
 
@@ -109,11 +121,19 @@ def test_stochastic_dominance_on_section_6_2_instance():
     assert abs(diffs.mean() - exp_gap) < 5 * se + 1e-9
 
 
-def test_mad_tau_below_one_is_rejected():
-    from privacy.plans import _tau
+def test_mad_tau_is_raised_to_one_in_selection_and_dpne():
+    """One rule for MAD's tau (privacy.calibration.mad_tau): max(1, rho + beta*sigma), in every family."""
+    from privacy import DPNEParams
+    from privacy.calibration import mad_tau
+    from privacy.dpne import plan_runs
 
-    with pytest.raises(ValueError, match="tau"):
-        _tau(0.5, 0.1, 0.0)
+    assert mad_tau(0.5, 0.1, 0.0) == 1.0
+    assert mad_tau(3.0, 1.0, 2.0) == 5.0
+    # a huge epsilon makes rho + beta*sigma < 1 at beta = 0: the plan clamps instead of failing
+    (mad,) = plan_rounds("mad", SelectionParams(epsilon=100, delta=0.4, max_contributions=1, beta=0.0))
+    assert mad.threshold + 0.0 * mad.noise_scale < 1.0 and mad.tau == 1.0
+    _, runs = plan_runs(DPNEParams(epsilon=100, delta=0.4, max_n=1, max_contributions=1, weighting="mad", beta=0.0))
+    assert mad_tau(runs[0].rho, runs[0].sigma, 0.0) == 1.0
 
 
 @pytest.mark.parametrize("biased", [False, True])
@@ -128,22 +148,33 @@ def test_mad_weights_broadcast_and_join_modes_are_identical(biased):
     b_min, b_max = (0.5, 2.0) if biased else (1.0, 1.0)
     got = {}
     for limit in (0, 10**6):
-        got[limit] = dict(collect_pairs(
-            lambda p: p | beam.Create(sets)
-            | MADWeights(3.0, 6, b_min, b_max, biased=biased, max_users_per_key=25, max_broadcast_items=limit)))
+        got[limit] = dict(
+            collect_pairs(
+                lambda p: (
+                    p
+                    | beam.Create(sets)
+                    | MADWeights(3.0, 6, b_min, b_max, biased=biased, max_users_per_key=25, max_broadcast_items=limit)
+                )
+            )
+        )
     assert got[0] == got[10**6] == reference.mad_weights(capped, 3.0, 6, biases, b_min, b_max)
 
 
 def test_mad2r_join_mode_equals_reference():
     """MAD2R with both of its item-value joins (round-1 excess, round-2 biases) forced to the sharded join."""
-    from transforms.mad import MAD2R
+    from transforms.selection.mad import MAD2R
 
     sets = random_user_sets(random.Random(4), 1500, 300, 15)
     params = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=8, d_max=6)
     _, per_round = reference.select_rounds(sets, "mad2r", params, seed=123)
-    got = collect(lambda p: p | beam.Create(pairs_of(sets))
-                  | MAD2R(plan_rounds("mad2r", params), params, 123, max_broadcast_items=0)
-                  | beam.MapTuple(lambda r, i: f"{r}\t{i}"))
+    got = collect(
+        lambda p: (
+            p
+            | beam.Create(pairs_of(sets))
+            | MAD2R(plan_rounds("mad2r", params), params, 123, max_broadcast_items=0)
+            | beam.MapTuple(lambda r, i: f"{r}\t{i}")
+        )
+    )
     assert sorted(got) == sorted(f"{r}\t{i}" for r, items in per_round.items() for i in items)
     assert per_round[1] and per_round[2]
 
@@ -159,9 +190,15 @@ def test_mad_weights_in_a_fixed_window_equal_reference(biased):
     biases = {i: rng.choice([1.0, rng.random()]) for i in items} if biased else None
     sets = [(u, [(i, biases[i]) for i in v] if biased else list(v)) for u, v in capped.items()]
     b_min, b_max = (0.5, 2.0) if biased else (1.0, 1.0)
-    got = dict(collect_pairs(
-        lambda p: p | beam.Create(sets)
-        | beam.Map(lambda kv: window.TimestampedValue(kv, 10))
-        | beam.WindowInto(window.FixedWindows(60))
-        | MADWeights(3.0, 6, b_min, b_max, biased=biased, max_users_per_key=25)))
+    got = dict(
+        collect_pairs(
+            lambda p: (
+                p
+                | beam.Create(sets)
+                | beam.Map(lambda kv: window.TimestampedValue(kv, 10))
+                | beam.WindowInto(window.FixedWindows(60))
+                | MADWeights(3.0, 6, b_min, b_max, biased=biased, max_users_per_key=25)
+            )
+        )
+    )
     assert got == reference.mad_weights(capped, 3.0, 6, biases, b_min, b_max)

@@ -12,6 +12,7 @@ Plus: a literal pure-Python transliteration of Algorithms 2-3 as an oracle, the 
 per-user decomposition w = w_trunc + sum_u mad_user_contributions, Theorem 6.1's deterministic
 part, determinism, and parameter validation.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings, target
 from hypothesis import strategies as st
 
-from transforms.mad_kernels import (
+from transforms.selection.mad_kernels import (
     adaptive_degree_range,
     excess_fraction,
     initial_weight,
@@ -169,16 +170,14 @@ def neighbours(draw, biased):
         union = sorted(set().union(*map(set, sets.values())))
         chosen = draw(st.lists(st.sampled_from(union), unique=True, max_size=len(union)))
         biases = {i: draw(st.floats(0.0, 1.0)) for i in chosen}
-    return dict(S=sets, v=v_key, Sv=v_items, tau=tau, d_max=d_max, biases=biases,
-                b_min=b_min, b_max=b_max)
+    return dict(S=sets, v=v_key, Sv=v_items, tau=tau, d_max=d_max, biases=biases, b_min=b_min, b_max=b_max)
 
 
 def _run(case, with_v):
     sets = dict(case["S"])
     if with_v:
         sets[case["v"]] = case["Sv"]
-    return mad_weight_components(sets, case["tau"], case["d_max"], case["biases"],
-                                 case["b_min"], case["b_max"])
+    return mad_weight_components(sets, case["tau"], case["d_max"], case["biases"], case["b_min"], case["b_max"])
 
 
 def _describe(case):
@@ -237,8 +236,11 @@ def test_l2_sensitivity_tight_cases():
                                 for u in range(d_max):
                                     pad = [f"p{k}_{u}_{j}" for j in range(d_max - 1)]
                                     sets[("e", k, u)] = [f"e{k}"] + pad
-                            sv = ([f"h{k}" for k in range(n_hot)] + [f"e{k}" for k in range(n_edge)]
-                                  + [f"x{k}" for k in range(d_v - n_hot - n_edge)])
+                            sv = (
+                                [f"h{k}" for k in range(n_hot)]
+                                + [f"e{k}" for k in range(n_edge)]
+                                + [f"x{k}" for k in range(d_v - n_hot - n_edge)]
+                            )
                             for bias in (None, {f"h{k}": 0.0 for k in range(n_hot)}):
                                 w = mad_weights(sets, tau, d_max, bias, b_min, 2.0)
                                 w2 = mad_weights({**sets, "v": sv}, tau, d_max, bias, b_min, 2.0)
@@ -483,10 +485,14 @@ def test_mad_hand_example():
     assert parts.w_init == {"a": 2.5, "b": 1.0, "c": 0.5, "d": 0.0, "e": 0.0}
     assert parts.r == pytest.approx({"a": 0.6, "b": 0.0, "c": 0.0, "d": 0.0, "e": 0.0}, abs=1e-15)
     assert parts.w_trunc == {"a": 1.0, "b": 1.0, "c": 0.5, "d": 0.0, "e": 0.0}
-    assert parts.w_reroute == pytest.approx({"a": 0.28125, "b": 0.1125, "c": 0.05625, "d": 0.0, "e": 0.0},
-                                            abs=1e-15)
-    expected = {"a": 3 / s2 + 1 / s5 - 0.21875, "b": s2 + 1 / s5 + 0.1125, "c": 1 / s2 + 1 / s5 + 0.05625,
-                "d": 1 / s5, "e": 1 / s5}
+    assert parts.w_reroute == pytest.approx({"a": 0.28125, "b": 0.1125, "c": 0.05625, "d": 0.0, "e": 0.0}, abs=1e-15)
+    expected = {
+        "a": 3 / s2 + 1 / s5 - 0.21875,
+        "b": s2 + 1 / s5 + 0.1125,
+        "c": 1 / s2 + 1 / s5 + 0.05625,
+        "d": 1 / s5,
+        "e": 1 / s5,
+    }
     assert parts.w == pytest.approx(expected, abs=1e-14)
     assert mad_weights(sets, 1.0, 4) == parts.w
     # Adding v = {c, f} (degree 2, adaptive): no new excess (w_init(c) = 1 <= tau), so
@@ -534,8 +540,12 @@ def test_matches_literal_transliteration(case):
     args = (sets, case["tau"], case["d_max"], case["biases"], case["b_min"], case["b_max"])
     parts = mad_weight_components(*args)
     w_init, w_trunc, w_reroute, w = literal_mad(*args)
-    for name, mine, lit in [("w_init", parts.w_init, w_init), ("w_trunc", parts.w_trunc, w_trunc),
-                            ("w_reroute", parts.w_reroute, w_reroute), ("w", parts.w, w)]:
+    for name, mine, lit in [
+        ("w_init", parts.w_init, w_init),
+        ("w_trunc", parts.w_trunc, w_trunc),
+        ("w_reroute", parts.w_reroute, w_reroute),
+        ("w", parts.w, w),
+    ]:
         assert set(mine) == set(lit), name
         for i in lit:
             assert mine[i] == pytest.approx(lit[i], abs=1e-9), (name, i)
@@ -657,8 +667,11 @@ def test_scalar_fast_paths_equal_the_vectorised_kernels(w, tau):
 
 
 @PROPS
-@given(r=st.lists(st.one_of(st.just(0.0), st.floats(0.0, 1.0, exclude_max=True)), min_size=1, max_size=120),
-       d_max=st.integers(4, 100), b_min=st.sampled_from([0.5, 0.7, 1 / math.sqrt(2), 1.0]))
+@given(
+    r=st.lists(st.one_of(st.just(0.0), st.floats(0.0, 1.0, exclude_max=True)), min_size=1, max_size=120),
+    d_max=st.integers(4, 100),
+    b_min=st.sampled_from([0.5, 0.7, 1 / math.sqrt(2), 1.0]),
+)
 def test_unbiased_user_contribution_is_bitwise_the_vector_kernel(r, d_max, b_min):
     """The scalar kernel of the Beam path (one value per unbiased user) == mad_user_contributions."""
     items = [f"i{k}" for k in range(len(r))]

@@ -1,15 +1,17 @@
 """Runs in DirectRunner multi_processing mode with 2 worker processes."""
+
 import random
 
 import apache_beam as beam
 
+from privacy.selection import SelectionParams
+from transforms import reference
+from transforms.core.noise import AddNoise
+from transforms.selection.select import SelectPartitions
+from transforms.testing.beam import TagWithPidFn, zero_weight
+
 from beam_helpers import collect
 from conftest import pairs_of, random_user_sets
-from privacy.params import SelectionParams
-from transforms import reference
-from transforms.select import SelectPartitions
-from transforms.testing import TagWithPidFn, zero_weight
-from transforms.threshold import AddNoise
 
 
 def test_unseeded_noise_is_distinct_across_worker_processes():
@@ -18,7 +20,9 @@ def test_unseeded_noise_is_distinct_across_worker_processes():
 
     def build(p):
         return (
-            p | beam.Create(items) | beam.Reshuffle()
+            p
+            | beam.Create(items)
+            | beam.Reshuffle()
             | beam.Map(zero_weight)
             | AddNoise("gaussian", 1.0, seed=None)  # (item, noise)
             | beam.Values()
@@ -45,7 +49,8 @@ def test_seeded_select_is_identical_in_multi_processing_mode():
         want = reference.select(sets, algorithm, params, seed=77)
         got = collect(
             lambda p: p | beam.Create(pairs_of(sets)) | beam.Reshuffle() | SelectPartitions(algorithm, params, seed=77),
-            mode="multi_processing", workers=2,
+            mode="multi_processing",
+            workers=2,
         )
         assert set(got) == want and len(got) == len(want) and want
 
@@ -59,10 +64,15 @@ def test_unseeded_multi_round_consumers_see_the_same_noise():
     union = {i for items in sets.values() for i in items}
     for algorithm in ("dp_sips", "mad2r"):
         lines = collect(
-            lambda p: p | beam.Create(pairs_of(sets)) | beam.Reshuffle()
-            | SelectPartitions(algorithm, params, seed=None, output_rounds=True)
-            | beam.MapTuple(lambda r, i: f"{r}\t{i}"),
-            mode="multi_processing", workers=2,
+            lambda p: (
+                p
+                | beam.Create(pairs_of(sets))
+                | beam.Reshuffle()
+                | SelectPartitions(algorithm, params, seed=None, output_rounds=True)
+                | beam.MapTuple(lambda r, i: f"{r}\t{i}")
+            ),
+            mode="multi_processing",
+            workers=2,
         )
         items = [l.split("\t")[1] for l in lines]
         rounds = {l.split("\t")[0] for l in lines}

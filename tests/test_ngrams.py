@@ -1,4 +1,5 @@
 """Kernels of DPNE: tokenizer, k-grams, valid k-grams (|V_k|), uniform spurious sampling."""
+
 import math
 import random
 
@@ -6,9 +7,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from transforms import ngrams
-from transforms.dpne_reference import sample_spurious
-
+from transforms.core import text as tx
+from transforms.dpne import dpne_kernels
+from transforms.dpne.reference import sample_spurious
 
 # ------------------------------------------------------------------------------------------------
 # Tokenizer and k-grams
@@ -16,7 +17,7 @@ from transforms.dpne_reference import sample_spurious
 
 
 def test_tokenizer_unicode_lowercase_punctuation_apostrophes():
-    t = ngrams.default_tokenize
+    t = tx.default_tokenize
     assert t("Hello, World!") == ["hello", "world"]
     assert t("Don't stop") == ["don't", "stop"]
     assert t("it\u2019s ok") == ["it\u2019s", "ok"]  # typographic apostrophe kept (as in the data)
@@ -29,23 +30,23 @@ def test_tokenizer_unicode_lowercase_punctuation_apostrophes():
 
 def test_kgrams_never_cross_line_breaks():
     text = "a b c\nd e\r\nf"
-    assert ngrams.text_kgrams(text, 1) == {"a", "b", "c", "d", "e", "f"}
-    assert ngrams.text_kgrams(text, 2) == {"a b", "b c", "d e"}
-    assert ngrams.text_kgrams(text, 3) == {"a b c"}
-    allk = ngrams.text_all_kgrams(text, 4)
+    assert tx.text_kgrams(text, 1) == {"a", "b", "c", "d", "e", "f"}
+    assert tx.text_kgrams(text, 2) == {"a b", "b c", "d e"}
+    assert tx.text_kgrams(text, 3) == {"a b c"}
+    allk = tx.text_all_kgrams(text, 4)
     assert allk[2] == {"a b", "b c", "d e"} and allk[4] == set()
 
 
 def test_replaceable_tokenizer():
     chars = lambda s: [c for c in s if not c.isspace()]  # noqa: E731
-    assert ngrams.text_kgrams("ab c", 2, chars) == {"a b", "b c"}
+    assert tx.text_kgrams("ab c", 2, chars) == {"a b", "b c"}
 
 
 def test_head_tail_words():
-    assert ngrams.head("a b c") == "a b" and ngrams.tail("a b c") == "b c"
-    assert ngrams.head("a") == "" and ngrams.tail("a") == ""
-    assert ngrams.first_word("a b c") == "a" and ngrams.last_word("a b c") == "c"
-    assert ngrams.join("a", "", "c") == "a c"
+    assert tx.head("a b c") == "a b" and tx.tail("a b c") == "b c"
+    assert tx.head("a") == "" and tx.tail("a") == ""
+    assert tx.first_word("a b c") == "a" and tx.last_word("a b c") == "c"
+    assert tx.join("a", "", "c") == "a c"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -58,7 +59,7 @@ def random_closed_levels(rng: random.Random, vocab: int, keep: float, T: int):
     s1 = {f"w{i}" for i in range(vocab) if rng.random() < 0.8} or {"w0"}
     levels = [s1]
     for _ in range(2, T + 1):
-        v = ngrams.brute_force_valid(levels[-1], s1, "both")
+        v = dpne_kernels.brute_force_valid(levels[-1], s1, "both")
         levels.append({g for g in v if rng.random() < keep})
     return levels
 
@@ -71,20 +72,20 @@ def test_exact_valid_count_equals_brute_force(trial):
     for k in range(2, 5):
         s_prev = levels[k - 2]
         for pruning in ("both", "single"):
-            brute = ngrams.brute_force_valid(s_prev, s1, pruning)
-            assert ngrams.valid_count_exact(s_prev, s1, pruning) == len(brute)
-            assert ngrams.ValidSampler(s_prev, s1, pruning).size == len(brute)
-            assert all(ngrams.is_valid(g, s_prev, s1, pruning) for g in brute)
-    assert ngrams.valid_count_exact(s1, s1) == len(s1) ** 2  # k = 2: |S_1|^2
+            brute = dpne_kernels.brute_force_valid(s_prev, s1, pruning)
+            assert dpne_kernels.valid_count_exact(s_prev, s1, pruning) == len(brute)
+            assert dpne_kernels.ValidSampler(s_prev, s1, pruning).size == len(brute)
+            assert all(dpne_kernels.is_valid(g, s_prev, s1, pruning) for g in brute)
+    assert dpne_kernels.valid_count_exact(s1, s1) == len(s1) ** 2  # k = 2: |S_1|^2
 
 
 def test_sampling_estimator_is_unbiased():
     rng = random.Random(3)
     levels = random_closed_levels(rng, 6, 0.5, 3)
     s1, s2 = sorted(levels[0]), sorted(levels[1])
-    exact = ngrams.valid_count_exact(s2, s1)
+    exact = dpne_kernels.valid_count_exact(s2, s1)
     gen = np.random.default_rng(0)
-    est = np.array([ngrams.valid_count_sample(s2, s1, 0.05, gen) for _ in range(2000)])
+    est = np.array([dpne_kernels.valid_count_sample(s2, s1, 0.05, gen) for _ in range(2000)])
     se = est.std(ddof=1) / math.sqrt(len(est))
     assert abs(est.mean() - exact) < 4 * se + 1e-9
     assert est.std() > 0  # it is a real estimator, not the exact count
@@ -104,8 +105,8 @@ def small_level():
 def test_valid_sampler_uniform_chi_square():
     s1, s2 = small_level()
     for pruning in ("both", "single"):
-        v = sorted(ngrams.brute_force_valid(s2, s1, pruning))
-        sampler = ngrams.ValidSampler(s2, s1, pruning)
+        v = sorted(dpne_kernels.brute_force_valid(s2, s1, pruning))
+        sampler = dpne_kernels.ValidSampler(s2, s1, pruning)
         draws = sampler.draw(np.random.default_rng(1), 40 * len(v) * 10)
         assert set(draws) <= set(v)
         counts = np.array([draws.count(g) for g in v])
@@ -114,10 +115,10 @@ def test_valid_sampler_uniform_chi_square():
 
 def test_spurious_uniform_outside_support_and_binomial_count():
     s1, s2 = small_level()
-    v = sorted(ngrams.brute_force_valid(s2, s1, "both"))
+    v = sorted(dpne_kernels.brute_force_valid(s2, s1, "both"))
     supp = set(v[::3])  # pretend these have weight
     outside = [g for g in v if g not in supp]
-    sampler = ngrams.ValidSampler(s2, s1, "both")
+    sampler = dpne_kernels.ValidSampler(s2, s1, "both")
     q = 0.3
     rng = np.random.default_rng(5)
     hits = {g: 0 for g in outside}
@@ -141,7 +142,7 @@ def test_spurious_uniform_outside_support_and_binomial_count():
 
 def test_spurious_seeded_is_deterministic():
     s1, s2 = small_level()
-    sampler = ngrams.ValidSampler(s2, s1, "both")
+    sampler = dpne_kernels.ValidSampler(s2, s1, "both")
     a = sample_spurious(sampler, set(), 0.5, 3, 42, None)
     b = sample_spurious(sampler, set(), 0.5, 3, 42, None)
     c = sample_spurious(sampler, set(), 0.5, 3, 43, None)
@@ -152,20 +153,20 @@ def test_oversample_size_makes_failure_negligible():
     # Probability that M draws give fewer than N distinct outside k-grams is <= 1e-12 by construction;
     # check empirically that it never fails and that M is not absurd.
     for n_spur, n_avail, v in [(5, 10, 100), (100, 100_000, 120_000), (1, 1, 1000), (50, 60, 60)]:
-        m = ngrams.spurious_oversample(n_spur, n_avail, v)
+        m = dpne_kernels.spurious_oversample(n_spur, n_avail, v)
         assert m >= n_spur
         p = (n_avail - n_spur + 1) / v
-        assert stats.binom.cdf(n_spur - 1, m, p) <= ngrams.OVERSAMPLE_FAILURE_PROB
+        assert stats.binom.cdf(n_spur - 1, m, p) <= dpne_kernels.OVERSAMPLE_FAILURE_PROB
     with pytest.raises(RuntimeError, match="too few distinct candidates"):
-        ngrams.select_spurious([(0.1, "a")], 2, 3)
+        dpne_kernels.select_spurious([(0.1, "a")], 2, 3)
 
 
 def test_cli_tokenizer_option_loads_module_function():
     from pipelines.extract_ngrams import load_tokenizer
 
-    assert load_tokenizer(None) is ngrams.default_tokenize
-    assert load_tokenizer("transforms.ngrams:default_tokenize") is ngrams.default_tokenize
+    assert load_tokenizer(None) is tx.default_tokenize
+    assert load_tokenizer("transforms.core.text:default_tokenize") is tx.default_tokenize
     with pytest.raises(ValueError, match="module:function"):
         load_tokenizer("nocolon")
     with pytest.raises(ValueError, match="cannot be imported"):
-        load_tokenizer("transforms.ngrams:nope")
+        load_tokenizer("transforms.core.text:nope")

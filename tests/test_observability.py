@@ -1,4 +1,5 @@
 """Progress display, stage logs, opt-in NON-PRIVATE diagnostics, plots and offline evaluation."""
+
 import io
 import json
 import logging
@@ -8,8 +9,9 @@ import re
 import apache_beam as beam
 import pytest
 
-from pipeline_cases import IDS, PIPELINES, cli_args, cut_sample, released_lines
 from pipelines import common, observability, reporting
+
+from pipeline_cases import IDS, PIPELINES, cli_args, cut_sample, released_lines
 
 
 def _build(spec, argv):
@@ -24,8 +26,7 @@ def _build(spec, argv):
 def test_default_run_exposes_no_data_dependent_counts(spec, tmp_path, caplog):
     """No Beam counter, no count in the progress display, INFO logs name stages only."""
     path = cut_sample(spec, tmp_path)
-    argv = cli_args(spec, path, str(tmp_path / "out"), "--runner", "DirectRunner",
-                    "--direct_running_mode", "in_memory")
+    argv = cli_args(spec, path, str(tmp_path / "out"), "--runner", "DirectRunner", "--direct_running_mode", "in_memory")
     stream = io.StringIO()
     with caplog.at_level(logging.INFO, logger="pipelines.observability"):
         with observability.ProgressDisplay(0.05, show_counts=False, stream=stream):
@@ -34,8 +35,9 @@ def test_default_run_exposes_no_data_dependent_counts(spec, tmp_path, caplog):
     counters = result.metrics().query()["counters"]
     assert counters == [], [str(c.key.metric) for c in counters]
     lines = stream.getvalue().splitlines()
-    assert lines and all(re.fullmatch(r"\[progress\] +[0-9.]+s elapsed( \(finished\))?; stages started: [A-Za-z, -]+", l)
-                         for l in lines), lines
+    assert lines and all(
+        re.fullmatch(r"\[progress\] +[0-9.]+s elapsed( \(finished\))?; stages started: [A-Za-z, -]+", l) for l in lines
+    ), lines
     assert "Read" in lines[-1] and "finished" in lines[-1]
     messages = [r.getMessage() for r in caplog.records if r.name == "pipelines.observability"]
     assert "stage Read running" in messages
@@ -46,8 +48,17 @@ def test_default_run_exposes_no_data_dependent_counts(spec, tmp_path, caplog):
 def test_diagnostics_are_opt_in_labelled_and_exact(spec, tmp_path):
     path = cut_sample(spec, tmp_path)
     diag = tmp_path / "diag.json"
-    argv = cli_args(spec, path, str(tmp_path / "out"), "--runner", "DirectRunner",
-                    "--direct_running_mode", "in_memory", "--diagnostics", str(diag))
+    argv = cli_args(
+        spec,
+        path,
+        str(tmp_path / "out"),
+        "--runner",
+        "DirectRunner",
+        "--direct_running_mode",
+        "in_memory",
+        "--diagnostics",
+        str(diag),
+    )
     result = _build(spec, argv).run()
     result.wait_until_finish()
     d = json.loads(diag.read_text())
@@ -72,7 +83,14 @@ def test_progress_line_shows_counts_only_when_asked():
 
 def test_frequency_bins_are_powers_of_two():
     assert [reporting.frequency_bin(u) for u in (1, 2, 3, 4, 7, 8, 1000)] == [
-        (1, 1), (2, 3), (2, 3), (4, 7), (4, 7), (8, 15), (512, 1023)]
+        (1, 1),
+        (2, 3),
+        (2, 3),
+        (4, 7),
+        (4, 7),
+        (8, 15),
+        (512, 1023),
+    ]
 
 
 EVALUATED = [s for s in PIPELINES if hasattr(s.module(), "evaluation_pairs")]
@@ -84,8 +102,21 @@ def test_plots_and_non_private_evaluation(spec, tmp_path, capsys):
     path = cut_sample(spec, tmp_path)
     out = str(tmp_path / "out")
     plots = tmp_path / "plots"
-    argv = cli_args(spec, path, out, "--runner", "DirectRunner", "--direct_running_mode", "in_memory",
-                    "--plots", str(plots), "--evaluate_against", path, "--progress_interval", "0")
+    argv = cli_args(
+        spec,
+        path,
+        out,
+        "--runner",
+        "DirectRunner",
+        "--direct_running_mode",
+        "in_memory",
+        "--plots",
+        str(plots),
+        "--evaluate_against",
+        path,
+        "--progress_interval",
+        "0",
+    )
     assert spec.module().run(argv) == 0
     for png in ("released.png", "coverage.png"):
         data = (plots / png).read_bytes()

@@ -1,25 +1,38 @@
 """Parameter validation and the randomness contract."""
+
 import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from privacy.params import SelectionParams
-from privacy.plans import plan_rounds
-from transforms import randomness
+from privacy.selection import SelectionParams, plan_rounds
+from transforms.core import randomness
 
 
 @pytest.mark.parametrize(
     "kwargs,name",
     [
-        ({"epsilon": 0}, "epsilon"), ({"epsilon": -1}, "epsilon"), ({"epsilon": float("nan")}, "epsilon"),
-        ({"epsilon": "x"}, "epsilon"), ({"delta": 0}, "delta"), ({"delta": 0.7}, "delta"),
-        ({"max_contributions": 0}, "max_contributions"), ({"max_contributions": 2.5}, "max_contributions"),
-        ({"d_max": 3}, "d_max"), ({"beta": -0.1}, "beta"), ({"b_min": 0.49}, "b_min"), ({"b_min": 1.01}, "b_min"),
-        ({"b_max": 0.99}, "b_max"), ({"c_lb": -1}, "c_lb"), ({"c_ub": -1}, "c_ub"),
-        ({"budget_split": (0.5, 0.6)}, "budget_split"), ({"budget_split": (1.2, -0.2)}, "budget_split"),
-        ({"budget_split": ()}, "budget_split"), ({"accounting": "rdp"}, "accounting"),
+        ({"epsilon": 0}, "epsilon"),
+        ({"epsilon": -1}, "epsilon"),
+        ({"epsilon": float("nan")}, "epsilon"),
+        ({"epsilon": "x"}, "epsilon"),
+        ({"delta": 0}, "delta"),
+        ({"delta": 0.7}, "delta"),
+        ({"max_contributions": 0}, "max_contributions"),
+        ({"max_contributions": 2.5}, "max_contributions"),
+        ({"d_max": 3}, "d_max"),
+        ({"beta": -0.1}, "beta"),
+        ({"b_min": 0.49}, "b_min"),
+        ({"b_min": 1.01}, "b_min"),
+        ({"b_max": 0.99}, "b_max"),
+        ({"c_lb": -1}, "c_lb"),
+        ({"c_ub": -1}, "c_ub"),
+        ({"budget_split": (0.5, 0.6)}, "budget_split"),
+        ({"budget_split": (1.2, -0.2)}, "budget_split"),
+        ({"budget_split": ()}, "budget_split"),
+        ({"accounting": "rdp"}, "accounting"),
     ],
 )
 def test_invalid_parameters_name_parameter_value_and_range(kwargs, name):
@@ -33,7 +46,15 @@ def test_invalid_parameters_name_parameter_value_and_range(kwargs, name):
 
 def test_params_are_frozen_and_defaults_are_the_papers():
     p = SelectionParams(epsilon=1, delta=1e-5)
-    assert (p.max_contributions, p.d_max, p.beta, p.b_min, p.b_max, p.c_lb, p.c_ub) == (100, 50, 2.0, 0.5, 2.0, 1.0, 3.0)
+    assert (p.max_contributions, p.d_max, p.beta, p.b_min, p.b_max, p.c_lb, p.c_ub) == (
+        100,
+        50,
+        2.0,
+        0.5,
+        2.0,
+        1.0,
+        3.0,
+    )
     assert p.budget_split == (0.1, 0.9) and p.accounting == "gdp"
     with pytest.raises(Exception):
         p.epsilon = 2
@@ -105,7 +126,7 @@ def test_keyed_noise_draw_is_bitwise_standard_noise():
     prefix-hash loop == the plain digest of (seed, purpose, round, key)."""
     import random as _random
 
-    from transforms import randomness as R
+    from transforms.core import randomness as R
 
     rng = _random.Random(0)
     keys = [f"w{rng.randrange(10**6)}" for _ in range(5000)] + [("a", 1), 3, 2.5, "é", b"x", None]
@@ -120,13 +141,23 @@ def test_keyed_noise_draw_is_bitwise_standard_noise():
 
 
 @settings(max_examples=400, deadline=None)
-@given(items=st.lists(st.one_of(st.text(max_size=4), st.integers(-3, 3), st.binary(max_size=2),
-                                st.tuples(st.integers(0, 2), st.text(max_size=2))), max_size=40),
-       k=st.integers(1, 30), seed=st.integers(0, 50))
+@given(
+    items=st.lists(
+        st.one_of(
+            st.text(max_size=4),
+            st.integers(-3, 3),
+            st.binary(max_size=2),
+            st.tuples(st.integers(0, 2), st.text(max_size=2)),
+        ),
+        max_size=40,
+    ),
+    k=st.integers(1, 30),
+    seed=st.integers(0, 50),
+)
 def test_subsample_canonical_order_and_distinct(items, k, seed):
     """subsample (str fast path included): distinct items in encode_key order; all of them when at most
     k are distinct, else k of them, and the same result for any input order."""
-    from transforms.randomness import encode_key, subsample
+    from transforms.core.randomness import encode_key, subsample
 
     got = subsample(items, k, "u", 0, seed, None)
     keys = [encode_key(x) for x in got]

@@ -1,26 +1,29 @@
 """SequentialPolicy (POLICY LAPLACE / POLICY GAUSSIAN) on Beam: equal to the reference under a seed,
 independent of input order, the memory guard, and the CLI."""
+
 import json
 import random
 
 import apache_beam as beam
 import pytest
 
+from pipelines import select_partitions
+from privacy.selection import SelectionParams
+from transforms import reference
+from transforms.selection.policy import GuardAndKeyToOneFn, SequentialSizeError
+from transforms.selection.select import SelectPartitions
+
 from beam_helpers import collect
 from conftest import pairs_of, random_user_sets
-from pipelines import select_partitions
-from privacy.params import SelectionParams
-from transforms import reference
-from transforms.policy import GuardAndKeyToOneFn, SequentialSizeError
-from transforms.select import SelectPartitions
 
 SETS = random_user_sets(random.Random(4), 1500, 300, 15)
 PARAMS = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=8)
 
 
 def run_beam(pairs, algorithm, params, seed, mode="in_memory", workers=None):
-    return collect(lambda p: p | beam.Create(pairs) | SelectPartitions(algorithm, params, seed=seed),
-                   mode=mode, workers=workers)
+    return collect(
+        lambda p: p | beam.Create(pairs) | SelectPartitions(algorithm, params, seed=seed), mode=mode, workers=workers
+    )
 
 
 @pytest.mark.parametrize("algorithm", ["policy_gaussian", "policy_laplace"])
@@ -49,7 +52,8 @@ def test_output_does_not_depend_on_input_order():
         assert reference.select(shuffled, alg, PARAMS, seed=4) == reference.select(SETS, alg, PARAMS, seed=4)
     # a different seed changes the order, the histogram and (here) the output
     assert reference.select(SETS, "policy_gaussian", PARAMS, seed=4) != reference.select(
-        SETS, "policy_gaussian", PARAMS, seed=5)
+        SETS, "policy_gaussian", PARAMS, seed=5
+    )
 
 
 def test_unseeded_run_releases_items_every_user_holds():
@@ -64,8 +68,14 @@ def test_unseeded_run_releases_items_every_user_holds():
 
 
 def test_empty_input_releases_nothing():
-    got = collect(lambda p: p | beam.Create([("u", "x")]) | beam.Filter(lambda e: False)
-                  | SelectPartitions("policy_laplace", PARAMS, seed=1))
+    got = collect(
+        lambda p: (
+            p
+            | beam.Create([("u", "x")])
+            | beam.Filter(lambda e: False)
+            | SelectPartitions("policy_laplace", PARAMS, seed=1)
+        )
+    )
     assert got == []
 
 
@@ -96,17 +106,32 @@ def _cli(tmp_path, *extra):
     path = tmp_path / "in.tsv"
     path.write_text("user\titem\n" + "".join(f"{u}\t{i}\n" for u, i in pairs_of(SETS)), encoding="utf-8")
     out, report = tmp_path / "items", tmp_path / "report.json"
-    argv = ["--input", str(path), "--input_format", "tsv", "--output", str(out), "--report", str(report),
-            "--epsilon", "2", "--delta", "1e-4", "--max_contributions", "8",
-            "--direct_running_mode", "in_memory", *extra]
+    argv = [
+        "--input",
+        str(path),
+        "--input_format",
+        "tsv",
+        "--output",
+        str(out),
+        "--report",
+        str(report),
+        "--epsilon",
+        "2",
+        "--delta",
+        "1e-4",
+        "--max_contributions",
+        "8",
+        "--direct_running_mode",
+        "in_memory",
+        *extra,
+    ]
     code = select_partitions.run(argv)
     items = [l.rstrip("\n") for p in sorted(tmp_path.glob("items*")) for l in open(p, encoding="utf-8")]
     return code, items, (json.loads(report.read_text()) if report.exists() else None)
 
 
 def test_cli_policy_gaussian_with_alpha_and_passes(tmp_path):
-    code, items, rep = _cli(tmp_path, "--algorithm", "policy_gaussian", "--alpha", "3", "--passes", "2",
-                            "--seed", "5")
+    code, items, rep = _cli(tmp_path, "--algorithm", "policy_gaussian", "--alpha", "3", "--passes", "2", "--seed", "5")
     assert code == 0
     params = PARAMS.replace(alpha=3.0, passes=2)
     assert set(items) == reference.select(SETS, "policy_gaussian", params, seed=5) and items

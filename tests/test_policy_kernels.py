@@ -2,6 +2,7 @@
 Lemmas 4.1 and 5.2), sensitivity of the full histogram (Theorem 1.1, Lemma 4.2), the novel-item
 bounds of Theorems 4.1 / 5.1, the secret order, the calibration plan, and the appendix C counterexample
 (the greedy policy, written here only, is NOT offered by the package)."""
+
 import math
 import random
 
@@ -12,9 +13,8 @@ from hypothesis import strategies as st
 from scipy import special
 
 from privacy import calibration
-from privacy.params import SelectionParams
-from privacy.plans import plan_rounds
-from transforms import policy_kernels as PK
+from privacy.selection import SelectionParams, plan_rounds
+from transforms.selection import policy_kernels as PK
 
 TOL = 1e-9
 
@@ -89,8 +89,13 @@ budget = st.sampled_from([1.0, 0.5, 1.0 / 3.0])
 
 
 @settings(max_examples=400, deadline=None)
-@given(histogram, st.dictionaries(st.sampled_from(ITEMS), st.floats(0.0, 1.0), max_size=4), user_items, budget,
-       st.floats(0.0, 1.0))
+@given(
+    histogram,
+    st.dictionaries(st.sampled_from(ITEMS), st.floats(0.0, 1.0), max_size=4),
+    user_items,
+    budget,
+    st.floats(0.0, 1.0),
+)
 def test_l1_descent_is_l1_contractive(g2, raw_diff, items, b, scale):
     """Lemma 4.1: I = {(G1, G2): G1 >= G2, ||G1 - G2||_1 <= 1} is invariant, and (phi(H), H) in I."""
     total = math.fsum(raw_diff.values())
@@ -111,8 +116,13 @@ def test_l1_descent_is_l1_contractive(g2, raw_diff, items, b, scale):
 
 
 @settings(max_examples=400, deadline=None)
-@given(histogram, st.dictionaries(st.sampled_from(ITEMS), st.floats(-1.0, 1.0), max_size=5), user_items, budget,
-       st.floats(0.0, 1.0))
+@given(
+    histogram,
+    st.dictionaries(st.sampled_from(ITEMS), st.floats(-1.0, 1.0), max_size=5),
+    user_items,
+    budget,
+    st.floats(0.0, 1.0),
+)
 def test_l2_descent_is_l2_contractive(g2, raw_diff, items, b, scale):
     """Lemma 5.2: I = {(G1, G2): ||G1 - G2||_2 <= 1} is invariant (non-expansive), and ||phi(H) - H||_2 <= 1."""
     norm = math.sqrt(math.fsum(v * v for v in raw_diff.values()))
@@ -143,10 +153,13 @@ def random_ordered_sets(rng: random.Random, n_users: int, n_items: int, max_degr
     return out
 
 
-@pytest.mark.parametrize("policy,dist,novel_bound", [
-    ("l1_descent", l1, lambda t: 1.0 / t),
-    ("l2_descent", l2, lambda t: 1.0 / math.sqrt(t)),
-])
+@pytest.mark.parametrize(
+    "policy,dist,novel_bound",
+    [
+        ("l1_descent", l1, lambda t: 1.0 / t),
+        ("l2_descent", l2, lambda t: 1.0 / math.sqrt(t)),
+    ],
+)
 def test_neighbouring_histograms_differ_by_at_most_one(policy, dist, novel_bound):
     """300 random neighbouring datasets; the extra user at a random position of the order, with
     private (novel) items and shared ones; cutoffs small enough that many items saturate."""
@@ -292,14 +305,17 @@ def test_plan_uses_theorem_4_1_and_5_1_thresholds_and_gamma():
     assert gau.as_report()["cutoff"] == gau.cutoff
 
 
-@pytest.mark.parametrize("field,value,msg", [
-    ("alpha", -1.0, "alpha must be in"),
-    ("alpha", float("nan"), "alpha must be in"),
-    ("passes", 0, "passes must be an integer"),
-    ("passes", 1.5, "passes must be an integer"),
-    ("max_sequential_pairs", 0, "max_sequential_pairs must be an integer"),
-    ("max_sequential_pairs", "many", "max_sequential_pairs must be an integer"),
-])
+@pytest.mark.parametrize(
+    "field,value,msg",
+    [
+        ("alpha", -1.0, "alpha must be in"),
+        ("alpha", float("nan"), "alpha must be in"),
+        ("passes", 0, "passes must be an integer"),
+        ("passes", 1.5, "passes must be an integer"),
+        ("max_sequential_pairs", 0, "max_sequential_pairs must be an integer"),
+        ("max_sequential_pairs", "many", "max_sequential_pairs must be an integer"),
+    ],
+)
 def test_parameter_validation(field, value, msg):
     with pytest.raises(ValueError, match=msg):
         SelectionParams(1.0, 1e-5, **{field: value})

@@ -1,4 +1,5 @@
 """Every pipeline on Beam's portable job service (the Job API a Flink/Spark job server speaks), offline."""
+
 import socket
 import subprocess
 import sys
@@ -32,7 +33,8 @@ def job_endpoint():
     port = _free_port()
     service = subprocess.Popen(
         [sys.executable, "-m", "apache_beam.runners.portability.local_job_service_main", "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         _wait_for_port(port, service)
@@ -49,11 +51,27 @@ def job_endpoint():
 @pytest.mark.parametrize("spec", PIPELINES, ids=IDS)
 def test_portable_runner_releases_what_the_direct_runner_releases(spec, job_endpoint, tmp_path):
     path = cut_sample(spec, tmp_path)
-    direct = run_cli(spec, cli_args(spec, path, str(tmp_path / "direct"),
-                                    "--runner", "DirectRunner", "--direct_running_mode", "in_memory"))
+    direct = run_cli(
+        spec,
+        cli_args(
+            spec, path, str(tmp_path / "direct"), "--runner", "DirectRunner", "--direct_running_mode", "in_memory"
+        ),
+    )
     assert direct.returncode == 0, direct.stderr[-3000:]
-    portable = run_cli(spec, cli_args(spec, path, str(tmp_path / "portable"), "--runner", "PortableRunner",
-                                      "--job_endpoint", job_endpoint, "--environment_type", "LOOPBACK"))
+    portable = run_cli(
+        spec,
+        cli_args(
+            spec,
+            path,
+            str(tmp_path / "portable"),
+            "--runner",
+            "PortableRunner",
+            "--job_endpoint",
+            job_endpoint,
+            "--environment_type",
+            "LOOPBACK",
+        ),
+    )
     assert portable.returncode == 0, portable.stderr[-3000:]
     want = released_lines(str(tmp_path / "direct"))
     assert want, "the sample run releases nothing: the comparison would be vacuous"

@@ -9,6 +9,7 @@ items with probability <= delta per run, so it fails with probability <= #algori
 1e-12 (about 2e-7); it detects a per-user release probability of 1.5e-4 or more with probability
 >= 95%. The long version with more runs is ``benchmarks/privacy_audit.py``.
 """
+
 import dataclasses
 import math
 
@@ -21,13 +22,20 @@ from privacy.audit import (
     expected_epsilon_lower_bound,
     zero_event_false_failure,
 )
-from transforms import audit
+from transforms.testing import audit
 
 CASES = audit.standard_cases()
 ALPHA = 1e-6 / (4 * len(CASES))
 # Runs per dataset, by cost of the reference (the whole file stays around a minute on 2 cores).
-RUNS = {"mad/dmax": 1500, "mad2r/tip": 4000, "mad/tip": 6000, "dp_sips/tip": 5000, "dpne/tip": 4000,
-        "count_gaussian/all": 3000, "count_laplace/all": 3000}
+RUNS = {
+    "mad/dmax": 1500,
+    "mad2r/tip": 4000,
+    "mad/tip": 6000,
+    "dp_sips/tip": 5000,
+    "dpne/tip": 4000,
+    "count_gaussian/all": 3000,
+    "count_laplace/all": 3000,
+}
 DEFAULT_RUNS = 10_000
 POLICY_RUNS = 300  # one sequential run per call
 UNIQUE_ALGORITHMS = sorted({c.algorithm for c in CASES})
@@ -135,7 +143,7 @@ def test_single_user_items_never_released(algorithm):
 
 
 def test_audit_cases_cover_every_algorithm():
-    from privacy.params import ALGORITHMS
+    from privacy.selection import ALGORITHMS
 
     assert set(ALGORITHMS) | {"dpne"} == {c.algorithm for c in CASES}
 
@@ -145,7 +153,7 @@ def test_the_tip_case_has_a_nontrivial_bound_in_expectation():
     # audit can certify a positive epsilon (not a vacuous test).
     from scipy import stats
 
-    from privacy.plans import plan_rounds
+    from privacy.selection import plan_rounds
 
     case = next(c for c in CASES if c.name == "basic/tip")
     (plan,) = plan_rounds("basic", case.params)

@@ -9,6 +9,7 @@
   shows the scan can see what it looks for.
 * Seeded runs log the "NOT differentially private" warning.
 """
+
 import logging
 import random
 
@@ -19,13 +20,14 @@ from apache_beam.internal import pickler
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 
-from beam_helpers import collect_pairs
-from privacy.dpne_accounting import DPNEParams
-from privacy.params import ALGORITHMS, SelectionParams
+from privacy.dpne import DPNEParams
+from privacy.selection import ALGORITHMS, SelectionParams
 from transforms import reference
-from transforms.dpne import DPNE
-from transforms.select import SelectPartitions
-from transforms.threshold import AddNoise, AddNoiseFn
+from transforms.core.noise import AddNoise, AddNoiseFn
+from transforms.dpne.dpne import DPNE
+from transforms.selection.select import SelectPartitions
+
+from beam_helpers import collect_pairs
 
 SEED = 918_273_645_546  # distinctive, so a scan for it has no false positives
 WEIGHTS = [(f"item{i}", 1.0) for i in range(50)]
@@ -107,7 +109,10 @@ def _graph_objects(pipeline):
         urn = t.spec.urn
         if urn == common_urns.primitives.PAR_DO.urn:
             payloads.append(beam_runner_api_pb2.ParDoPayload.FromString(t.spec.payload).do_fn.payload)
-        elif urn in (common_urns.composites.COMBINE_PER_KEY.urn, common_urns.combine_components.COMBINE_GROUPED_VALUES.urn):
+        elif urn in (
+            common_urns.composites.COMBINE_PER_KEY.urn,
+            common_urns.combine_components.COMBINE_GROUPED_VALUES.urn,
+        ):
             payloads.append(beam_runner_api_pb2.CombinePayload.FromString(t.spec.payload).combine_fn.payload)
         elif urn == "beam:transform:pickled_python:v1" and t.spec.payload:
             payloads.append(t.spec.payload)
@@ -131,8 +136,11 @@ def _scan(pipeline):
 
 def _selection_pipeline(algorithm, seed):
     p = beam.Pipeline()
-    _ = (p | beam.Create([("u1", "a"), ("u2", "a")])
-         | SelectPartitions(algorithm, SelectionParams(1.0, 1e-5, max_contributions=4), seed=seed))
+    _ = (
+        p
+        | beam.Create([("u1", "a"), ("u2", "a")])
+        | SelectPartitions(algorithm, SelectionParams(1.0, 1e-5, max_contributions=4), seed=seed)
+    )
     return p
 
 
@@ -185,9 +193,27 @@ def test_cli_with_seed_prints_the_warning(tmp_path):
 
     src = tmp_path / "in.tsv"
     src.write_text("u1\ta\nu2\ta\n", encoding="utf-8")
-    argv = [sys.executable, "-m", "pipelines.select_partitions", "--input", str(src), "--input_format", "tsv",
-            "--output", str(tmp_path / "o"), "--report", str(tmp_path / "r.json"), "--epsilon", "1",
-            "--delta", "1e-5", "--direct_running_mode", "in_memory", "--seed", "4"]
+    argv = [
+        sys.executable,
+        "-m",
+        "pipelines.select_partitions",
+        "--input",
+        str(src),
+        "--input_format",
+        "tsv",
+        "--output",
+        str(tmp_path / "o"),
+        "--report",
+        str(tmp_path / "r.json"),
+        "--epsilon",
+        "1",
+        "--delta",
+        "1e-5",
+        "--direct_running_mode",
+        "in_memory",
+        "--seed",
+        "4",
+    ]
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run(argv, cwd=repo, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

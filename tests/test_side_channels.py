@@ -8,6 +8,7 @@ Exact counts checked: users, records, distinct pairs, pairs after bounding, toke
 chosen so that no DP output or parameter of these runs can equal them by coincidence; smaller
 counts such as the number of distinct items could collide with released counts and are not grepped).
 """
+
 import json
 import logging
 import random
@@ -76,7 +77,8 @@ def _run(tmp_path, caplog, capsys, run, argv):
         code = run(argv)
     captured = capsys.readouterr()
     logs = [r.getMessage() for r in caplog.records] + [
-        logging.Formatter().formatException(r.exc_info) for r in caplog.records if r.exc_info]
+        logging.Formatter().formatException(r.exc_info) for r in caplog.records if r.exc_info
+    ]
     return code, captured, logs, _metrics_text(common.last_result)
 
 
@@ -85,10 +87,32 @@ def test_select_partitions_leaks_neither_canary_nor_counts(tmp_path, caplog, cap
     src = tmp_path / "in.tsv"
     src.write_text("user\titem\n" + "".join(f"{u}\t{i}\n" for u, i in RECORDS), encoding="utf-8")
     out, rep = tmp_path / "out" / "items", tmp_path / "out" / "report.json"
-    code, captured, logs, metrics = _run(tmp_path, caplog, capsys, select_partitions.run, [
-        "--input", str(src), "--input_format", "tsv", "--output", str(out), "--report", str(rep),
-        "--algorithm", algorithm, "--epsilon", "4", "--delta", "1e-10",
-        "--max_contributions", str(MAX_CONTRIBUTIONS), "--direct_running_mode", "in_memory"])
+    code, captured, logs, metrics = _run(
+        tmp_path,
+        caplog,
+        capsys,
+        select_partitions.run,
+        [
+            "--input",
+            str(src),
+            "--input_format",
+            "tsv",
+            "--output",
+            str(out),
+            "--report",
+            str(rep),
+            "--algorithm",
+            algorithm,
+            "--epsilon",
+            "4",
+            "--delta",
+            "1e-10",
+            "--max_contributions",
+            str(MAX_CONTRIBUTIONS),
+            "--direct_running_mode",
+            "in_memory",
+        ],
+    )
     assert code == 0
     released = "".join(p.read_text(encoding="utf-8") for p in (tmp_path / "out").glob("items*"))
     report = rep.read_text(encoding="utf-8")
@@ -103,10 +127,32 @@ def test_extract_ngrams_leaks_neither_canary_nor_counts(tmp_path, caplog, capsys
     src.write_text("".join(json.dumps({"user": u, "text": t}) + "\n" for u, t in texts), encoding="utf-8")
     counts = {"users": len(texts), "records": len(texts), "tokens": sum(len(t.split()) for _, t in texts)}
     out, rep = tmp_path / "out" / "ngrams", tmp_path / "out" / "report.json"
-    code, captured, logs, metrics = _run(tmp_path, caplog, capsys, extract_ngrams.run, [
-        "--input", str(src), "--input_format", "jsonl", "--output", str(out), "--report", str(rep),
-        "--max_n", "3", "--epsilon", "4", "--delta", "1e-10", "--max_contributions", "4",
-        "--direct_running_mode", "in_memory"])
+    code, captured, logs, metrics = _run(
+        tmp_path,
+        caplog,
+        capsys,
+        extract_ngrams.run,
+        [
+            "--input",
+            str(src),
+            "--input_format",
+            "jsonl",
+            "--output",
+            str(out),
+            "--report",
+            str(rep),
+            "--max_n",
+            "3",
+            "--epsilon",
+            "4",
+            "--delta",
+            "1e-10",
+            "--max_contributions",
+            "4",
+            "--direct_running_mode",
+            "in_memory",
+        ],
+    )
     assert code == 0
     released = "".join(p.read_text(encoding="utf-8") for p in (tmp_path / "out").glob("ngrams*"))
     report = rep.read_text(encoding="utf-8")
@@ -129,10 +175,34 @@ def test_diagnostics_is_the_only_place_with_exact_counts(tmp_path, caplog, capsy
     src = tmp_path / "in.tsv"
     src.write_text("user\titem\n" + "".join(f"{u}\t{i}\n" for u, i in RECORDS), encoding="utf-8")
     out, rep, diag = tmp_path / "out" / "items", tmp_path / "out" / "report.json", tmp_path / "diag.json"
-    code, captured, logs, metrics = _run(tmp_path, caplog, capsys, select_partitions.run, [
-        "--input", str(src), "--input_format", "tsv", "--output", str(out), "--report", str(rep),
-        "--algorithm", "mad2r", "--epsilon", "4", "--delta", "1e-10", "--diagnostics", str(diag),
-        "--max_contributions", str(MAX_CONTRIBUTIONS), "--direct_running_mode", "in_memory"])
+    code, captured, logs, metrics = _run(
+        tmp_path,
+        caplog,
+        capsys,
+        select_partitions.run,
+        [
+            "--input",
+            str(src),
+            "--input_format",
+            "tsv",
+            "--output",
+            str(out),
+            "--report",
+            str(rep),
+            "--algorithm",
+            "mad2r",
+            "--epsilon",
+            "4",
+            "--delta",
+            "1e-10",
+            "--diagnostics",
+            str(diag),
+            "--max_contributions",
+            str(MAX_CONTRIBUTIONS),
+            "--direct_running_mode",
+            "in_memory",
+        ],
+    )
     assert code == 0
     diagnostics = json.loads(diag.read_text(encoding="utf-8"))
     assert diagnostics["NON_PRIVATE_DIAGNOSTICS"] is True

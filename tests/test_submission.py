@@ -1,5 +1,6 @@
 """Offline checks of the remote submission paths: the Dataflow job graph (dry run), the package the
 workers get (setup.py sdist, as Beam's stager builds it), and a Flex launch that does not wait."""
+
 import json
 import os
 import subprocess
@@ -9,8 +10,9 @@ import tarfile
 import apache_beam as beam
 import pytest
 
-from pipeline_cases import IDS, PIPELINES, REPO, sample_args
 from pipelines import common
+
+from pipeline_cases import IDS, PIPELINES, REPO, sample_args
 
 # Builds the pipeline for DataflowRunner --dry_run=True (no job is sent) and prints the Runner API
 # graph the job would carry plus the artifacts staged for the workers.
@@ -45,26 +47,55 @@ print(json.dumps({
 }))
 """
 
-DATAFLOW_ARGS = ["--runner", "DataflowRunner", "--dry_run=True", "--project", "fake-project",
-                 "--region", "us-central1", "--temp_location", "gs://fake-bucket/tmp"]
+DATAFLOW_ARGS = [
+    "--runner",
+    "DataflowRunner",
+    "--dry_run=True",
+    "--project",
+    "fake-project",
+    "--region",
+    "us-central1",
+    "--temp_location",
+    "gs://fake-bucket/tmp",
+]
 
 
 def _dry_run(spec, tmp_path, *extra):
-    argv = [f"--{spec.input_flag}", "gs://fake-bucket/in/*", "--input_format", spec.input_format,
-            "--output", "gs://fake-bucket/out/released", "--report", "gs://fake-bucket/out/report.json",
-            *sample_args(spec), *DATAFLOW_ARGS, "--setup_file", os.path.join(REPO, "setup.py"), *extra]
+    argv = [
+        f"--{spec.input_flag}",
+        "gs://fake-bucket/in/*",
+        "--input_format",
+        spec.input_format,
+        "--output",
+        "gs://fake-bucket/out/released",
+        "--report",
+        "gs://fake-bucket/out/report.json",
+        *sample_args(spec),
+        *DATAFLOW_ARGS,
+        "--setup_file",
+        os.path.join(REPO, "setup.py"),
+        *extra,
+    ]
     # No network here: a hang (credentials, metadata server) must fail the test, not stall the suite.
     env = dict(os.environ, GCE_METADATA_HOST="127.0.0.1:9", NO_GCE_CHECK="True")
-    proc = subprocess.run([sys.executable, "-c", DRY_RUN, spec.name, *argv], cwd=str(tmp_path),
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", DRY_RUN, spec.name, *argv],
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
 def dry_runs(tmp_path_factory):
-    pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient",
-                        reason="the gcp extra is not installed (pip install -e '.[gcp]')")
+    pytest.importorskip(
+        "apache_beam.runners.dataflow.internal.apiclient",
+        reason="the gcp extra is not installed (pip install -e '.[gcp]')",
+    )
     return {s.name: _dry_run(s, tmp_path_factory.mktemp(s.name)) for s in PIPELINES}
 
 
@@ -112,8 +143,13 @@ def test_workers_get_every_module_in_the_staged_package(spec, dry_runs):
 
 
 def test_setup_py_sdist_contains_every_package_module(tmp_path):
-    proc = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "--dist-dir", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "setup.py", "-q", "sdist", "--dist-dir", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (tar,) = [p for p in os.listdir(tmp_path) if p.endswith(".tar.gz")]
     members = _members(os.path.join(tmp_path, tar))
@@ -135,9 +171,17 @@ def test_flex_template_launch_submits_without_waiting(spec, monkeypatch, capsys,
     log = []
     monkeypatch.setenv(common.FLEX_TEMPLATE_ENV, f"/template/pipelines/{spec.name}.py")
     monkeypatch.setattr(beam.Pipeline, "run", lambda self, *a, **k: log.append("run") or _Result(log))
-    argv = [f"--{spec.input_flag}", "gs://fake-bucket/in/*", "--input_format", spec.input_format,
-            "--output", "gs://fake-bucket/out/released", "--report", "gs://fake-bucket/out/report.json",
-            *sample_args(spec)]
+    argv = [
+        f"--{spec.input_flag}",
+        "gs://fake-bucket/in/*",
+        "--input_format",
+        spec.input_format,
+        "--output",
+        "gs://fake-bucket/out/released",
+        "--report",
+        "gs://fake-bucket/out/report.json",
+        *sample_args(spec),
+    ]
     assert spec.module().run(argv) == 0
     assert log == ["run"]
     assert "submitted without waiting" in capsys.readouterr().out

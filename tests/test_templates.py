@@ -1,4 +1,5 @@
 """The Flex Template files agree with the CLIs they launch (one metadata file per registered pipeline)."""
+
 import argparse
 import json
 import os
@@ -16,10 +17,31 @@ SPECS = {s.name: s for s in registry.PIPELINES}
 # Values a demanding user could type and that must never pass a parameter's regex.
 BAD_NUMBERS = ["", "abc", "1,5", "--epsilon", "1 2", "nan", "-1"]
 # The documented Dataflow ParameterType enum (google.cloud.dataflow_v1beta3.types.ParameterType).
-PARAM_TYPES = {"DEFAULT", "TEXT", "GCS_READ_BUCKET", "GCS_WRITE_BUCKET", "GCS_READ_FILE", "GCS_WRITE_FILE",
-               "GCS_READ_FOLDER", "GCS_WRITE_FOLDER", "PUBSUB_TOPIC", "PUBSUB_SUBSCRIPTION", "BIGQUERY_TABLE",
-               "JAVASCRIPT_UDF_FILE", "SERVICE_ACCOUNT", "MACHINE_TYPE", "KMS_KEY_NAME", "WORKER_REGION",
-               "WORKER_ZONE", "BOOLEAN", "ENUM", "NUMBER", "KAFKA_TOPIC", "KAFKA_READ_TOPIC", "KAFKA_WRITE_TOPIC"}
+PARAM_TYPES = {
+    "DEFAULT",
+    "TEXT",
+    "GCS_READ_BUCKET",
+    "GCS_WRITE_BUCKET",
+    "GCS_READ_FILE",
+    "GCS_WRITE_FILE",
+    "GCS_READ_FOLDER",
+    "GCS_WRITE_FOLDER",
+    "PUBSUB_TOPIC",
+    "PUBSUB_SUBSCRIPTION",
+    "BIGQUERY_TABLE",
+    "JAVASCRIPT_UDF_FILE",
+    "SERVICE_ACCOUNT",
+    "MACHINE_TYPE",
+    "KMS_KEY_NAME",
+    "WORKER_REGION",
+    "WORKER_ZONE",
+    "BOOLEAN",
+    "ENUM",
+    "NUMBER",
+    "KAFKA_TOPIC",
+    "KAFKA_READ_TOPIC",
+    "KAFKA_WRITE_TOPIC",
+}
 
 
 def metadata_path(name):
@@ -41,9 +63,13 @@ def as_text(value):
 
 def examples(spec):
     """A valid value for every flag of a sample launch (the registry's demo run + gs:// paths)."""
-    ex = {spec.input_flag: "gs://bucket/in/*.jsonl.gz", "input_format": spec.input_format,
-          "output": "gs://bucket/out/released", "report": "gs://bucket/out/report.json",
-          "diagnostics": "gs://bucket/private/diagnostics.json"}
+    ex = {
+        spec.input_flag: "gs://bucket/in/*.jsonl.gz",
+        "input_format": spec.input_format,
+        "output": "gs://bucket/out/released",
+        "report": "gs://bucket/out/report.json",
+        "diagnostics": "gs://bucket/private/diagnostics.json",
+    }
     args = list(spec.sample_args)
     for flag, value in zip(args[::2], args[1::2]):
         ex[flag.lstrip("-")] = value
@@ -59,8 +85,9 @@ def test_every_registered_pipeline_has_a_template_and_nothing_else_does():
 
 
 def test_documented_param_types_match_the_installed_dataflow_client():
-    types = pytest.importorskip("google.cloud.dataflow_v1beta3.types",
-                                reason="the gcp extra (google-cloud-dataflow-client) is not installed")
+    types = pytest.importorskip(
+        "google.cloud.dataflow_v1beta3.types", reason="the gcp extra (google-cloud-dataflow-client) is not installed"
+    )
     assert {e.name for e in types.ParameterType} >= PARAM_TYPES
 
 
@@ -160,16 +187,28 @@ def test_gcloud_flex_template_build_print_only_accepts_metadata(name, tmp_path):
     gcloud = shutil.which("gcloud")
     if gcloud is None:
         pytest.skip("gcloud is not installed on this machine")
-    cmd = [gcloud, "dataflow", "flex-template", "build", f"gs://fake-bucket/templates/{name}.json",
-           "--image", "gcr.io/fake-project/dp-partition-beam:test", "--sdk-language", "PYTHON",
-           "--metadata-file", metadata_path(name), "--print-only", "--quiet"]
+    cmd = [
+        gcloud,
+        "dataflow",
+        "flex-template",
+        "build",
+        f"gs://fake-bucket/templates/{name}.json",
+        "--image",
+        "gcr.io/fake-project/dp-partition-beam:test",
+        "--sdk-language",
+        "PYTHON",
+        "--metadata-file",
+        metadata_path(name),
+        "--print-only",
+        "--quiet",
+    ]
     env = dict(os.environ, CLOUDSDK_CONFIG=str(tmp_path / "gcloud"), CLOUDSDK_CORE_DISABLE_PROMPTS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     if proc.returncode != 0 and re.search(r"credential|auth|network|connect|resolve", proc.stderr, re.I):
         pytest.skip(f"gcloud --print-only needs what this machine lacks: {proc.stderr.strip()[-300:]}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
-    spec = json.loads(out[out.index("{"):]) if not out.startswith("{") else json.loads(out)
+    spec = json.loads(out[out.index("{") :]) if not out.startswith("{") else json.loads(out)
     assert spec["image"] == "gcr.io/fake-project/dp-partition-beam:test"
     assert spec["sdkInfo"]["language"] == "PYTHON"
     assert spec["metadata"] == load(name)  # gcloud parsed our file and kept every field

@@ -1,7 +1,9 @@
 """Sensitivity properties of the Basic weightings and of contribution bounding (hypothesis)."""
+
 import math
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from transforms import reference
 
@@ -26,8 +28,12 @@ def test_neighbouring_datasets_sensitivities(sets, new_set, d0, seed):
     capped2 = reference.bound_contributions({**sets, new_user: new_set}, d0, seed=seed)
     assert {u: v for u, v in capped2.items() if u != new_user} == capped  # subsampling is per user
     assert len(capped2[new_user]) == min(d0, len(new_set))
-    for weighting, p, bound in (("weighted_gaussian", 2, 1.0), ("weighted_laplace", 1, 1.0),
-                                ("count", 2, math.sqrt(d0)), ("count", 1, float(d0))):
+    for weighting, p, bound in (
+        ("weighted_gaussian", 2, 1.0),
+        ("weighted_laplace", 1, 1.0),
+        ("count", 2, math.sqrt(d0)),
+        ("count", 1, float(d0)),
+    ):
         w = reference.basic_weights(capped, weighting)
         w2 = reference.basic_weights(capped2, weighting)
         assert _distance(w, w2, p) <= bound * (1 + 1e-12)

@@ -1,198 +1,40 @@
-"""In-memory reference implementations: the test oracle and the fast path for small data.
+"""In-memory reference implementations: the test oracle of every Beam transform and the fast path
+for small data.
 
-Operates on ``dict[user, iterable[item]]`` with the same parameters
-(:class:`privacy.params.SelectionParams`), the same calibration plan (:mod:`privacy.plans`) and the
-same randomness contract (:mod:`transforms.randomness`) as the Beam transforms, so under a seed
-``select(...)`` returns exactly what ``SelectPartitions`` releases. Float sums are correctly rounded
-(``math.fsum``), like the Beam combiners, so the comparison is exact.
+Same parameters, same calibration plans and the same randomness contract as the Beam transforms, so
+under a seed each function returns exactly what its transform releases:
+
+  select / select_rounds      :class:`transforms.SelectPartitions`  (transforms/selection/reference.py)
+  dpne_reference              :class:`transforms.DPNE`              (transforms/dpne/reference.py)
+  bayesian_release            :class:`transforms.BayesianNgrams`    (transforms/bayesian/reference.py)
 
 Everything here holds the whole dataset in memory; use the Beam transforms beyond a few million pairs.
 """
-from __future__ import annotations
 
-import math
-from collections import defaultdict
-from typing import Dict, Hashable, Iterable, List, Mapping, Optional, Set, Tuple
+from transforms.bayesian.reference import release as bayesian_release
+from transforms.dpne.reference import DPNEResult, dpne_reference, user_kgrams
+from transforms.selection.reference import (
+    add_noise,
+    basic_weights,
+    bound_contributions,
+    mad_weights,
+    noisy_threshold,
+    select,
+    select_rounds,
+    user_sets_from_pairs,
+)
 
-import numpy as np
-
-from privacy.params import ALGORITHMS, SelectionParams, check_choice, check_int
-from privacy.plans import RoundPlan, plan_rounds
-from transforms import mad_kernels as K
-from transforms.mad2r_kernels import round2_bias
-from transforms import policy_kernels, randomness
-from transforms.weights import WEIGHTINGS, per_item_weight
-
-UserSets = Mapping[Hashable, Iterable[Hashable]]
-
-# Re-exports: the MAD weighting (Alg. 3) lives with its kernels.
-mad_weights = K.mad_weights
-# DPNE (n-gram extraction) reference lives in its own module.
-from transforms.dpne_reference import DPNEResult, dpne_reference, user_kgrams  # noqa: E402,F401
-
-
-def _unique(items: Iterable[Hashable]) -> List[Hashable]:
-    return list(dict.fromkeys(items))
-
-
-def bound_contributions(
-    user_sets: UserSets,
-    max_contributions: int,
-    seed: Optional[int] = None,
-    round_: int = 0,
-    rng: Optional[np.random.Generator] = None,
-) -> Dict[Hashable, List[Hashable]]:
-    """Distinct items per user, uniformly subsampled to ``max_contributions`` (BoundContributions)."""
-    check_int("max_contributions", max_contributions, 1)
-    if seed is None and rng is None:
-        rng = randomness.worker_rng()
-    out = {}
-    for user, items in user_sets.items():
-        capped = randomness.subsample(_unique(items), max_contributions, user, round_, seed, rng)
-        if capped:
-            out[user] = capped
-    return out
-
-
-def basic_weights(user_sets: UserSets, weighting: str = "weighted_gaussian") -> Dict[Hashable, float]:
-    """Per-item sum of the users' weights (no capping: pass capped sets).
-
-    weighting: 'weighted_gaussian' (1/sqrt(d)), 'weighted_laplace' (1/d) or 'count' (1).
-    """
-    check_choice("weighting", weighting, WEIGHTINGS)
-    parts: Dict[Hashable, List[float]] = defaultdict(list)
-    for items in user_sets.values():
-        items = _unique(items)
-        w = per_item_weight(weighting, len(items))
-        for item in items:
-            parts[item].append(w)
-    return {item: math.fsum(ws) for item, ws in parts.items()}
-
-
-def add_noise(
-    weights: Mapping[Hashable, float],
-    noise: str,
-    scale: float,
-    seed: Optional[int] = None,
-    round_: int = 1,
-    rng: Optional[np.random.Generator] = None,
-) -> Dict[Hashable, float]:
-    """Noisy weights: item i gets ``scale * Z_i`` with Z_i keyed by (seed, 'noise', round, i)."""
-    if seed is None and rng is None:
-        rng = randomness.worker_rng()
-    items = list(weights)
-    z = randomness.standard_noise(noise, items, "noise", round_, seed, rng)
-    return {item: float(weights[item]) + float(scale) * float(zi) for item, zi in zip(items, z)}
-
-
-def noisy_threshold(
-    weights: Mapping[Hashable, float],
-    plan: RoundPlan,
-    seed: Optional[int] = None,
-    rng: Optional[np.random.Generator] = None,
-) -> Set[Hashable]:
-    """Items whose noisy weight is >= rho (NoisyThreshold)."""
-    noisy = add_noise(weights, plan.noise, plan.noise_scale, seed, plan.index, rng)
-    return {item for item, w in noisy.items() if w >= plan.threshold}
-
-
-def _single_round(user_sets, algorithm, params, plan, seed, rng):
-    capped = bound_contributions(user_sets, params.max_contributions, seed, 0, rng)
-    if plan.weighting == "mad":
-        weights = K.mad_weights(capped, plan.tau, params.d_max)
-    else:
-        weights = basic_weights(capped, plan.weighting)
-    return {1: noisy_threshold(weights, plan, seed, rng)}
-
-
-def _policy(user_sets, algorithm, params, plan, seed, rng):
-    """POLICY LAPLACE / GAUSSIAN (DPSU Alg. 4 / 6): secret-order l1/l2-descent histogram, noise, threshold.
-
-    The size limit ``params.max_sequential_pairs`` guards the Beam transform's single worker only;
-    the reference holds everything in memory by design.
-    """
-    capped = bound_contributions(user_sets, params.max_contributions, seed, 0, rng)
-    hist = policy_kernels.policy_histogram(
-        capped.items(), policy_kernels.POLICY_OF[algorithm], plan.cutoff, params.passes, seed
-    )
-    return {1: noisy_threshold(hist, plan, seed, rng)}
-
-
-def _dp_sips(user_sets, params, plans, seed, rng):
-    full = {u: _unique(items) for u, items in user_sets.items()}
-    released: Set[Hashable] = set()
-    per_round = {}
-    for plan in plans:
-        r = plan.index
-        remaining = {u: [i for i in items if i not in released] for u, items in full.items()}
-        remaining = {u: items for u, items in remaining.items() if items}
-        capped = bound_contributions(remaining, params.max_contributions, seed, r, rng)
-        out = noisy_threshold(basic_weights(capped, "weighted_gaussian"), plan, seed, rng)
-        per_round[r] = out
-        released |= out
-    return per_round
-
-
-def _mad2r(user_sets, params, plans, seed, rng):
-    r1, r2 = plans
-    capped = bound_contributions(user_sets, params.max_contributions, seed, 0, rng)  # Alg. 4 line 1
-    w1 = K.mad_weights(capped, r1.tau, params.d_max)  # line 5
-    noisy1 = add_noise(w1, r1.noise, r1.noise_scale, seed, r1.index, rng)  # line 6
-    u1 = {i for i, w in noisy1.items() if w >= r1.threshold}  # line 7
-    biases = {}
-    for item, w in noisy1.items():  # lines 10-14
-        if item in u1:
-            continue
-        b = round2_bias(w, r2.threshold, r1.noise_scale, params.c_lb, params.c_ub)
-        if b is not None:
-            biases[item] = b
-    sets2 = {u: [i for i in items if i in biases] for u, items in capped.items()}  # line 13
-    sets2 = {u: items for u, items in sets2.items() if items}
-    w2 = K.mad_weights(sets2, r2.tau, params.d_max, biases, params.b_min, params.b_max)  # line 15
-    noisy2 = add_noise(w2, r2.noise, r2.noise_scale, seed, r2.index, rng)  # line 16
-    u2 = {i for i, w in noisy2.items() if w >= r2.threshold}  # line 17
-    return {1: u1, 2: u2}
-
-
-def select_rounds(
-    user_sets: UserSets,
-    algorithm: str,
-    params: SelectionParams,
-    seed: Optional[int] = None,
-) -> Tuple[Tuple[RoundPlan, ...], Dict[int, Set[Hashable]]]:
-    """The calibrated plan and the items released in each round."""
-    check_choice("algorithm", algorithm, ALGORITHMS)
-    plans = plan_rounds(algorithm, params)
-    randomness.warn_if_seeded(seed)
-    rng = None if seed is not None else randomness.worker_rng()
-    if algorithm == "dp_sips":
-        per_round = _dp_sips(user_sets, params, plans, seed, rng)
-    elif algorithm == "mad2r":
-        per_round = _mad2r(user_sets, params, plans, seed, rng)
-    elif algorithm in policy_kernels.POLICY_OF:
-        per_round = _policy(user_sets, algorithm, params, plans[0], seed, rng)
-    else:
-        per_round = _single_round(user_sets, algorithm, params, plans[0], seed, rng)
-    return plans, per_round
-
-
-def select(
-    user_sets: UserSets,
-    algorithm: str,
-    params: SelectionParams,
-    seed: Optional[int] = None,
-) -> Set[Hashable]:
-    """Released items of ``algorithm`` (same output as ``SelectPartitions`` under the same seed)."""
-    _, per_round = select_rounds(user_sets, algorithm, params, seed)
-    out: Set[Hashable] = set()
-    for items in per_round.values():
-        out |= items
-    return out
-
-
-def user_sets_from_pairs(pairs: Iterable[Tuple[Hashable, Hashable]]) -> Dict[Hashable, List[Hashable]]:
-    """dict user -> distinct items, from (user, item) pairs."""
-    sets: Dict[Hashable, Dict[Hashable, None]] = defaultdict(dict)
-    for user, item in pairs:
-        sets[user][item] = None
-    return {u: list(items) for u, items in sets.items()}
+__all__ = [
+    "select",
+    "select_rounds",
+    "user_sets_from_pairs",
+    "bound_contributions",
+    "basic_weights",
+    "mad_weights",
+    "add_noise",
+    "noisy_threshold",
+    "dpne_reference",
+    "DPNEResult",
+    "user_kgrams",
+    "bayesian_release",
+]

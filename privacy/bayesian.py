@@ -1,0 +1,137 @@
+"""Parameters of the Bayesian DP n-gram distribution release (Bayesian DP paper, Alg. 1-2, sec. 4.2-4.3).
+
+One frozen, self-validating dataclass (:class:`BayesianParams`); every error names the parameter, the
+value given and what is allowed, like :mod:`privacy.params`.
+
+Budget (Algorithm 2, section 4.3): without tuning the whole ``(epsilon, delta)`` goes to the Gaussian
+release of Algorithm 1. With ``tune=True`` a fraction ``tune_epsilon_fraction`` (paper: 1/3) of epsilon
+pays for the Laplace report-noisy-min over the (S, rho) grid (pure epsilon, no delta) and the rest,
+with all of delta, pays for the Gaussian release; the total is ``(epsilon, delta)`` by basic
+composition (the paper's ``(eps1 + eps2, delta)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Tuple
+
+from privacy.validation import DELTA_RANGE, EPSILON_RANGE, check_choice, check_int, check_range
+
+MECHANISMS = ("bayesian", "laplace", "laplace_public")
+SENSITIVITIES = ("brute_force", "bound")
+
+# Paper section 4.3: S in [1e-3, 1e4] (log grid); rho in (0, 1].
+DEFAULT_S_GRID = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4)
+DEFAULT_RHO_GRID = (0.1, 0.3, 0.5, 0.7, 0.9)
+
+
+def _grid(name: str, values, lo: float, hi: float, lo_open: bool) -> Tuple[float, ...]:
+    try:
+        vals = tuple(values)
+    except TypeError:
+        raise ValueError(f"{name} must be a non-empty list of numbers, got {values!r}") from None
+    if not vals:
+        raise ValueError(f"{name} must be a non-empty list of numbers, got {values!r}")
+    out = tuple(check_range(f"{name} entry", v, lo, hi, lo_open=lo_open) for v in vals)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name} must not repeat values, got {values!r}")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class BayesianParams:
+    """Parameters of one release.
+
+    Attributes:
+      epsilon, delta: total user-level privacy budget of the release (delta unused by the Laplace
+        baselines, which are pure epsilon-DP).
+      n: n-gram length (paper: trigrams).
+      mechanism: ``bayesian`` (Alg. 1, or Alg. 2 with ``tune``), ``laplace`` (sec. 4.2 baseline 1) or
+        ``laplace_public`` (sec. 4.2 baseline 2).
+      C: maximum count of one n-gram per user (Alg. 1 line 2; paper sec. 4.3: 1 below 1M users).
+      W: maximum total count per user over all n-grams (sec. 4.2 baseline 1 and sec. 4.3, which use
+        |U|/1000; a data-independent constant here). Applied to every mechanism.
+      S: decay hyperparameter of eq. 5, ``w = min(1, S*N/C)`` (paper's grid: [1e-3, 1e4]). Default
+        1e-3 with rho = 0.1, chosen on the bundled sample (docs/bayesian_ngrams.md); use ``tune``
+        to choose privately.
+      rho: posterior weight of the private counts, ``mu_ps = rho*w*x_hat + (1-rho)*mu_p``.
+      sensitivity: ``brute_force`` (Alg. 1, exact max over users) or ``bound`` (Claim 1, corrected).
+      tune: private hyperparameter selection over ``S_grid`` x ``rho_grid`` (Alg. 2).
+      tune_epsilon_fraction: share of epsilon spent on the selection (paper sec. 4.3: 1/3).
+      validation_fraction: share of users scored in Alg. 2's first set (paper sec. 4.3: 10%).
+    """
+
+    epsilon: float = 1.0
+    delta: float = 1e-5
+    n: int = 3
+    mechanism: str = "bayesian"
+    C: int = 1
+    W: int = 100
+    S: float = 1e-3
+    rho: float = 0.1
+    sensitivity: str = "brute_force"
+    tune: bool = False
+    S_grid: Tuple[float, ...] = DEFAULT_S_GRID
+    rho_grid: Tuple[float, ...] = DEFAULT_RHO_GRID
+    tune_epsilon_fraction: float = 1.0 / 3.0
+    validation_fraction: float = 0.1
+
+    def __post_init__(self):
+        s = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass setter)
+        s("epsilon", check_range("epsilon", self.epsilon, *EPSILON_RANGE, lo_open=True))
+        s("delta", check_range("delta", self.delta, *DELTA_RANGE))
+        s("n", check_int("n", self.n, 1, 20))
+        check_choice("mechanism", self.mechanism, MECHANISMS)
+        s("C", check_int("C", self.C, 1))
+        s("W", check_int("W", self.W, 1))
+        if self.W < self.C:
+            raise ValueError(f"W (total count per user) must be >= C (count per n-gram), got W={self.W}, C={self.C}")
+        s("S", check_range("S", self.S, 0.0, math.inf, lo_open=True))
+        s("rho", check_range("rho", self.rho, 0.0, 1.0, lo_open=True))
+        check_choice("sensitivity", self.sensitivity, SENSITIVITIES)
+        if not isinstance(self.tune, bool):
+            raise ValueError(f"tune must be True or False, got {self.tune!r}")
+        s("S_grid", _grid("S_grid", self.S_grid, 0.0, math.inf, lo_open=True))
+        s("rho_grid", _grid("rho_grid", self.rho_grid, 0.0, 1.0, lo_open=True))
+        s(
+            "tune_epsilon_fraction",
+            check_range("tune_epsilon_fraction", self.tune_epsilon_fraction, 0.0, 1.0, lo_open=True, hi_open=True),
+        )
+        s(
+            "validation_fraction",
+            check_range("validation_fraction", self.validation_fraction, 0.0, 1.0, lo_open=True, hi_open=True),
+        )
+        if self.tune and self.mechanism != "bayesian":
+            raise ValueError(f"tune applies to mechanism 'bayesian' only, got mechanism={self.mechanism!r}")
+
+    @property
+    def epsilon_tune(self) -> float:
+        """Epsilon of the report-noisy-min (Alg. 2's Laplace scores); 0 without tuning."""
+        return self.epsilon * self.tune_epsilon_fraction if self.tune else 0.0
+
+    @property
+    def epsilon_release(self) -> float:
+        """Epsilon of the final release (Gaussian of Alg. 1 or the Laplace baselines)."""
+        return self.epsilon - self.epsilon_tune
+
+    @property
+    def grid(self) -> Tuple[Tuple[float, float], ...]:
+        """The (S, rho) candidates: the grid with tuning, else the single (S, rho)."""
+        if self.tune:
+            return tuple((S, r) for S in self.S_grid for r in self.rho_grid)
+        return ((self.S, self.rho),)
+
+    @property
+    def S_values(self) -> Tuple[float, ...]:
+        """Distinct S values whose sensitivity is needed (the brute force runs once per S)."""
+        return self.S_grid if self.tune else (self.S,)
+
+    def replace(self, **changes) -> "BayesianParams":
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["S_grid"] = list(self.S_grid)
+        d["rho_grid"] = list(self.rho_grid)
+        return d

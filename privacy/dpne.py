@@ -1,0 +1,273 @@
+"""Parameters and privacy accounting of DPNE (DP n-gram extraction) and its DPSU baselines (pure math).
+
+Paper: Kim, Gopi, Kulkarni, Yekhanin, "Differentially Private n-gram Extraction"
+(``shared/papers/dpne-ngram-extraction.txt``), Algorithm 1, Propositions 2.2-2.4, Theorem 2.1.
+
+Theorem 2.1 (what :func:`dpne_level_sigmas` and :func:`dpne_rho_1` implement):
+
+* ``sigma*`` solves ``delta/2 = Phi(-eps s + 1/(2s)) - e^eps Phi(-eps s - 1/(2s))``, i.e.
+  ``sigma* = AGM(eps, delta/2)`` (analytic Gaussian mechanism, sensitivity 1);
+* ``sigma_1..sigma_T`` with ``1/sigma*^2 = sum_k 1/sigma_k^2``; we use the paper's geometric
+  schedule ``sigma_k = c sigma_{k-1}`` (``sigma_decay`` c, default 1: all equal, ``sigma* sqrt(T)``);
+* ``rho_1 = max_{1<=t<=Delta_1} 1/sqrt(t) + sigma_1 PhiInv((1 - delta/2)^(1/t))`` (DPSU's threshold
+  at total delta; its novel-item failure probability is delta/2).
+
+Level k >= 2 is a Gaussian mechanism with l2 sensitivity 1 over the domain ``V_k`` of valid k-grams,
+which is a function of the released ``S_1, S_{k-1}`` only; its threshold ``rho_k`` does not enter the
+privacy analysis (it is post-processing of the noisy histogram over all of ``V_k``), so it is set to
+control spurious k-grams (Prop. 2.2):
+
+    rho_k = sigma_k * PhiInv(1 - eta * min(1, |S_{k-1}| / |V_k|))
+
+so that ``P[N(0, sigma_k^2) >= rho_k] = q_k = eta * min(1, |S_{k-1}|/|V_k|)`` and the expected number
+of spurious k-grams is at most ``|V_k| q_k = eta * min(|S_{k-1}|, |V_k|)``.
+
+GDP composition of the T Gaussian mechanisms (Prop. 2.3) gives one Gaussian with noise ``sigma*``,
+which is (eps, delta/2)-DP (Prop. 2.4); adding the (0, delta/2) novel-item event of level 1 gives
+(eps, delta). :func:`dpne_composed_privacy` recomputes this from the sigmas (used by the tests).
+
+Baselines (paper section 3.1.2), all with the same (eps, delta):
+
+* ``dpsu_all``: one DPSU run over the n-grams of all lengths 1..T with ``Delta = sum_k Delta_k``
+  (``T * Delta_0``): ``sigma*``, ``rho = threshold(sigma*, delta, Delta)``.
+* ``dpsu_even``: one DPSU run per length with the budget split evenly. The paper uses advanced
+  composition (eps/sqrt(T) each); we compose exactly in GDP (``sigma_k = sigma* sqrt(T)``) and give each
+  length's novel-item event ``delta/(2T)`` (``rho_k = threshold(sigma_k, delta/T, Delta_k)``), which is
+  the same (eps, delta) and a slightly stronger baseline than the paper's.
+* ``dpsu_single``: all budget on one length L (``sigma*``, ``rho = threshold(sigma*, delta, Delta_L)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from scipy import special
+
+from privacy.accounting import gdp_compose, geometric_sigma_schedule
+from privacy.calibration import analytic_gaussian_sigma, gaussian_delta, gaussian_epsilon, gaussian_threshold
+from privacy.validation import DELTA_RANGE, EPSILON_RANGE, check_choice, check_int, check_range
+
+__all__ = [
+    "DPNEParams",
+    "DPNE_ALGORITHMS",
+    "DPNE_WEIGHTINGS",
+    "PRUNINGS",
+    "VK_METHODS",
+    "RunPlan",
+    "dpne_level_sigmas",
+    "dpne_rho_1",
+    "dpne_rho_k",
+    "spurious_probability",
+    "dpne_composed_privacy",
+    "plan_runs",
+]
+
+DPNE_ALGORITHMS = ("dpne", "dpsu_all", "dpsu_even", "dpsu_single")
+DPNE_WEIGHTINGS = ("weighted_gaussian", "mad")
+PRUNINGS = ("both", "single")
+VK_METHODS = ("exact", "sample")
+
+
+@dataclasses.dataclass(frozen=True)
+class DPNEParams:
+    """Parameters of DPNE and its DPSU baselines (validated on construction).
+
+    Attributes:
+      epsilon, delta: total user-level budget (default 4, 1e-7: the paper's Reddit setting).
+      max_n: T, the longest n-gram length (1..50, default 9).
+      max_contributions: Delta_k, one int for all levels or a list of T ints (default 300).
+      eta: target spurious fraction in (0, 1) (default 0.01), sets rho_k for k >= 2.
+      sigma_decay: c in sigma_k = c sigma_{k-1} (default 1: equal noise at all levels).
+      pruning: 'both' (V_k = (S_1 x S_{k-1}) cap (S_{k-1} x S_1), paper default) or 'single'
+        (V_k = S_{k-1} x S_1).
+      weighting: 'weighted_gaussian' (paper, 1/sqrt(d)) or 'mad' (MAD at every level, tau_k =
+        max(1, rho_k + beta sigma_k)).
+      algorithm: 'dpne', 'dpsu_all', 'dpsu_even' or 'dpsu_single'.
+      vk_method: 'exact' (sum_y L(y) R(y), default) or 'sample' (supplement Alg. 2 with rate p).
+      sample_rate: p of the sampling estimator, in (0, 1].
+      dpsu_single_length: the length L of 'dpsu_single' (default T).
+      beta, d_max: MAD's adaptive threshold offset (tau = rho + beta sigma) and max adaptive degree.
+    """
+
+    epsilon: float = 4.0
+    delta: float = 1e-7
+    max_n: int = 9
+    max_contributions: Union[int, Tuple[int, ...]] = 300
+    eta: float = 0.01
+    sigma_decay: float = 1.0
+    pruning: str = "both"
+    weighting: str = "weighted_gaussian"
+    algorithm: str = "dpne"
+    vk_method: str = "exact"
+    sample_rate: float = 0.01
+    dpsu_single_length: Optional[int] = None
+    beta: float = 2.0
+    d_max: int = 50
+
+    def __post_init__(self):
+        s = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass setter)
+        s("epsilon", check_range("epsilon", self.epsilon, *EPSILON_RANGE, lo_open=True))
+        s("delta", check_range("delta", self.delta, *DELTA_RANGE))
+        s("max_n", check_int("max_n", self.max_n, 1, 50))
+        mc = self.max_contributions
+        if isinstance(mc, str):
+            mc = [int(x) for x in mc.replace(",", " ").split()] if mc.strip() else mc
+        if isinstance(mc, (list, tuple)):
+            vals = tuple(check_int(f"max_contributions[{i}]", v, 1, 10_000_000) for i, v in enumerate(mc))
+            if len(vals) == 1:
+                vals = vals * self.max_n
+            if len(vals) != self.max_n:
+                raise ValueError(
+                    f"max_contributions must be one integer or a list of max_n={self.max_n} integers "
+                    f"(one per n-gram length), got {len(vals)} values: {mc!r}"
+                )
+            s("max_contributions", vals)
+        else:
+            s("max_contributions", check_int("max_contributions", mc, 1, 10_000_000))
+        s("eta", check_range("eta", self.eta, 0.0, 1.0, lo_open=True, hi_open=True))
+        s("sigma_decay", check_range("sigma_decay", self.sigma_decay, 0.01, 100.0))
+        s("pruning", check_choice("pruning", self.pruning, PRUNINGS))
+        s("weighting", check_choice("weighting", self.weighting, DPNE_WEIGHTINGS))
+        s("algorithm", check_choice("algorithm", self.algorithm, DPNE_ALGORITHMS))
+        s("vk_method", check_choice("vk_method", self.vk_method, VK_METHODS))
+        s("sample_rate", check_range("sample_rate", self.sample_rate, 0.0, 1.0, lo_open=True))
+        if self.dpsu_single_length is None:
+            s("dpsu_single_length", self.max_n)
+        else:
+            s("dpsu_single_length", check_int("dpsu_single_length", self.dpsu_single_length, 1, self.max_n))
+        s("beta", check_range("beta", self.beta, 0.0, math.inf))
+        # MAD's privacy proof needs d_max >= 4 (Lemma 5.3); tau >= 1 is enforced by mad_tau().
+        s("d_max", check_int("d_max", self.d_max, 4))
+
+    @property
+    def deltas(self) -> Tuple[int, ...]:
+        """``(Delta_1, ..., Delta_T)``."""
+        mc = self.max_contributions
+        return tuple(mc) if isinstance(mc, tuple) else (int(mc),) * self.max_n
+
+    def replace(self, **changes) -> "DPNEParams":
+        return dataclasses.replace(self, **changes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Theorem 2.1
+# ---------------------------------------------------------------------------------------------
+
+
+def dpne_level_sigmas(params: DPNEParams) -> Tuple[float, List[float]]:
+    """``(sigma*, [sigma_1..sigma_T])``: sigma* = AGM(eps, delta/2), geometric schedule composing to it."""
+    sigma_star = analytic_gaussian_sigma(params.epsilon, params.delta / 2.0)
+    return sigma_star, geometric_sigma_schedule(sigma_star, params.max_n, params.sigma_decay)
+
+
+def dpne_rho_1(sigma_1: float, delta: float, max_contributions: int) -> float:
+    """``rho_1 = max_t 1/sqrt(t) + sigma_1 PhiInv((1 - delta/2)^(1/t))`` (Theorem 2.1; total delta)."""
+    return gaussian_threshold(sigma_1, delta, max_contributions)
+
+
+def spurious_probability(eta: float, s_prev_size: int, v_size: int) -> float:
+    """``q_k = eta * min(1, |S_{k-1}|/|V_k|) = Phi(-rho_k/sigma_k)`` (0 if V_k is empty)."""
+    if v_size <= 0:
+        return 0.0
+    return float(eta) * min(1.0, s_prev_size / v_size)
+
+
+def dpne_rho_k(sigma_k: float, eta: float, s_prev_size: int, v_size: int) -> float:
+    """``rho_k = sigma_k PhiInv(1 - eta min(1, |S_{k-1}|/|V_k|))`` (section 2); ``inf`` if V_k is empty."""
+    q = spurious_probability(eta, s_prev_size, v_size)
+    if q <= 0.0:
+        return math.inf
+    return float(sigma_k) * -float(special.ndtri(q))  # PhiInv(1 - q) = -PhiInv(q), no cancellation
+
+
+def dpne_composed_privacy(sigmas: Sequence[float], epsilon: float, delta: float) -> Dict[str, float]:
+    """What the level sigmas actually give (Theorem 2.1 recomputed).
+
+    Returns ``sigma_composed`` (GDP composition, Prop. 2.3), ``gaussian_delta`` (delta of that Gaussian
+    at ``epsilon``, Prop. 2.4; must be <= delta/2), ``total_delta`` (that + delta/2 of rho_1) and
+    ``epsilon_at_delta`` (smallest epsilon of the composed Gaussian at delta/2).
+    """
+    sc = gdp_compose(list(sigmas))
+    gd = gaussian_delta(sc, epsilon)
+    return {
+        "sigma_composed": sc,
+        "gaussian_delta": gd,
+        "total_delta": gd + delta / 2.0,
+        "epsilon_at_delta": gaussian_epsilon(sc, delta / 2.0),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Run plans (DPNE levels and DPSU baselines)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """One noisy-histogram run: the n-gram lengths it covers, its noise, cap and (fixed) threshold.
+
+    For DPNE levels k >= 2 ``rho`` is None here: it depends on the released S_{k-1} and |V_k| and is
+    computed during the run (:func:`dpne_rho_k`). ``round_`` is the randomness-contract round.
+    """
+
+    name: str
+    lengths: Tuple[int, ...]
+    sigma: float
+    max_contributions: int
+    rho: Optional[float]
+    delta_threshold: Optional[float]
+    round_: int
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def plan_runs(params: DPNEParams) -> Tuple[float, List[RunPlan]]:
+    """``(sigma*, runs)`` for ``params.algorithm`` (see the module docstring)."""
+    sigma_star = analytic_gaussian_sigma(params.epsilon, params.delta / 2.0)
+    T = params.max_n
+    deltas = params.deltas
+    if params.algorithm == "dpne":
+        _, sigmas = dpne_level_sigmas(params)
+        runs = [
+            RunPlan(
+                "level_1", (1,), sigmas[0], deltas[0], dpne_rho_1(sigmas[0], params.delta, deltas[0]), params.delta, 1
+            )
+        ]
+        for k in range(2, T + 1):
+            runs.append(RunPlan(f"level_{k}", (k,), sigmas[k - 1], deltas[k - 1], None, None, k))
+        return sigma_star, runs
+    if params.algorithm == "dpsu_all":
+        d = int(sum(deltas))
+        return sigma_star, [
+            RunPlan(
+                "dpsu_all",
+                tuple(range(1, T + 1)),
+                sigma_star,
+                d,
+                gaussian_threshold(sigma_star, params.delta, d),
+                params.delta,
+                0,
+            )
+        ]
+    if params.algorithm == "dpsu_even":
+        sig = sigma_star * math.sqrt(T)  # GDP: T equal shares of mu^2 = 1/sigma*^2
+        dk = params.delta / T
+        return sigma_star, [
+            RunPlan(f"dpsu_even_{k}", (k,), sig, deltas[k - 1], gaussian_threshold(sig, dk, deltas[k - 1]), dk, k)
+            for k in range(1, T + 1)
+        ]
+    L = params.dpsu_single_length
+    return sigma_star, [
+        RunPlan(
+            f"dpsu_single_{L}",
+            (L,),
+            sigma_star,
+            deltas[L - 1],
+            gaussian_threshold(sigma_star, params.delta, deltas[L - 1]),
+            params.delta,
+            L,
+        )
+    ]

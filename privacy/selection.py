@@ -1,0 +1,371 @@
+"""Partition selection: the parameters, the algorithm registry and the per-round calibration plans.
+
+Everything here is pure math, fixed before any data is read. :class:`SelectionParams` holds the user's
+choices (validated on construction); :data:`ALGORITHMS` is the one table of the selection algorithms
+(the CLI's ``--algorithm`` choices, the report, the template metadata, the audit cases and the docs
+table are generated from it or checked against it); :func:`plan_rounds` turns an algorithm and its
+parameters into the calibrated rounds that the Beam transform
+(:class:`transforms.selection.select.SelectPartitions`) and the in-memory reference
+(:func:`transforms.reference.select`) both execute, and that the report prints.
+
+Rounds per algorithm (the ``shape`` of its :class:`AlgorithmSpec`):
+
+  basic            weighted Gaussian (1/sqrt(d)), 1 round   (MAD paper Alg. 1; DPSU paper B.2)
+  weighted_laplace 1/d weights, Laplace, 1 round            (DPSU paper B.1, Theorem B.1)
+  count_gaussian   +1 per item, l2 sensitivity sqrt(Delta_0) (DPSU paper section 1.1)
+  count_laplace    +1 per item, l1 sensitivity Delta_0       (DPSU paper section 1.1, [KKMN09])
+  mad              MAD weights, 1 round, tau = rho + beta*sigma (MAD paper Alg. 3, Cor. 5.2)
+  mad2r            2 rounds (MAD paper Alg. 4); round 2 uses h(t) = b_max/sqrt(t)
+  dp_sips          len(budget_split) rounds of Basic (DP-SIPS, MAD paper sec. 1.3)
+  policy_laplace   l1-descent histogram, Laplace, 1 round  (DPSU paper Alg. 3-4, Theorem 4.1)
+  policy_gaussian  l2-descent histogram, Gaussian, 1 round (DPSU paper Alg. 5-6, Theorem 5.1)
+
+Multi-round accounting (``params.accounting``) is implemented in
+:func:`privacy.accounting.multi_round_calibration`; see its module docstring for the proof.
+Defaults are those of the MAD paper's experiments (section 7): Delta_0 = 100, d_max = 50, beta = 2,
+b_min = 0.5, b_max = 2, C_lb = 1, C_ub = 3, budget split [0.1, 0.9].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+
+from privacy import accounting, calibration
+from privacy.validation import (
+    PrivacyBudget,
+    check_choice,
+    check_fractions,
+    check_int,
+    check_range,
+    set_fields,
+)
+
+__all__ = [
+    "AlgorithmSpec",
+    "ALGORITHMS",
+    "SEQUENTIAL_ALGORITHMS",
+    "SHAPES",
+    "ACCOUNTINGS",
+    "DEFAULT_MAX_SEQUENTIAL_PAIRS",
+    "SelectionParams",
+    "RoundPlan",
+    "plan_rounds",
+]
+
+# --------------------------------------------------------------------------------------------------
+# The algorithm registry
+# --------------------------------------------------------------------------------------------------
+
+#: How an algorithm's rounds are executed (the Beam transform and the reference each have one runner
+#: per shape): one weight-and-threshold round, DP-SIPS's rounds of Basic with removal and
+#: re-subsampling, MAD2R's two rounds with biases, or the sequential single-worker policy histogram.
+SHAPES = ("single", "dp_sips", "mad2r", "sequential")
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSpec:
+    """One selection algorithm.
+
+    Attributes:
+      name: the ``--algorithm`` value.
+      shape: one of :data:`SHAPES`.
+      weighting: the per-user weighting of its rounds: 'weighted_gaussian', 'weighted_laplace' and
+        'count' (:mod:`transforms.selection.basic_kernels`), 'mad' (:mod:`transforms.selection.mad_kernels`),
+        'l2_descent' / 'l1_descent' (:mod:`transforms.selection.policy_kernels`).
+      calibration: the one-round calibration (``privacy.calibration.calibrate_<calibration>``):
+        'weighted_gaussian', 'weighted_laplace', 'count_gaussian' or 'count_laplace'. Multi-round
+        shapes calibrate their Gaussian rounds with :func:`privacy.accounting.multi_round_calibration`.
+      h: the novel-item sensitivity bound h(t) of the threshold, as printed in the report.
+      summary: one line for --help, the report and the docs table.
+      paper: where the algorithm is described.
+      options: the :class:`SelectionParams` fields it reads besides epsilon, delta and max_contributions.
+    """
+
+    name: str
+    shape: str
+    weighting: str
+    calibration: str
+    h: str
+    summary: str
+    paper: str
+    options: Tuple[str, ...] = ()
+
+    def __post_init__(self):
+        check_choice("shape", self.shape, SHAPES)
+
+    @property
+    def sequential(self) -> bool:
+        return self.shape == "sequential"
+
+
+ALGORITHMS: Dict[str, AlgorithmSpec] = {
+    spec.name: spec
+    for spec in (
+        AlgorithmSpec(
+            "basic",
+            "single",
+            "weighted_gaussian",
+            "weighted_gaussian",
+            "1/sqrt(t)",
+            "weighted Gaussian: each user adds 1/sqrt(d) to its d items",
+            "MAD paper Alg. 1; DPSU B.2",
+        ),
+        AlgorithmSpec(
+            "weighted_laplace",
+            "single",
+            "weighted_laplace",
+            "weighted_laplace",
+            "1/t",
+            "each user adds 1/d to its d items, Laplace noise",
+            "DPSU paper Alg. 7, Thm. B.1",
+        ),
+        AlgorithmSpec(
+            "count_gaussian",
+            "single",
+            "count",
+            "count_gaussian",
+            "1",
+            "+1 per item, Gaussian noise of l2 sensitivity sqrt(Delta_0)",
+            "DPSU paper sec. 1.1",
+        ),
+        AlgorithmSpec(
+            "count_laplace",
+            "single",
+            "count",
+            "count_laplace",
+            "1",
+            "+1 per item, Laplace noise of l1 sensitivity Delta_0",
+            "DPSU paper sec. 1.1",
+        ),
+        AlgorithmSpec(
+            "mad",
+            "single",
+            "mad",
+            "weighted_gaussian",
+            "1/sqrt(t)",
+            "MaxAdaptiveDegree: excess weight of heavy items rerouted to the users' other items",
+            "MAD paper Alg. 3",
+            ("d_max", "beta"),
+        ),
+        AlgorithmSpec(
+            "mad2r",
+            "mad2r",
+            "mad",
+            "weighted_gaussian",
+            "1/sqrt(t); b_max/sqrt(t)",
+            "MAD in two rounds; round 2 drops found and hopeless items and biases the rest",
+            "MAD paper Alg. 4",
+            ("d_max", "beta", "b_min", "b_max", "c_lb", "c_ub", "budget_split", "accounting"),
+        ),
+        AlgorithmSpec(
+            "dp_sips",
+            "dp_sips",
+            "weighted_gaussian",
+            "weighted_gaussian",
+            "1/sqrt(t)",
+            "rounds of Basic; released items removed and sets re-subsampled each round",
+            "MAD paper sec. 1.3, 7.2",
+            ("budget_split", "accounting"),
+        ),
+        AlgorithmSpec(
+            "policy_gaussian",
+            "sequential",
+            "l2_descent",
+            "weighted_gaussian",
+            "1/sqrt(t)",
+            "sequential l2-descent toward the cutoff Gamma (one worker)",
+            "DPSU paper Alg. 5-6",
+            ("alpha", "passes", "max_sequential_pairs"),
+        ),
+        AlgorithmSpec(
+            "policy_laplace",
+            "sequential",
+            "l1_descent",
+            "weighted_laplace",
+            "1/t",
+            "sequential l1-descent toward the cutoff Gamma (one worker)",
+            "DPSU paper Alg. 3-4",
+            ("alpha", "passes", "max_sequential_pairs"),
+        ),
+    )
+}
+
+#: the sequential (single-worker) algorithms of the DP set union paper (Algorithms 4 and 6)
+SEQUENTIAL_ALGORITHMS = tuple(name for name, spec in ALGORITHMS.items() if spec.sequential)
+
+ACCOUNTINGS = accounting.ACCOUNTINGS
+
+#: Default limit on the (user, item) pairs, after contribution bounding, that the sequential policy
+#: algorithms gather on one worker. benchmarks/bench_policy.py measures the Python heap of that worker
+#: (decoded user sets + order keys + histogram) at ~110 bytes per pair with short synthetic items
+#: (Python 3.11); we budget 250 bytes per pair for longer items and runner overhead, so 20M pairs take
+#: about 5 GB: a quarter of the 24 GB development machine and within a 15 GB n1-standard-4 Dataflow
+#: worker. Raise it with --max_sequential_pairs on bigger machines.
+DEFAULT_MAX_SEQUENTIAL_PAIRS = 20_000_000
+
+
+def algorithm_spec(algorithm: str) -> AlgorithmSpec:
+    """The registry entry of ``algorithm`` (``ValueError`` naming the choices if unknown)."""
+    return ALGORITHMS[check_choice("algorithm", algorithm, tuple(ALGORITHMS))]
+
+
+# --------------------------------------------------------------------------------------------------
+# Parameters
+# --------------------------------------------------------------------------------------------------
+
+
+def _field(default, help: str):
+    """A dataclass field whose help text the CLIs, the report and the template metadata share."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectionParams:
+    """Parameters of partition selection (``SelectPartitions`` and ``reference.select``).
+
+    Validated on construction: a bad value raises ``ValueError`` naming the parameter, the value and
+    the allowed range. Every field's help text is in its ``metadata["help"]`` (the CLI flags are
+    generated from it).
+    """
+
+    epsilon: float = dataclasses.field(metadata={"help": "total user-level epsilon, in (0, 100]"})
+    delta: float = dataclasses.field(metadata={"help": "total user-level delta, in [1e-30, 0.5]"})
+    max_contributions: int = _field(100, "Delta_0, the cap on distinct items per user (uniform subsample)")
+    d_max: int = _field(50, "MAD maximum adaptive degree (the proof needs d_max >= 4)")
+    beta: float = _field(2.0, "MAD adaptive threshold tau = max(1, rho + beta*sigma), beta >= 0")
+    b_min: float = _field(0.5, "MAD2R round-2 minimum bias, in [0.5, 1]")
+    b_max: float = _field(2.0, "MAD2R round-2 maximum bias, >= 1")
+    c_lb: float = _field(1.0, "MAD2R lower confidence constant on round-1 weights, >= 0")
+    c_ub: float = _field(3.0, "MAD2R upper confidence constant on round-1 weights, >= 0")
+    budget_split: Tuple[float, ...] = _field(
+        (0.1, 0.9), "fractions of (epsilon, delta) per round for mad2r (exactly 2) and dp_sips, summing to 1"
+    )
+    accounting: str = _field(
+        "gdp", "multi-round accounting: gdp (exact Gaussian-DP composition) or basic (the paper's split)"
+    )
+    alpha: float = _field(
+        5.0, "policy algorithms' cutoff Gamma = rho + alpha*noise_scale (DPSU paper Table 2; it finds 2-6 best)"
+    )
+    passes: int = _field(
+        1, "policy algorithms' passes over the users, each with 1/passes of every user's budget (DPSU paper sec. 6.2.1)"
+    )
+    max_sequential_pairs: int = _field(
+        DEFAULT_MAX_SEQUENTIAL_PAIRS,
+        "policy algorithms gather the user sets on one worker: fail before that if there are more "
+        "(user, item) pairs after contribution bounding (about 250 bytes per pair on that worker)",
+    )
+
+    def __post_init__(self):
+        budget = PrivacyBudget(self.epsilon, self.delta)
+        set_fields(
+            self,
+            epsilon=budget.epsilon,
+            delta=budget.delta,
+            max_contributions=check_int("max_contributions", self.max_contributions, 1, 10_000_000),
+            d_max=check_int("d_max", self.d_max, 4),
+            beta=check_range("beta", self.beta, 0.0, math.inf),
+            b_min=check_range("b_min", self.b_min, 0.5, 1.0),
+            b_max=check_range("b_max", self.b_max, 1.0, math.inf),
+            c_lb=check_range("c_lb", self.c_lb, 0.0, math.inf),
+            c_ub=check_range("c_ub", self.c_ub, 0.0, math.inf),
+            budget_split=check_fractions("budget_split", self.budget_split),
+            accounting=check_choice("accounting", self.accounting, ACCOUNTINGS),
+            alpha=check_range("alpha", self.alpha, 0.0, math.inf),
+            passes=check_int("passes", self.passes, 1, 100),
+            max_sequential_pairs=check_int("max_sequential_pairs", self.max_sequential_pairs, 1),
+        )
+
+    def replace(self, **changes) -> "SelectionParams":
+        return dataclasses.replace(self, **changes)
+
+    def as_report(self) -> dict:
+        """The parameters as the report prints them (JSON types)."""
+        d = dataclasses.asdict(self)
+        d["budget_split"] = list(self.budget_split)
+        return d
+
+
+# --------------------------------------------------------------------------------------------------
+# Calibration plans
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundPlan:
+    """One noisy round: what the report's ``rounds`` list shows, plus MAD's tau."""
+
+    index: int  # 1-based round number; also the ``round`` of the randomness contract
+    epsilon: float
+    delta: float
+    noise: str  # 'gaussian' | 'laplace'
+    noise_scale: float  # sigma or the Laplace scale b
+    threshold: float  # rho
+    weighting: str  # weighted_gaussian | weighted_laplace | count | mad | l2_descent | l1_descent
+    tau: Optional[float] = None  # MAD adaptive threshold (calibration.mad_tau)
+    h: str = "1/sqrt(t)"  # novel-item sensitivity bound used for the threshold
+    cutoff: Optional[float] = None  # policy algorithms' Gamma = rho + alpha * noise_scale
+
+    def as_report(self) -> dict:
+        d = {
+            "round": self.index,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "noise": self.noise,
+            "noise_scale": self.noise_scale,
+            "threshold": self.threshold,
+            "weighting": self.weighting,
+            "h": self.h,
+        }
+        if self.tau is not None:
+            d["tau"] = self.tau
+        if self.cutoff is not None:
+            d["cutoff"] = self.cutoff
+        return d
+
+
+def _one_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan, ...]:
+    eps, delta, d0 = params.epsilon, params.delta, params.max_contributions
+    c = getattr(calibration, f"calibrate_{spec.calibration}")(eps, delta, d0)
+    tau = calibration.mad_tau(c.threshold, c.noise_scale, params.beta) if spec.weighting == "mad" else None
+    # Policy algorithms: Theorem 5.1's sigma and rho_Gauss (h(t) = 1/sqrt(t)) are those of weighted
+    # Gaussian (Theorem B.2); Theorem 4.1's Lap(1/eps) and rho_Lap (h(t) = 1/t) those of weighted Laplace
+    # (Theorem B.1): an item held only by a new user with t such items gets at most 1/sqrt(t)
+    # (l2-descent) or 1/t (l1-descent), since those items all start at 0 and are raised equally.
+    gamma = c.threshold + params.alpha * c.noise_scale if spec.sequential else None  # Alg. 4 / 6 (erratum)
+    return (RoundPlan(1, eps, delta, c.noise, c.noise_scale, c.threshold, spec.weighting, tau, spec.h, gamma),)
+
+
+def _gaussian_rounds(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan, ...]:
+    fractions = params.budget_split
+    if spec.shape == "mad2r":
+        if len(fractions) != 2:
+            raise ValueError(f"budget_split for mad2r must have exactly 2 fractions, got {list(fractions)!r}")
+        b_max = params.b_max
+        hs = [None, lambda t: b_max / np.sqrt(t)]  # Alg. 4 lines 4 and 9
+        hnames = ["1/sqrt(t)", f"{b_max:g}/sqrt(t)"]
+    else:  # dp_sips
+        hs = [None] * len(fractions)
+        hnames = ["1/sqrt(t)"] * len(fractions)
+    cals = accounting.multi_round_calibration(
+        params.epsilon, params.delta, fractions, params.accounting, params.max_contributions, h_per_round=hs
+    )
+    rounds = []
+    for r, c in enumerate(cals, start=1):
+        tau = calibration.mad_tau(c.threshold, c.noise_scale, params.beta) if spec.weighting == "mad" else None
+        rounds.append(
+            RoundPlan(r, c.epsilon, c.delta, c.noise, c.noise_scale, c.threshold, spec.weighting, tau, hnames[r - 1])
+        )
+    return tuple(rounds)
+
+
+_PLANNERS = {"single": _one_round, "sequential": _one_round, "dp_sips": _gaussian_rounds, "mad2r": _gaussian_rounds}
+
+
+def plan_rounds(algorithm: str, params: SelectionParams) -> Tuple[RoundPlan, ...]:
+    """The calibrated rounds of ``algorithm`` under ``params`` (see the module docstring)."""
+    spec = algorithm_spec(algorithm)
+    return _PLANNERS[spec.shape](spec, params)

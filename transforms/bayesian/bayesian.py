@@ -1,0 +1,289 @@
+"""Beam composite PTransforms of the Bayesian DP n-gram release (Bayesian DP paper, Alg. 1-2, sec. 4.2).
+
+Distributed: tokenising, per-user n-gram counts clamped to C (and W in total), totals ``c``, users
+per n-gram ``N``, the brute-force sensitivity (a per-user map + an elementwise max combine) and, with
+tuning, Alg. 2's user split and the scoring set's per-user score changes. On one worker: the vector
+math over the public vocabulary (:func:`transforms.bayesian.bayesian_kernels.finalize`), which is bounded by
+the public vocabulary's size, never by the private data.
+
+N-grams outside the public vocabulary are dropped when counting (the release is a distribution over
+the public vocabulary, paper sec. 3 and 4.1); dropping is a per-user map using public data only.
+
+Under ``seed`` the output equals :func:`transforms.bayesian.reference.release` bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import apache_beam as beam
+import numpy as np
+
+from privacy.bayesian import BayesianParams
+from transforms.bayesian import bayesian_kernels as K
+from transforms.bayesian.bayesian_kernels import candidate_log_thetas, finalize
+from transforms.core import randomness
+from transforms.core import text as tx
+
+
+class UserNgramCountsFn(beam.DoFn):
+    """(user, text) -> ((user, vocabulary index), count) for the n-grams of the public vocabulary."""
+
+    def __init__(self, prior: K.PublicPrior, n: int, tokenizer):
+        self._vocab = prior.vocab
+        self._n = n
+        self._tokenizer = tokenizer
+        self._index = None
+
+    def setup(self):
+        self._index = {g: i for i, g in enumerate(self._vocab)}
+
+    def process(self, element):
+        user, text = element
+        for g, k in K.text_ngram_counts(text, self._n, self._tokenizer).items():
+            i = self._index.get(g)
+            if i is not None:  # outside the public vocabulary: not part of the released distribution
+                yield (user, i), k
+
+
+class ClampUserFn(beam.DoFn):
+    """(user, [(index, count)]) -> (user, (indices, counts)) clamped to C each and W in total (Alg. 1 l. 2)."""
+
+    def __init__(self, C: int, W: int, seed: Optional[int]):
+        self._C, self._W, self._seed = C, W, seed
+        self._rng = None
+
+    def setup(self):
+        if self._seed is None:  # OS entropy on the worker (randomness contract)
+            self._rng = randomness.worker_rng()
+
+    def process(self, element):
+        user, pairs = element
+        counts = {}
+        for i, k in pairs:
+            counts[i] = counts.get(i, 0) + k
+        yield user, K.clamp_user_counts(counts, self._C, self._W, user, self._seed, self._rng)
+
+
+class SplitUsersFn(beam.DoFn):
+    """Alg. 2's disjoint split: the scoring set goes to the ``first`` output, the release set to main."""
+
+    FIRST = "first"
+
+    def __init__(self, fraction: float, seed: Optional[int]):
+        self._fraction, self._seed = fraction, seed
+        self._rng = None
+
+    def setup(self):
+        if self._seed is None:
+            self._rng = randomness.worker_rng()
+
+    def process(self, element):
+        if K.in_validation_set(element[0], self._fraction, self._seed, self._rng):
+            yield beam.pvalue.TaggedOutput(self.FIRST, element)
+        else:
+            yield element
+
+
+class CountStatsFn(beam.CombineFn):
+    """(user, (indices, counts)) -> (c, N): totals and users per n-gram (Alg. 1 lines 4-5). Exact (int)."""
+
+    def __init__(self, V: int):
+        self._V = V
+
+    def create_accumulator(self):
+        return np.zeros(self._V, dtype=np.int64), np.zeros(self._V, dtype=np.int64)
+
+    def add_input(self, acc, element):
+        idx, cnt = element[1]
+        acc[0][idx] += cnt
+        acc[1][idx] += 1
+        return acc
+
+    def merge_accumulators(self, accs):
+        it = iter(accs)
+        c, N = next(it)
+        c, N = c.copy(), N.copy()
+        for c2, N2 in it:
+            c += c2
+            N += N2
+        return c, N
+
+    def extract_output(self, acc):
+        return acc
+
+
+class MaxVectorFn(beam.CombineFn):
+    """Elementwise max of equal-length vectors; zeros when empty (exact, order independent)."""
+
+    def __init__(self, size: int):
+        self._size = size
+
+    def create_accumulator(self):
+        return np.zeros(self._size)
+
+    def add_input(self, acc, v):
+        return np.maximum(acc, v)
+
+    def merge_accumulators(self, accs):
+        out = np.zeros(self._size)
+        for a in accs:
+            out = np.maximum(out, a)
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+def _sensitivity_context(stats, S_values, C):
+    c, N = stats
+    return K.SensitivityContext.build(c, N, S_values, C)
+
+
+def _user_sensitivity(element, ctx):
+    return K.user_sensitivity(ctx, *element[1])
+
+
+def _user_score_change(element, log_thetas):
+    return K.user_score_change(log_thetas, *element[1])
+
+
+def _log_thetas(stats, prior, params):
+    return candidate_log_thetas(prior, stats[0], stats[1], params)
+
+
+def _claim1(stats, S_values, C):
+    ctx = _sensitivity_context(stats, S_values, C)
+    return K.sensitivities("bound", ctx, None)
+
+
+class ReleaseFn(beam.DoFn):
+    """One worker: the final vector math (:func:`finalize`) -> (n-gram, probability) and the info dict."""
+
+    INFO = "info"
+
+    def __init__(self, prior: K.PublicPrior, params: BayesianParams, seed: Optional[int]):
+        self._prior, self._params, self._seed = prior, params, seed
+        self._rng = None
+
+    def setup(self):
+        if self._seed is None:
+            self._rng = randomness.worker_rng()
+
+    def process(self, _, stats, gammas, c1=None, set1_changes=None):
+        theta, info = finalize(
+            self._prior,
+            self._params,
+            stats[0],
+            stats[1],
+            gammas,
+            self._seed,
+            self._rng,
+            c1=c1,
+            set1_changes=set1_changes,
+        )
+        yield beam.pvalue.TaggedOutput(self.INFO, info["public"])
+        for g, p in zip(self._prior.vocab, theta.tolist()):
+            yield g, p
+
+
+class ClampedUserCounts(beam.PTransform):
+    """(user, text) -> (user, (indices, counts)) over the public vocabulary, clamped to C and W."""
+
+    def __init__(
+        self,
+        prior: K.PublicPrior,
+        params: BayesianParams,
+        seed: Optional[int],
+        tokenizer=tx.default_tokenize,
+        label=None,
+    ):
+        super().__init__(label)
+        self._prior, self._params, self._seed, self._tokenizer = prior, params, seed, tokenizer
+
+    def expand(self, records):
+        return (
+            records
+            | "CountNgrams" >> beam.ParDo(UserNgramCountsFn(self._prior, self._params.n, self._tokenizer))
+            # ((user, index), count) per record
+            | "SumPerUserNgram" >> beam.CombinePerKey(sum)  # ((user, index), count)
+            | "KeyByUser" >> beam.Map(lambda kv: (kv[0][0], (kv[0][1], kv[1])))  # (user, (index, count))
+            | "GroupByUser" >> beam.GroupByKey()  # (user, [(index, count)])
+            | "Clamp" >> beam.ParDo(ClampUserFn(self._params.C, self._params.W, self._seed))
+            # (user, (indices, counts)) counts <= C, sum <= W
+        )
+
+
+class BayesianNgrams(beam.PTransform):
+    """(user, text) records -> {'distribution': (n-gram, probability), 'info': report dict}.
+
+    Algorithm 1 (``params.tune`` False), Algorithm 2 (True) or a section 4.2 baseline
+    (``params.mechanism``), over the public vocabulary of ``prior``. The probabilities of the
+    ``distribution`` output sum to 1 (one element per public n-gram).
+
+    Args:
+      prior: the public vocabulary and counts (bounded; shipped with the transform).
+      params: :class:`privacy.bayesian.BayesianParams`.
+      seed: None (OS entropy on workers) or the reproducible-mode seed (not private against anyone
+        who knows it).
+      tokenizer: ``str -> list[str]`` (picklable top-level function).
+    """
+
+    def __init__(
+        self,
+        prior: K.PublicPrior,
+        params: BayesianParams,
+        seed: Optional[int] = None,
+        tokenizer=tx.default_tokenize,
+        label=None,
+    ):
+        super().__init__(label)
+        self._prior, self._params, self._seed, self._tokenizer = prior, params, seed, tokenizer
+
+    def expand(self, records):
+        p, prior, V = self._params, self._prior, self._prior.size
+        users = records | "UserCounts" >> ClampedUserCounts(prior, p, self._seed, self._tokenizer)
+        # (user, (indices, counts))
+        start = records.pipeline | "ReleaseTrigger" >> beam.Create([None])
+        side = beam.pvalue.AsSingleton
+        if not p.tune:
+            stats = users | "Stats" >> beam.CombineGlobally(CountStatsFn(V))  # (c, N)
+            gammas = self._gammas(users, stats, "")
+            out = start | "Release" >> beam.ParDo(ReleaseFn(prior, p, self._seed), side(stats), gammas).with_outputs(
+                ReleaseFn.INFO, main="distribution"
+            )
+        else:
+            split = users | "SplitUsers" >> beam.ParDo(SplitUsersFn(p.validation_fraction, self._seed)).with_outputs(
+                SplitUsersFn.FIRST, main="second"
+            )  # first: scoring set, second: release set
+            first, second = split[SplitUsersFn.FIRST], split["second"]
+            stats1 = first | "StatsScoringSet" >> beam.CombineGlobally(CountStatsFn(V))  # (c1, N1)
+            stats2 = second | "StatsReleaseSet" >> beam.CombineGlobally(CountStatsFn(V))  # (c2, N2)
+            gammas = self._gammas(second, stats2, "ReleaseSet")
+            c1 = stats1 | "C1" >> beam.Map(lambda s: s[0])  # c1
+            set1 = None
+            if p.sensitivity == "brute_force":
+                log_thetas = stats2 | "CandidateLogThetas" >> beam.Map(_log_thetas, prior, p)  # (K, V)
+                set1 = side(
+                    first
+                    | "UserScoreChange" >> beam.Map(_user_score_change, side(log_thetas))  # (K,)
+                    | "MaxScoreChange" >> beam.CombineGlobally(MaxVectorFn(len(p.grid)))  # (K,)
+                )
+            out = start | "Release" >> beam.ParDo(
+                ReleaseFn(prior, p, self._seed), side(stats2), gammas, side(c1), set1
+            ).with_outputs(ReleaseFn.INFO, main="distribution")
+        return {"distribution": out["distribution"], "info": out[ReleaseFn.INFO]}
+
+    def _gammas(self, users, stats, suffix):
+        p = self._params
+        side = beam.pvalue.AsSingleton
+        if p.mechanism != "bayesian":
+            return None
+        if p.sensitivity == "bound":
+            return side(stats | f"Claim1Bound{suffix}" >> beam.Map(_claim1, p.S_values, p.C))  # (|S|,)
+        ctx = stats | f"SensitivityContext{suffix}" >> beam.Map(_sensitivity_context, p.S_values, p.C)
+        return side(
+            users
+            | f"UserSensitivity{suffix}" >> beam.Map(_user_sensitivity, side(ctx))  # (|S|,) per user
+            | f"MaxSensitivity{suffix}" >> beam.CombineGlobally(MaxVectorFn(len(p.S_values)))  # (|S|,)
+        )

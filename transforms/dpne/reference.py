@@ -1,0 +1,283 @@
+"""In-memory reference of DPNE (paper Alg. 1 / supplement Alg. 1) and the DPSU baselines.
+
+The test oracle of :class:`transforms.dpne.dpne.DPNE` and the fast path for small data. It uses the same
+kernels (:mod:`transforms.dpne.dpne_kernels`), the same accounting (:mod:`privacy.dpne`) and the same
+randomness contract, so under a seed the Beam transform returns exactly the same n-grams:
+
+* subsample of user u at level k: ``randomness.subsample(items, Delta_k, u, round_=k, seed)``;
+* noise of k-gram g: ``sigma_k * keyed_normal(seed, 'noise', k, [g])``;
+* spurious k-grams: count ``Binomial`` from ``keyed_generator(seed, 'spurious', k, 'count')``,
+  candidates from ``keyed_generator(seed, 'spurious', k, ('candidates', chunk))``, priorities
+  ``keyed_uniform(seed, 'spurious_priority', k, [g])``;
+* |V_k| sampling estimator (``vk_method='sample'``): ``keyed_generator(seed, 'vk_estimate', k, 0)``.
+
+DPSU baselines use round 0 (dpsu_all) or the n-gram length (dpsu_even, dpsu_single).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import defaultdict
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
+
+import numpy as np
+
+from privacy.calibration import mad_tau
+from privacy.dpne import DPNEParams, RunPlan, dpne_composed_privacy, dpne_rho_k, plan_runs, spurious_probability
+from transforms.core import randomness
+from transforms.core import text as tx
+from transforms.core.combiners import exact_sum
+from transforms.dpne import dpne_kernels
+from transforms.selection.basic_kernels import per_item_weight
+from transforms.selection.mad_kernels import mad_weights
+
+Records = Union[Mapping[Any, Union[str, Iterable[str]]], Iterable[Tuple[Any, str]]]
+
+
+def _iter_records(records: Records):
+    if isinstance(records, Mapping):
+        for user, texts in records.items():
+            if isinstance(texts, str):
+                yield user, texts
+            else:
+                for t in texts:
+                    yield user, t
+    else:
+        for user, text in records:
+            yield user, text
+
+
+def user_kgrams(records: Records, max_n: int, tokenizer=tx.default_tokenize) -> Dict[int, Dict[Any, Set[str]]]:
+    """``{k: {user: distinct k-grams}}`` for k = 1..max_n (a user may have many texts/lines)."""
+    out: Dict[int, Dict[Any, Set[str]]] = {k: defaultdict(set) for k in range(1, max_n + 1)}
+    for user, text in _iter_records(records):
+        for k, grams in tx.text_all_kgrams(text, max_n, tokenizer).items():
+            if grams:
+                out[k][user].update(grams)
+    return out
+
+
+@dataclasses.dataclass
+class DPNEResult:
+    """Released n-grams per length and the (public) report."""
+
+    ngrams: Dict[int, Set[str]]
+    levels: List[Dict[str, Any]]
+    summary: Dict[str, Any]
+    seconds: Dict[str, float] = dataclasses.field(default_factory=dict)  # wall time per level/run
+
+    def all_ngrams(self) -> Set[str]:
+        return set().union(*self.ngrams.values()) if self.ngrams else set()
+
+    def lines(self) -> List[str]:
+        """Output lines ``k<TAB>n-gram``, sorted."""
+        return sorted(f"{k}\t{g}" for k, gs in self.ngrams.items() for g in gs)
+
+
+# ---------------------------------------------------------------------------------------------
+# One noisy histogram (weights -> noise -> threshold)
+# ---------------------------------------------------------------------------------------------
+
+
+def _capped(user_sets: Mapping[Any, Iterable[str]], cap: int, round_: int, seed, rng) -> Dict[Any, List[str]]:
+    return {
+        u: randomness.subsample(sorted(items), cap, u, round_, seed, rng)
+        for u, items in sorted(user_sets.items(), key=lambda kv: randomness.sort_key(kv[0]))
+        if items
+    }
+
+
+def histogram(capped: Mapping[Any, List[str]], weighting: str, tau: float, d_max: int) -> Dict[str, float]:
+    """H (the weighted histogram) over supp: weighted Gaussian 1/sqrt(d) (exact sums) or MAD."""
+    if weighting == "mad":
+        return mad_weights(capped, tau, d_max)
+    parts: Dict[str, List[float]] = defaultdict(list)
+    for items in capped.values():
+        w = per_item_weight("weighted_gaussian", len(items))
+        for g in items:
+            parts[g].append(w)
+    return {g: exact_sum(ws) for g, ws in parts.items()}
+
+
+def noisy_release(hist: Mapping[str, float], sigma: float, rho: float, round_: int, seed, rng) -> Set[str]:
+    """Items with ``H[g] + sigma * Z_g >= rho``; Z_g keyed by (seed, 'noise', round, g) if seeded."""
+    if not hist or not math.isfinite(rho):
+        return set()
+    items = sorted(hist)
+    z = randomness.standard_noise("gaussian", items, "noise", round_, seed, rng)
+    return {g for g, zi in zip(items, z) if float(hist[g]) + sigma * float(zi) >= rho}
+
+
+def sample_spurious(sampler: dpne_kernels.ValidSampler, supp: Set[str], q: float, k: int, seed, rng) -> List[str]:
+    """Supplement Alg. 1's spurious step: ``B ~ Bin(|V_k| - |supp(H_k)|, q)`` uniform k-grams of
+    ``V_k \\ supp(H_k)`` (oversampled candidates, filtered, deduplicated, N smallest priorities).
+
+    Uses the exact ``|V_k|`` (``sampler.size``) even with ``vk_method='sample'`` (whose estimate only
+    sets rho_k), so the result is exactly the zero-weight part of the Gaussian mechanism on V_k.
+    """
+    n_avail = max(0, sampler.size - len(supp))
+    n_spur = dpne_kernels.spurious_count(n_avail, q, k, seed, rng)
+    if n_spur == 0:
+        return []
+    m = dpne_kernels.spurious_oversample(n_spur, n_avail, sampler.size)
+    outside: Set[str] = set()
+    for c, size in dpne_kernels.chunk_sizes(m):
+        for g in dpne_kernels.candidate_chunk(sampler, c, size, k, seed, rng):
+            if g not in supp:
+                outside.add(g)
+    cands = sorted(outside)
+    pri = dpne_kernels.spurious_priorities(cands, k, seed, rng)
+    return dpne_kernels.select_spurious(zip(pri.tolist(), cands), n_spur, k)
+
+
+# ---------------------------------------------------------------------------------------------
+# DPNE and baselines
+# ---------------------------------------------------------------------------------------------
+
+
+def _summary(params: DPNEParams, sigma_star: float, runs: List[RunPlan]) -> Dict[str, Any]:
+    sigmas = [r.sigma for r in runs]
+    if params.algorithm == "dpsu_all" or params.algorithm == "dpsu_single":
+        sigmas = [runs[0].sigma]
+    comp = dpne_composed_privacy(sigmas, params.epsilon, params.delta)
+    d = dataclasses.asdict(params)
+    d["max_contributions"] = list(params.deltas)
+    return {
+        "params": d,
+        "sigma_star": sigma_star,
+        "epsilon": params.epsilon,
+        "delta": params.delta,
+        "composed_sigma": comp["sigma_composed"],
+        "composed_gaussian_delta": comp["gaussian_delta"],
+        "total_delta_bound": comp["total_delta"],
+    }
+
+
+def dpne_reference(
+    records: Records,
+    params: DPNEParams,
+    seed: Optional[int] = None,
+    rng: Optional[np.random.Generator] = None,
+    tokenizer=tx.default_tokenize,
+    user_grams: Optional[Dict[int, Dict[Any, Set[str]]]] = None,
+) -> DPNEResult:
+    """Runs ``params.algorithm`` in memory on ``records`` (dict user -> text(s), or (user, text) pairs).
+
+    Args:
+      seed: reproducible mode (NOT private against anyone who knows it); else ``rng`` or OS entropy.
+      user_grams: optional precomputed :func:`user_kgrams` output (benchmarks reuse it across seeds).
+    """
+    if seed is None and rng is None:
+        rng = randomness.worker_rng()
+    randomness.warn_if_seeded(seed)
+    if user_grams is None:
+        user_grams = user_kgrams(records, params.max_n, tokenizer)
+    sigma_star, runs = plan_runs(params)
+    summary = _summary(params, sigma_star, runs)
+    seconds: Dict[str, float] = {}
+    if params.algorithm == "dpne":
+        out, levels = _dpne(user_grams, params, runs, seed, rng, seconds)
+    else:
+        out, levels = _dpsu(user_grams, params, runs, seed, rng, seconds)
+    return DPNEResult(out, levels, summary, seconds)
+
+
+def _dpne(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng, seconds):
+    out: Dict[int, Set[str]] = {}
+    levels: List[Dict[str, Any]] = []
+    s1: Set[str] = set()
+    s_prev: Set[str] = set()
+    for run in runs:
+        t0 = time.perf_counter()
+        k = run.lengths[0]
+        level: Dict[str, Any] = {"k": k, "sigma": run.sigma, "max_contributions": run.max_contributions}
+        if k == 1:
+            rho = run.rho
+            users = user_grams[1]
+        else:
+            # V_k is a function of the released S_1, S_{k-1}: public.
+            v_exact = dpne_kernels.valid_count_exact(s_prev, s1, params.pruning)
+            if params.vk_method == "sample" and params.pruning == "both":
+                gen = randomness.keyed_generator(seed, "vk_estimate", k, 0) if seed is not None else rng
+                v_est = dpne_kernels.valid_count_sample(sorted(s_prev), sorted(s1), params.sample_rate, gen)
+                v_used = int(round(v_est))
+            else:
+                v_used = v_exact
+            rho = dpne_rho_k(run.sigma, params.eta, len(s_prev), v_used)
+            q = spurious_probability(params.eta, len(s_prev), v_used)
+            level.update(
+                {"s_prev": len(s_prev), "v_k": v_used, "spurious_prob": q, "expected_spurious_bound": v_used * q}
+            )
+            users = {
+                u: {g for g in gs if dpne_kernels.is_valid(g, s_prev, s1, params.pruning)}
+                for u, gs in user_grams[k].items()
+            }
+        level["rho"] = rho if math.isfinite(rho) else None
+        tau = mad_tau(rho, run.sigma, params.beta) if params.weighting == "mad" else None
+        if params.weighting == "mad":
+            level["tau"] = tau if math.isfinite(rho) else None
+        released: Set[str] = set()
+        if math.isfinite(rho):
+            capped = _capped(users, run.max_contributions, k, seed, rng)
+            hist = histogram(capped, params.weighting, tau, params.d_max)
+            released = noisy_release(hist, run.sigma, rho, k, seed, rng)
+            if k >= 2:
+                sampler = dpne_kernels.ValidSampler(s_prev, s1, params.pruning)
+                released |= set(sample_spurious(sampler, set(hist), q, k, seed, rng))
+        level["released"] = len(released)
+        out[k] = released
+        levels.append(level)
+        seconds[run.name] = time.perf_counter() - t0
+        if k == 1:
+            s1 = released
+        s_prev = released
+    return out, levels
+
+
+def _dpsu(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng, seconds):
+    out: Dict[int, Set[str]] = {}
+    levels: List[Dict[str, Any]] = []
+    for run in runs:
+        t0 = time.perf_counter()
+        users: Dict[Any, Set[str]] = defaultdict(set)
+        for k in run.lengths:
+            for u, gs in user_grams[k].items():
+                users[u] |= gs
+        tau = mad_tau(run.rho, run.sigma, params.beta) if params.weighting == "mad" else None
+        capped = _capped(users, run.max_contributions, run.round_, seed, rng)
+        hist = histogram(capped, params.weighting, tau, params.d_max)
+        released = noisy_release(hist, run.sigma, run.rho, run.round_, seed, rng)
+        for k in run.lengths:
+            out[k] = {g for g in released if tx.ngram_len(g) == k}
+        level = {
+            "run": run.name,
+            "lengths": list(run.lengths),
+            "sigma": run.sigma,
+            "rho": run.rho,
+            "max_contributions": run.max_contributions,
+            "released": len(released),
+        }
+        if tau is not None:
+            level["tau"] = tau
+        levels.append(level)
+        seconds[run.name] = time.perf_counter() - t0
+    return out, levels
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic text (tests, benchmarks)
+# ---------------------------------------------------------------------------------------------
+
+
+def ngram_user_counts(user_grams: Dict[int, Dict[Any, Set[str]]]) -> Dict[int, Dict[str, int]]:
+    """``{k: {n-gram: number of users using it}}`` (non-private ground truth for evaluations)."""
+    out: Dict[int, Dict[str, int]] = {}
+    for k, users in user_grams.items():
+        c: Dict[str, int] = defaultdict(int)
+        for gs in users.values():
+            for g in gs:
+                c[g] += 1
+        out[k] = dict(c)
+    return out

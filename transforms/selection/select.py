@@ -1,0 +1,202 @@
+"""``SelectPartitions``: the single entry point of DP partition selection on Beam.
+
+Input: a PCollection of ``(user, item)`` pairs (duplicates allowed). Output: the released items, or
+``(round, item)`` with ``output_rounds=True`` (each item is released in exactly one round).
+
+Every algorithm follows the calibrated plan of :func:`privacy.selection.plan_rounds`; the in-memory
+oracle with the same randomness contract is :func:`transforms.reference.select`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import apache_beam as beam
+
+from privacy.selection import SelectionParams, algorithm_spec, plan_rounds
+from privacy.validation import check_int
+from transforms.core import randomness
+from transforms.core.bounding import BoundContributions, CapUserItemsFn
+from transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
+from transforms.core.noise import NoisyThreshold
+from transforms.selection.basic import UserSetWeights
+from transforms.selection.mad import MAD2R, MADWeights
+from transforms.selection.policy import SequentialPolicy
+
+
+def tag_round(item, round_):
+    return round_, item
+
+
+def drop_released_items(element, released):
+    """(user, [item]) -> (user, [item not in released]) (DP-SIPS: post-processing of earlier rounds)."""
+    user, items = element
+    return user, [i for i in items if i not in released]
+
+
+def materialise(user, items):
+    """(user, iterable[item]) -> (user, [distinct item]) (repeats dropped: no separate Distinct shuffle)."""
+    return user, list(dict.fromkeys(items))
+
+
+def as_present(item):
+    return item, True
+
+
+def has_items(element):
+    return len(element[1]) > 0
+
+
+class _SingleRound(beam.PTransform):
+    """Bound contributions, weigh, add noise, threshold: one round of the template (MAD paper Alg. 1)."""
+
+    def __init__(self, spec, plans, params: SelectionParams, seed: Optional[int], join_options: dict):
+        super().__init__()
+        self._plan, self._params, self._seed = plans[0], params, seed
+        self._join_options = join_options
+
+    def expand(self, pairs):
+        rnd = self._plan
+        user_sets = pairs | "BoundContributions" >> BoundContributions(
+            self._params.max_contributions, self._seed, round_=0
+        )  # (user, [item]) |.| <= D0
+        if rnd.weighting == "mad":
+            weights = user_sets | "MADWeights" >> MADWeights(
+                rnd.tau, self._params.d_max, **self._join_options
+            )  # (item, w)
+        else:
+            weights = user_sets | "Weights" >> UserSetWeights(rnd.weighting)  # (item, w)
+        return (
+            weights
+            | "NoisyThreshold"
+            >> NoisyThreshold(rnd.noise, rnd.noise_scale, rnd.threshold, self._seed, rnd.index)  # item
+            | "TagRound" >> beam.Map(tag_round, rnd.index)  # (1, item)
+        )
+
+
+class _DPSIPS(beam.PTransform):
+    """DP-SIPS: rounds of Basic; items released earlier are removed and sets re-subsampled each round.
+
+    Privacy: round r runs Basic (l2 sensitivity 1, novel-item bound 1/sqrt(t)) on a dataset that is
+    a function of the raw user sets and of the *released* output of rounds < r only; removing
+    released items is post-processing, and re-subsampling to Delta_0 keeps each user's round-r
+    contribution within Basic's sensitivity. The rounds compose adaptively under the accounting of
+    ``params.accounting`` (privacy/accounting.py).
+    """
+
+    def __init__(self, spec, plans, params: SelectionParams, seed: Optional[int], join_options: dict):
+        super().__init__()
+        self._plans, self._params, self._seed = plans, params, seed
+
+    def expand(self, pairs):
+        full_sets = (
+            pairs
+            | "GroupByUser" >> beam.GroupByKey()  # (user, [item]) with repeats
+            | "Materialise" >> beam.MapTuple(materialise)  # (user, [item]) all distinct items
+        )
+        outputs = []
+        released_so_far = None
+        for rnd in self._plans:
+            r = rnd.index
+            sets_r = full_sets
+            if released_so_far is not None:
+                released_si = beam.pvalue.AsDict(released_so_far | f"R{r}AsPresent" >> beam.Map(as_present))
+                sets_r = (
+                    full_sets
+                    | f"R{r}DropReleased" >> beam.Map(drop_released_items, released_si)  # (user, [item \ U_<r])
+                    | f"R{r}NonEmpty" >> beam.Filter(has_items)
+                )
+            capped = sets_r | f"R{r}CapToDelta0" >> beam.ParDo(
+                CapUserItemsFn(self._params.max_contributions, self._seed, r)
+            )  # (user, [item]) |.| <= D0, fresh subsample per round
+            released_r = (
+                capped
+                | f"R{r}Weights" >> UserSetWeights("weighted_gaussian")  # (item, w)
+                | f"R{r}NoisyThreshold"
+                >> NoisyThreshold(
+                    rnd.noise, rnd.noise_scale, rnd.threshold, self._seed, r, checkpoint=r < len(self._plans)
+                )  # item; checkpointed: the output and the next round's removal see the same draw
+            )
+            outputs.append(released_r | f"R{r}Tag" >> beam.Map(tag_round, r))  # (r, item)
+            released_so_far = (
+                released_r
+                if released_so_far is None
+                else (released_so_far, released_r) | f"R{r}Union" >> beam.Flatten()
+            )  # item, released in rounds <= r
+        return tuple(outputs) | "AllRounds" >> beam.Flatten()  # (round, item)
+
+
+class SelectPartitions(beam.PTransform):
+    """User-level (epsilon, delta)-DP partition selection.
+
+    Args:
+      algorithm: a key of :data:`privacy.selection.ALGORITHMS`: 'basic' (weighted Gaussian),
+        'weighted_laplace', 'count_gaussian', 'count_laplace', 'mad', 'mad2r', 'dp_sips', and the
+        sequential single-worker 'policy_gaussian', 'policy_laplace' (DPSU paper Alg. 4 and 6;
+        :class:`transforms.selection.policy.SequentialPolicy`, limited to ``params.max_sequential_pairs``).
+      params: :class:`privacy.selection.SelectionParams`.
+      seed: None for production (OS entropy on workers); an int for reproducible, NON-private runs.
+      output_rounds: emit ``(round, item)`` instead of ``item``.
+      max_users_per_key, max_broadcast_items: execution options of MAD/MAD2R's item-value step
+        (:class:`transforms.core.joins.JoinValuesToSets`): per-item values go to the workers as a side
+        input when at most ``max_broadcast_items`` items have one, else by a join sharded to about
+        ``max_users_per_key`` users per key. They change the cost, never the output.
+
+    Input: PCollection of ``(user, item)``; items must be hashable and deterministically encodable
+    (str, bytes, int, tuples of those). Output: released items (or ``(round, item)``).
+    """
+
+    def __init__(
+        self,
+        algorithm: str,
+        params: SelectionParams,
+        seed: Optional[int] = None,
+        output_rounds: bool = False,
+        max_users_per_key: int = 10_000,
+        max_broadcast_items: int = DEFAULT_MAX_BROADCAST_ITEMS,
+        label=None,
+    ):
+        super().__init__(label)
+        self.join_options = dict(
+            max_users_per_key=check_int("max_users_per_key", max_users_per_key, 1),
+            max_broadcast_items=check_int("max_broadcast_items", max_broadcast_items, 0),
+        )
+        self.spec = algorithm_spec(algorithm)
+        self.algorithm = self.spec.name
+        if not isinstance(params, SelectionParams):
+            raise TypeError(f"params must be a SelectionParams, got {type(params).__name__}")
+        self.params = params
+        self.seed = seed
+        self.output_rounds = output_rounds
+        self.rounds = plan_rounds(algorithm, params)  # calibrated before any data is read
+
+    def expand(self, pairs):
+        randomness.warn_if_seeded(self.seed)
+        runner = _RUNNERS[self.spec.shape](self.spec, self.rounds, self.params, self.seed, self.join_options)
+        tagged = pairs | self.algorithm.upper() >> runner  # (round, item)
+        if self.output_rounds:
+            return tagged  # (round, item)
+        return tagged | "Items" >> beam.Values()  # item
+
+
+def _mad2r(spec, plans, params, seed, join_options):
+    return MAD2R(plans, params, seed, **join_options)
+
+
+class _Sequential(beam.PTransform):
+    """The single-worker policy algorithms (DPSU paper Alg. 4 and 6), tagged with their one round."""
+
+    def __init__(self, spec, plans, params: SelectionParams, seed: Optional[int], join_options: dict):
+        super().__init__()
+        self._spec, self._plan, self._params, self._seed = spec, plans[0], params, seed
+
+    def expand(self, pairs):
+        return (
+            pairs
+            | "Policy" >> SequentialPolicy(self._spec.name, self._plan, self._params, self._seed)  # item
+            | "TagRound" >> beam.Map(tag_round, self._plan.index)  # (1, item)
+        )
+
+
+#: one Beam runner per shape of the registry (privacy.selection.SHAPES); the reference has the same table
+_RUNNERS = {"single": _SingleRound, "dp_sips": _DPSIPS, "mad2r": _mad2r, "sequential": _Sequential}

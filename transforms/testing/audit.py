@@ -1,0 +1,217 @@
+"""Empirical privacy audit of the released-set algorithms (worst-case neighbouring datasets).
+
+Each :class:`AuditCase` describes a pair of neighbouring datasets ``D`` and ``D' = D + one user``
+and an event on the released set; :func:`run_audit` runs the in-memory reference
+(:func:`transforms.reference.select`, :func:`transforms.dpne.reference.dpne_reference`) *without a
+seed* (fresh OS-entropy randomness) many times on both, counts the event and turns the counts into
+a lower bound on epsilon (:func:`privacy.audit.audit_bound`).
+
+Runs in one call. A call on ``B`` disjoint copies of the case (users and items renamed per copy) is
+``B`` independent runs: every algorithm here treats items only through the users holding them, the
+thresholds (rho, tau) and noise scales are fixed by the public plan before any data is seen, and every
+noise/subsample draw is a fresh draw of the worker generator. So the released set restricted to one
+copy has exactly the distribution of one run on that copy alone, independently of the other copies.
+This does not hold for DPNE levels k >= 2 (rho_k depends on |S_{k-1}| and |V_k|), so the DPNE cases
+only use events on 1-grams (level 1 has a fixed rho_1), and for the policy algorithms (sequential,
+order-dependent): those cases run one copy per call (``copies_per_call=1``).
+
+Worst cases (MAD paper section 5; DPSU paper section 3):
+  tip      ``k`` users hold only the target; the added user holds only the target and tips it over
+           rho (l2/l1 shift 1 on one coordinate: the Gaussian/Laplace worst case for one item).
+  all      the added user holds Delta_0 targets, each held by ``k`` users; event "all released" (the
+           worst case of the count baselines, whose sensitivity is spread over Delta_0 items).
+  dmax     MAD: the added user has degree d_max and its items sit near tau (truncation + rerouting).
+  unique   the added user holds Delta_0 items nobody else has: each must be released with
+           probability <= delta in total, so at delta <= 1e-6 it must never be seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Set, Tuple
+
+from privacy.audit import AuditBound, audit_bound
+from privacy.dpne import DPNEParams
+from privacy.selection import SelectionParams
+
+UserSets = Dict[Hashable, List[str]]
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditCase:
+    """One neighbouring pair and one event.
+
+    Attributes:
+      name: ``<algorithm>/<shape>``.
+      algorithm: a selection algorithm (``privacy.params.ALGORITHMS``), or 'dpne'.
+      params: SelectionParams (or DPNEParams for 'dpne'); ``params.epsilon`` is the claimed epsilon.
+      shape: 'tip', 'all', 'dmax' or 'unique' (see the module docstring).
+      holders: ``k``, the users holding each target in D.
+      targets: number of target items the added user holds.
+      copies_per_call: disjoint copies per reference call (1 for order-dependent algorithms).
+    """
+
+    name: str
+    algorithm: str
+    params: object
+    shape: str
+    holders: int
+    targets: int = 1
+    copies_per_call: int = 500
+
+    @property
+    def claimed_epsilon(self) -> float:
+        return float(self.params.epsilon)
+
+    @property
+    def delta(self) -> float:
+        return float(self.params.delta)
+
+
+def _target(copy: int, j: int) -> str:
+    return f"c{copy}t{j}"
+
+
+def case_datasets(case: AuditCase, copies: int) -> Tuple[UserSets, UserSets]:
+    """``(D, D')`` made of ``copies`` disjoint copies of the case (D' = D + one user per copy)."""
+    base: UserSets = {}
+    neighbour: UserSets = {}
+    for c in range(copies):
+        targets = [_target(c, j) for j in range(case.targets)]
+        if case.shape == "tip":
+            for h in range(case.holders):
+                base[f"c{c}u{h}"] = [targets[0]]
+        elif case.shape in ("all", "dmax"):
+            # 'all': background users hold all targets (same per-user weight as the added user).
+            # 'dmax': single-item background users put each target's w_init at `holders` (near tau).
+            for h in range(case.holders):
+                if case.shape == "all":
+                    base[f"c{c}u{h}"] = list(targets)
+                else:
+                    for j, t in enumerate(targets):
+                        base[f"c{c}u{h}x{j}"] = [t]
+        elif case.shape == "unique":
+            base[f"c{c}bg"] = [f"c{c}common"]
+        else:
+            raise ValueError(f"unknown audit shape {case.shape!r}")
+        neighbour[f"c{c}added"] = list(targets)
+    d_prime = dict(base)
+    d_prime.update(neighbour)
+    return base, d_prime
+
+
+def _release(case: AuditCase, user_sets: UserSets) -> Set[str]:
+    if case.algorithm == "dpne":
+        from transforms.dpne.reference import dpne_reference
+
+        texts = {u: " ".join(items) for u, items in user_sets.items()}
+        return set(dpne_reference(texts, case.params).ngrams.get(1, set()))
+    from transforms import reference
+
+    return reference.select(user_sets, case.algorithm, case.params)
+
+
+def event_counts(case: AuditCase, released: Set[str], copies: int) -> int:
+    """Copies in which the event happened: all targets released ('unique': any target released)."""
+    n = 0
+    for c in range(copies):
+        hits = sum(1 for j in range(case.targets) if _target(c, j) in released)
+        n += int(hits > 0) if case.shape == "unique" else int(hits == case.targets)
+    return n
+
+
+def run_counts(case: AuditCase, runs: int, release: Optional[Callable] = None) -> Tuple[int, int]:
+    """``(events under D, events under D')`` over ``runs`` runs each, fresh randomness every call."""
+    release = release or _release
+    done = e0 = e1 = 0
+    while done < runs:
+        copies = min(case.copies_per_call, runs - done)
+        base, d_prime = case_datasets(case, copies)
+        e0 += event_counts(case, release(case, base), copies)
+        e1 += event_counts(case, release(case, d_prime), copies)
+        done += copies
+    return e0, e1
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditResult:
+    case: AuditCase
+    bound: AuditBound
+
+    def row(self) -> Dict[str, object]:
+        return {
+            "case": self.case.name,
+            "runs": self.bound.runs,
+            "events_D": self.bound.events_base,
+            "events_D'": self.bound.events_neighbour,
+            "epsilon_lb": round(self.bound.epsilon_lb, 3),
+            "epsilon": self.case.claimed_epsilon,
+            "delta": self.case.delta,
+        }
+
+
+def run_audit(case: AuditCase, runs: int, alpha: float) -> AuditResult:
+    """Runs ``case`` and returns its lower bound (each of 4 one-sided bounds at level ``alpha``)."""
+    e0, e1 = run_counts(case, runs)
+    return AuditResult(case, audit_bound(e0, e1, runs, case.delta, alpha))
+
+
+# ------------------------------------------------------------------------------------------------
+# The worst cases. `holders` was chosen from the public plan (rho, sigma) so that the event sits in
+# the noise tail where the privacy-loss ratio is largest yet still observable in ~1e4-1e5 runs
+# (benchmarks/privacy_audit.py --design prints the expected bound for each k).
+# ------------------------------------------------------------------------------------------------
+
+_EPS = 4.0
+_DELTA = 1e-6
+_UNIQUE_DELTA = 1e-12
+
+
+def _sel(max_contributions: int, delta: float = _DELTA, **kw) -> SelectionParams:
+    return SelectionParams(epsilon=_EPS, delta=delta, max_contributions=max_contributions, d_max=4, **kw)
+
+
+def _dpne_params(delta: float = _DELTA) -> DPNEParams:
+    return DPNEParams(epsilon=_EPS, delta=delta, max_n=2, max_contributions=4)
+
+
+def standard_cases() -> List[AuditCase]:
+    """Worst-case neighbouring pairs for every released-set algorithm (claimed epsilon 4)."""
+    cases = [
+        AuditCase("basic/tip", "basic", _sel(4), "tip", holders=4),
+        AuditCase("weighted_laplace/tip", "weighted_laplace", _sel(4), "tip", holders=3),
+        AuditCase("count_gaussian/tip", "count_gaussian", _sel(1), "tip", holders=4),
+        AuditCase("count_gaussian/all", "count_gaussian", _sel(4), "all", holders=13, targets=4),
+        AuditCase("count_laplace/tip", "count_laplace", _sel(1), "tip", holders=3),
+        AuditCase("count_laplace/all", "count_laplace", _sel(4), "all", holders=15, targets=4),
+        AuditCase("mad/tip", "mad", _sel(4), "tip", holders=4),
+        AuditCase("mad/dmax", "mad", _sel(4), "dmax", holders=7, targets=4),
+        AuditCase("mad2r/tip", "mad2r", _sel(4), "tip", holders=6),
+        AuditCase("dp_sips/tip", "dp_sips", _sel(4), "tip", holders=4),
+        AuditCase("dpne/tip", "dpne", _dpne_params(), "tip", holders=6),
+    ]
+    return cases + _policy_cases()
+
+
+def _policy_cases() -> List[AuditCase]:
+    """Policy algorithms (DPSU Alg. 3-6), if this build has them."""
+    from privacy.selection import ALGORITHMS
+
+    out = []
+    for name, k in (("policy_gaussian", 4), ("policy_laplace", 3)):
+        if name in ALGORITHMS:
+            out.append(AuditCase(f"{name}/tip", name, _sel(4), "tip", holders=k, copies_per_call=1))
+    return out
+
+
+def unique_item_cases(algorithms: Sequence[str]) -> List[AuditCase]:
+    """'unique' cases at delta = 1e-12 (<= 1e-6): a single-user item must never be released."""
+    cases = []
+    for a in algorithms:
+        if a == "dpne":
+            params = _dpne_params(_UNIQUE_DELTA)
+        else:
+            params = _sel(4, delta=_UNIQUE_DELTA)
+        per_call = 1 if a.startswith("policy_") else 500
+        cases.append(AuditCase(f"{a}/unique", a, params, "unique", holders=1, targets=4, copies_per_call=per_call))
+    return cases

@@ -1,0 +1,98 @@
+"""Small DoFns used by the test-suite to observe where work ran (multi-process checks).
+
+They live in the package because DirectRunner's multi_processing workers import DoFns by module
+name and cannot import test modules.
+"""
+
+from __future__ import annotations
+
+import os
+
+import apache_beam as beam
+
+
+class TagWithPidFn(beam.DoFn):
+    """x -> (os.getpid(), x): which worker process handled each element."""
+
+    def process(self, element):
+        yield os.getpid(), element
+
+
+def format_tsv(element) -> str:
+    """(a, b) -> 'a<TAB>b' with repr-free formatting for floats (17 significant digits)."""
+    a, b = element
+    if isinstance(b, float):
+        b = repr(b)
+    return f"{a}\t{b}"
+
+
+def zero_weight(item):
+    return item, 0.0
+
+
+# --------------------------------------------------------------------------------------------------
+# Fault injection (tests/test_fault_tolerance.py)
+# --------------------------------------------------------------------------------------------------
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by :func:`inject_bundle_failures` on the first attempt of a bundle."""
+
+
+def _element_marker(marker_dir: str, label: str, element) -> str:
+    import hashlib
+
+    from transforms.core.randomness import encode_key
+
+    digest = hashlib.blake2b(encode_key((label, element)), digest_size=16).hexdigest()
+    return os.path.join(marker_dir, digest)
+
+
+def inject_bundle_failures(dofn_class, marker_dir: str):
+    """Patches ``dofn_class`` so that every bundle fails on its first attempt and succeeds on retry.
+
+    The bundle is identified by its first element: the first ``process`` call after
+    ``start_bundle`` looks for a marker file named by a hash of (class, element) in ``marker_dir``;
+    if there is none it creates it and raises :class:`InjectedFailure` (after the wrapped DoFn has
+    already done its work for that element, so state like drawn noise is thrown away with the
+    attempt). A retry of the same bundle finds the marker and runs normally. Returns a function that
+    undoes the patch. Markers left in ``marker_dir`` count the injected failures.
+
+    For in-process runners only (the patch lives on the class in this interpreter).
+    """
+    import functools
+
+    orig_start = dofn_class.__dict__.get("start_bundle")
+    orig_process = dofn_class.__dict__["process"]
+    label = f"{dofn_class.__module__}.{dofn_class.__qualname__}"
+
+    def start_bundle(self, *args, **kwargs):
+        self._inject_armed = True
+        if orig_start is not None:
+            return orig_start(self, *args, **kwargs)
+        return super(dofn_class, self).start_bundle(*args, **kwargs)
+
+    @functools.wraps(orig_process)
+    def process(self, element, *args, **kwargs):
+        outputs = orig_process(self, element, *args, **kwargs)
+        outputs = list(outputs) if outputs is not None else []
+        if getattr(self, "_inject_armed", False):
+            self._inject_armed = False
+            marker = _element_marker(marker_dir, label, element)
+            if not os.path.exists(marker):
+                with open(marker, "w"):
+                    pass
+                raise InjectedFailure(f"injected failure in {label} (first attempt of a bundle)")
+        return outputs
+
+    dofn_class.start_bundle = start_bundle
+    dofn_class.process = process
+
+    def undo():
+        dofn_class.process = orig_process
+        if orig_start is None:
+            del dofn_class.start_bundle
+        else:
+            dofn_class.start_bundle = orig_start
+
+    return undo
