@@ -23,7 +23,14 @@ setuptools.setup(
         "pyarrow>=12.0",
     ],
     extras_require={
-        "test": ["pytest>=7.0", "hypothesis>=6.80", "dp-accounting>=0.4.3", "mpmath>=1.2", "matplotlib>=3.7"],
+        "test": [
+            "pytest>=7.0",
+            "hypothesis>=6.80",
+            "dp-accounting>=0.4.3",
+            "mpmath>=1.2",
+            "matplotlib>=3.7",
+            "ruff==0.17.6",  # pinned: lint rules and format style change between ruff releases
+        ],
         "gcp": ["apache-beam[gcp]>=2.50.0"],
         "plots": ["matplotlib>=3.7"],
         # Peers for benchmarks/run_all.py (PipelineDP's select_partitions on the same Beam runner).

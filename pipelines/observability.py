@@ -1,6 +1,6 @@
 """Progress display, stage logs and opt-in NON-PRIVATE diagnostics for the pipelines.
 
-What leaves a run by default (the privacy contract of DESIGN.md): the stage names and the elapsed
+What leaves a run by default (the privacy contract of docs/design.md): the stage names and the elapsed
 time (progress display, INFO logs). Nothing data-dependent: no item, no count of records, users or
 pairs, in logs, Beam metrics, progress lines or the report.
 

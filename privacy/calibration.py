@@ -61,7 +61,6 @@ __all__ = [
     "calibrate_count_laplace",
     "default_gaussian_h",
     "default_laplace_h",
-    "constant_h",
     "MAX_EPSILON",
 ]
 
@@ -248,12 +247,6 @@ def default_gaussian_h(t: np.ndarray) -> np.ndarray:
 def default_laplace_h(t: np.ndarray) -> np.ndarray:
     """``h(t) = 1/t``: novel l_inf sensitivity of the weighted Laplace weights (DPSU Thm B.1)."""
     return 1.0 / t
-
-
-def constant_h(value: float = 1.0) -> HFunction:
-    """``h(t) = value`` for all t (count weighting: DPSU Theorems A.1 / A.2)."""
-    value = float(value)
-    return lambda t: np.full(np.shape(t), value)
 
 
 def _eval_h(h: HFunction, t: np.ndarray) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Parameters and privacy accounting of DPNE (DP n-gram extraction) and its DPSU baselines (pure math).
 
 Paper: Kim, Gopi, Kulkarni, Yekhanin, "Differentially Private n-gram Extraction"
-(``shared/papers/dpne-ngram-extraction.txt``), Algorithm 1, Propositions 2.2-2.4, Theorem 2.1.
+(the DPNE paper of docs/design.md), Algorithm 1, Propositions 2.2-2.4, Theorem 2.1.
 
 Theorem 2.1 (what :func:`dpne_level_sigmas` and :func:`dpne_rho_1` implement):
 

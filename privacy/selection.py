@@ -83,6 +83,9 @@ class AlgorithmSpec:
       summary: one line for --help, the report and the docs table.
       paper: where the algorithm is described.
       options: the :class:`SelectionParams` fields it reads besides epsilon, delta and max_contributions.
+      audit_holders: the number k of users holding the target in D of its empirical privacy audit's
+        ``tip`` case (:mod:`transforms.testing.audit`; chosen from this plan with
+        ``benchmarks/privacy_audit.py --design NAME/tip`` so the event sits in the noise tail).
     """
 
     name: str
@@ -93,6 +96,7 @@ class AlgorithmSpec:
     summary: str
     paper: str
     options: Tuple[str, ...] = ()
+    audit_holders: int = 4
 
     def __post_init__(self):
         check_choice("shape", self.shape, SHAPES)

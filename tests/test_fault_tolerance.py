@@ -54,7 +54,8 @@ def package_dofn_classes():
             continue
         module = importlib.import_module(mod.name)
         for _, obj in inspect.getmembers(module, inspect.isclass):
-            if issubclass(obj, beam.DoFn) and obj.__module__ == module.__name__:
+            # every concrete DoFn (abstract bases such as BundleDictFn define no process of their own)
+            if issubclass(obj, beam.DoFn) and obj.__module__ == module.__name__ and "process" in obj.__dict__:
                 classes.append(obj)
     return classes
 

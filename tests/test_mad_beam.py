@@ -121,19 +121,22 @@ def test_stochastic_dominance_on_section_6_2_instance():
     assert abs(diffs.mean() - exp_gap) < 5 * se + 1e-9
 
 
-def test_mad_tau_is_raised_to_one_in_selection_and_dpne():
-    """One rule for MAD's tau (privacy.calibration.mad_tau): max(1, rho + beta*sigma), in every family."""
-    from privacy import DPNEParams
-    from privacy.calibration import mad_tau
-    from privacy.dpne import plan_runs
+def test_mad_tau_is_one_rule_for_selection_and_dpne():
+    """One rule for MAD's tau (privacy.calibration.mad_tau): max(1, rho + beta*sigma) in every family.
 
-    assert mad_tau(0.5, 0.1, 0.0) == 1.0
+    In selection rho > 1 always (h(1) = 1 plus a positive noise margin), so tau = rho + beta*sigma; in
+    DPNE rho_k of k >= 2 can be far below 1 and the same function raises tau to 1 (the proof needs
+    tau >= 1, Lemma 5.3; a larger tau only reroutes less weight)."""
+    from privacy.calibration import mad_tau
+
+    assert mad_tau(0.5, 0.1, 0.0) == 1.0 and mad_tau(0.2, 0.1, 2.0) == 1.0
     assert mad_tau(3.0, 1.0, 2.0) == 5.0
-    # a huge epsilon makes rho + beta*sigma < 1 at beta = 0: the plan clamps instead of failing
-    (mad,) = plan_rounds("mad", SelectionParams(epsilon=100, delta=0.4, max_contributions=1, beta=0.0))
-    assert mad.threshold + 0.0 * mad.noise_scale < 1.0 and mad.tau == 1.0
-    _, runs = plan_runs(DPNEParams(epsilon=100, delta=0.4, max_n=1, max_contributions=1, weighting="mad", beta=0.0))
-    assert mad_tau(runs[0].rho, runs[0].sigma, 0.0) == 1.0
+    for beta in (0.0, 2.0):
+        params = SelectionParams(epsilon=100, delta=0.4, max_contributions=1, beta=beta)
+        (mad,) = plan_rounds("mad", params)
+        assert mad.tau == mad_tau(mad.threshold, mad.noise_scale, beta) == mad.threshold + beta * mad.noise_scale
+        assert mad.tau > 1.0
+
 
 
 @pytest.mark.parametrize("biased", [False, True])

@@ -1,6 +1,6 @@
 """Property tests of the MAD kernels (transforms/mad_kernels.py) against the MAD paper.
 
-Properties (paper: shared/papers/mad-adaptive-partition-selection.txt):
+Properties (the MAD paper; docs/design.md):
   1. l2 sensitivity <= 1 for S vs S + one user (Definition 3.1, Lemma 5.6 / Theorem 5.1),
      unbiased and biased.
   2. novel l_inf sensitivity <= b_max / sqrt(|T|) (Definition 3.2, Lemma 5.3).

@@ -8,9 +8,10 @@ import apache_beam as beam
 
 from privacy.validation import check_int
 from transforms.core import randomness
+from transforms.core.dofns import WorkerRngDoFn
 
 
-class CapUserItemsFn(beam.DoFn):
+class CapUserItemsFn(WorkerRngDoFn):
     """(user, iterable[item]) -> (user, [item]) with at most ``max_contributions`` items.
 
     Uniform subsample (MAD paper Alg. 1 lines 4-5) by bottom-k priorities, streaming with O(Delta_0)
@@ -18,15 +19,9 @@ class CapUserItemsFn(beam.DoFn):
     """
 
     def __init__(self, max_contributions: int, seed: Optional[int], round_: int):
+        super().__init__(seed)
         self._k = max_contributions
-        self._seed = seed
         self._round = round_
-        self._rng = None
-
-    def setup(self):
-        # OS entropy drawn on the worker, after fork/spawn: no two workers share a generator state.
-        if self._seed is None:
-            self._rng = randomness.worker_rng()
 
     def process(self, element):
         user, items = element
@@ -42,7 +37,7 @@ class BoundContributions(beam.PTransform):
 
     One shuffle: the bottom-k subsample already sees all of a user's items and drops repeats
     (a repeat has the same priority), so a separate Distinct (a second shuffle of every pair) is
-    not needed; benchmarks/BENCHMARKS.md shows the before/after throughput.
+    not needed.
 
     Args:
       max_contributions: Delta_0.

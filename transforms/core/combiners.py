@@ -7,9 +7,6 @@ finite double is an integer multiple of 2**-1074, so ``x * 2**1074`` is a Python
 addition is exact and associative. The output ``acc / 2**1074`` is correctly rounded (CPython's
 int/int true division rounds correctly), i.e. equal to :func:`math.fsum` of all inputs whatever
 the order: the seeded Beam output is then bit-identical to :mod:`transforms.reference`.
-
-(An earlier version kept Shewchuk partials per key; the integer accumulator gives the same bits at a
-fraction of the per-element cost: see BENCHMARKS.md, "Optimisations".)
 """
 
 from __future__ import annotations
@@ -18,19 +15,10 @@ import math
 from typing import Dict, Iterable
 
 import apache_beam as beam
-from apache_beam.transforms.window import GlobalWindows
 
 FIXED_POINT_BITS = 1074  # 2**-1074 is the smallest positive (subnormal) double
 _SCALE = 1 << FIXED_POINT_BITS
 _CACHE_LIMIT = 65_536
-# finish_bundle outputs must be WindowedValues; building one per element (GlobalWindows.windowed_value)
-# costs a Timestamp construction each (~4 us, a large share of the MAD2R profile), so copy a template.
-_GLOBAL_WV = GlobalWindows.windowed_value(None)
-
-
-def in_global_window(value):
-    """``value`` as a WindowedValue in the global window (for ``finish_bundle`` outputs)."""
-    return _GLOBAL_WV.with_value(value)
 
 
 def to_fixed_point(x: float) -> int:
@@ -40,6 +28,23 @@ def to_fixed_point(x: float) -> int:
         raise ValueError(f"ExactSumFn inputs must be finite floats, got {x!r}")
     num, den = x.as_integer_ratio()  # den is a power of two <= 2**1074
     return num << (FIXED_POINT_BITS - den.bit_length() + 1)
+
+
+class FixedPointCache:
+    """``cache(x) == to_fixed_point(x)``, memoised: weights take few distinct values (e.g. 1/sqrt(d) for
+    d <= Delta_0), so each worker converts each value once. Bounded (cleared past 65,536 values)."""
+
+    def __init__(self):
+        self._cache: Dict[float, int] = {}
+
+    def __call__(self, x) -> int:
+        v = self._cache.get(x)
+        if v is None:
+            v = to_fixed_point(x)
+            if len(self._cache) >= _CACHE_LIMIT:
+                self._cache.clear()
+            self._cache[x] = v
+        return v
 
 
 def from_fixed_point(acc: int) -> float:
@@ -60,29 +65,18 @@ class ExactSumFn(beam.CombineFn):
     """
 
     def __init__(self):
-        self._cache: Dict[float, int] = {}
-
-    def _fixed(self, x) -> int:
-        v = self._cache.get(x)
-        if v is None:
-            v = to_fixed_point(x)
-            if len(self._cache) >= _CACHE_LIMIT:
-                self._cache.clear()
-            self._cache[x] = v
-        return v
+        self._fixed = FixedPointCache()
 
     def create_accumulator(self):
         return 0
 
     def add_input(self, acc, x):
-        v = self._cache.get(x)
-        return acc + (self._fixed(x) if v is None else v)
+        return acc + self._fixed(x)
 
     def add_inputs(self, acc, xs):
-        cache, fixed = self._cache, self._fixed
+        fixed = self._fixed
         for x in xs:
-            v = cache.get(x)
-            acc += fixed(x) if v is None else v
+            acc += fixed(x)
         return acc
 
     def merge_accumulators(self, accumulators):
@@ -113,33 +107,3 @@ class FixedPointSumFn(beam.CombineFn):
 
     def extract_output(self, acc):
         return from_fixed_point(acc)
-
-
-class BundleDictFn(beam.DoFn):
-    """Base of DoFns that pre-aggregate into a dict ``self._acc`` (key -> partial) per bundle.
-
-    Subclasses update ``self._acc`` in ``process`` and end it with ``yield from self._flush_if_full()``;
-    the partials are emitted when ``max_keys`` keys are buffered (bounded memory) and when the bundle
-    ends. Global window only (the callers check): the partials must be exact (ints), so how elements
-    fall into bundles cannot change the combined result.
-    """
-
-    def __init__(self, max_keys: int = 100_000):
-        self._max_keys = int(max_keys)
-        self._acc: Dict = {}
-
-    def start_bundle(self):
-        self._acc = {}
-
-    def process(self, element, *args, **kwargs):  # pragma: no cover - subclasses implement it
-        raise NotImplementedError(f"{type(self).__name__} must implement process")
-
-    def _flush_if_full(self):
-        if len(self._acc) >= self._max_keys:
-            acc, self._acc = self._acc, {}
-            yield from acc.items()
-
-    def finish_bundle(self):
-        acc, self._acc = self._acc, {}
-        for kv in acc.items():
-            yield in_global_window(kv)

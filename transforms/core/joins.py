@@ -14,9 +14,8 @@ import math
 import zlib
 
 import apache_beam as beam
-from apache_beam.transforms.window import GlobalWindows
 
-from transforms.core.combiners import BundleDictFn, in_global_window
+from transforms.core.dofns import BundleDictFn, BundleListsFn, is_batch
 from transforms.core.randomness import encode_key
 
 
@@ -33,7 +32,7 @@ def hot_item_shards(element, max_users_per_key):
         yield item, int(math.ceil(count / max_users_per_key))
 
 
-class KeyPairByShardFn(beam.DoFn):
+class KeyPairByShardFn(BundleListsFn):
     """(user, item) -> ((item, shard), [user, ...]).
 
     With ``batch`` (global window only) the users of one join key are gathered per bundle, so the
@@ -44,33 +43,17 @@ class KeyPairByShardFn(beam.DoFn):
     """
 
     def __init__(self, batch: bool = False, max_buffered: int = 200_000):
-        self._batch, self._max_buffered = batch, int(max_buffered)
-        self._buf: dict = {}
-        self._n = 0
-
-    def start_bundle(self):
-        self._buf, self._n = {}, 0
+        super().__init__(max_buffered)
+        self._batch = batch
 
     def process(self, element, hot_shards):
         user, item = element
         key = (item, user_shard(user, hot_shards.get(item, 1)))
-        if not self._batch:
-            yield key, [user]
-            return
-        users = self._buf.get(key)
-        if users is None:
-            self._buf[key] = [user]
+        if self._batch:
+            self._append(key, user)
+            yield from self._flush_if_full()
         else:
-            users.append(user)
-        self._n += 1
-        if self._n >= self._max_buffered:
-            buf, self._buf, self._n = self._buf, {}, 0
-            yield from buf.items()
-
-    def finish_bundle(self):
-        buf, self._buf, self._n = self._buf, {}, 0
-        for kv in buf.items():
-            yield in_global_window(kv)
+            yield key, [user]
 
 
 class ReplicateValueFn(beam.DoFn):
@@ -82,7 +65,7 @@ class ReplicateValueFn(beam.DoFn):
             yield (item, shard), value
 
 
-class EmitJoinedFn(beam.DoFn):
+class EmitJoinedFn(BundleListsFn):
     """((item, shard), {'users': [[user]], 'value': [v]}) -> (user, (item, v)) when the item has a value.
 
     With ``per_user_lists`` it emits (user, [(item, v), ...]) instead: with ``batch`` (global window
@@ -90,44 +73,22 @@ class EmitJoinedFn(beam.DoFn):
     """
 
     def __init__(self, per_user_lists: bool = False, batch: bool = False, max_buffered: int = 200_000):
+        super().__init__(max_buffered)
         self._lists, self._batch = per_user_lists, per_user_lists and batch
-        self._max_buffered = int(max_buffered)
-        self._buf: dict = {}
-        self._n = 0
-
-    def start_bundle(self):
-        self._buf, self._n = {}, 0
 
     def process(self, element):
         (item, _), grouped = element
         values = list(grouped["value"])
-        if not values:
-            return
         if len(values) > 1:
             raise ValueError(f"AttachItemValues: more than one value for one item ({len(values)})")
-        value = values[0]
-        if not self._batch:
+        for value in values:  # none: the item has no value, nothing to attach
             for users in grouped["users"]:
                 for user in users:
-                    yield user, ([(item, value)] if self._lists else (item, value))
-            return
-        buf = self._buf
-        for users in grouped["users"]:
-            for user in users:
-                got = buf.get(user)
-                if got is None:
-                    buf[user] = [(item, value)]
-                else:
-                    got.append((item, value))
-                self._n += 1
-        if self._n >= self._max_buffered:
-            self._buf, self._n = {}, 0
-            yield from buf.items()
-
-    def finish_bundle(self):
-        buf, self._buf, self._n = self._buf, {}, 0
-        for kv in buf.items():
-            yield in_global_window(kv)
+                    if self._batch:
+                        self._append(user, (item, value))
+                    else:
+                        yield user, ([(item, value)] if self._lists else (item, value))
+            yield from self._flush_if_full()
 
 
 class AttachItemValues(beam.PTransform):
@@ -152,7 +113,7 @@ class AttachItemValues(beam.PTransform):
     def expand(self, pairs):
         hot = self._counts | "HotItemShards" >> beam.FlatMap(hot_item_shards, self._max)  # (item, n_shards)
         hot_si = beam.pvalue.AsDict(hot)
-        batch = isinstance(pairs.windowing.windowfn, GlobalWindows)
+        batch = is_batch(pairs)
         keyed_pairs = pairs | "KeyPairs" >> beam.ParDo(KeyPairByShardFn(batch), hot_si)  # ((item, shard), [user])
         keyed_values = self._values | "ReplicateValues" >> beam.ParDo(ReplicateValueFn(), hot_si)  # ((item, shard), v)
         return (
@@ -283,7 +244,7 @@ class JoinValuesToSets(beam.PTransform):
             raise ValueError(f"max_broadcast_items must be >= 0, got {max_broadcast_items!r}")
 
     def expand(self, user_sets):
-        batch = isinstance(user_sets.windowing.windowfn, GlobalWindows)
+        batch = is_batch(user_sets)
         if not batch:
             return self._join(user_sets, batch)
         broadcast = beam.pvalue.AsSingleton(

@@ -7,9 +7,10 @@ from typing import Optional
 import apache_beam as beam
 
 from transforms.core import randomness
+from transforms.core.dofns import WorkerRngDoFn
 
 
-class AddNoiseFn(beam.DoFn):
+class AddNoiseFn(WorkerRngDoFn):
     """(item, weight) -> (item, weight + scale * Z), Z standard Gaussian or Laplace.
 
     Seeded: Z = keyed draw of (seed, purpose, round, item). Unseeded: Z from a generator seeded with
@@ -20,20 +21,18 @@ class AddNoiseFn(beam.DoFn):
     def __init__(self, noise: str, scale: float, seed: Optional[int], round_: int, purpose: str = "noise"):
         if noise not in ("gaussian", "laplace"):
             raise ValueError(f"noise must be 'gaussian' or 'laplace', got {noise!r}")
+        super().__init__(seed)
         self._noise = noise
         self._scale = float(scale)
-        self._seed = seed
         self._round = round_
         self._purpose = purpose
-        self._rng = None
         self._keyed = None
         self._buf = None
         self._pos = 0
 
     def setup(self):
-        if self._seed is None:
-            self._rng = randomness.worker_rng()
-        else:
+        super().setup()
+        if self._seed is not None:
             self._keyed = randomness.KeyedNoise(self._noise, self._seed, self._purpose, self._round)
 
     def _draw(self, item) -> float:
@@ -95,8 +94,16 @@ class AddNoise(beam.PTransform):
         return noisy
 
 
-def at_or_above(element, threshold):
-    return element[1] >= threshold
+def released_item(element, threshold):
+    """(item, noisy weight) -> item if the noisy weight is >= the threshold rho (MAD paper Alg. 1 line 8)."""
+    item, noisy_weight = element
+    if noisy_weight >= threshold:
+        yield item
+
+
+def tag_round(item, round_):
+    """item -> (round, item): which round released it (multi-round algorithms, the report)."""
+    return round_, item
 
 
 class NoisyThreshold(beam.PTransform):
@@ -131,6 +138,5 @@ class NoisyThreshold(beam.PTransform):
             weights
             | "AddNoise"
             >> AddNoise(self._noise, self._scale, self._seed, self._round, self._checkpoint)  # (item, noisy_w)
-            | "KeepAboveRho" >> beam.Filter(at_or_above, self._threshold)  # (item, noisy_w >= rho)
-            | "Items" >> beam.Keys()  # item
+            | "KeepAboveRho" >> beam.FlatMap(released_item, self._threshold)  # item with noisy_w >= rho
         )

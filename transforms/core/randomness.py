@@ -1,4 +1,4 @@
-"""The randomness contract (DESIGN.md, "Randomness contract").
+"""The randomness contract (docs/design.md, "Randomness contract").
 
 Two modes, chosen by ``seed``:
 
@@ -170,10 +170,6 @@ def standard_noise(
 def sort_key(item: Any) -> bytes:
     """Total order on heterogeneous items (canonical encoding), used to make seeded output canonical."""
     return encode_key(item)
-
-
-def _scalar_uniform(seed: int, purpose: str, round_: int, key: Any) -> float:
-    return _uniform_of(_digest(seed, purpose, round_, key, 8))
 
 
 def _pair_prefix_hasher(seed: int, purpose: str, round_: int, user: Any):

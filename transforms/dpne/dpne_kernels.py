@@ -26,11 +26,6 @@ from transforms.core.text import first_word, head, join, last_word, tail
 PRUNINGS = ("both", "single")
 
 
-def prefix_key(kgram: str) -> str:
-    """The (k-1)-gram ``xy`` of ``w = x y z`` that must be in S_{k-1} (both rules)."""
-    return head(kgram)
-
-
 def suffix_key(kgram: str, pruning: str) -> str:
     """What the end of ``w`` must match: ``yz`` in S_{k-1} ('both') or ``z`` in S_1 ('single')."""
     return tail(kgram) if pruning == "both" else last_word(kgram)

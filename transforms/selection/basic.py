@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Dict
 
 import apache_beam as beam
-from apache_beam.transforms.window import GlobalWindows
 
 from privacy.validation import check_choice, check_int
-from transforms.core.combiners import BundleDictFn, ExactSumFn, FixedPointSumFn, to_fixed_point
+from transforms.core.combiners import ExactSumFn, FixedPointSumFn, to_fixed_point
+from transforms.core.dofns import BundleDictFn, is_batch
 from transforms.selection.basic_kernels import WEIGHTINGS, per_item_weight, user_item_weights
 
 
@@ -36,16 +36,16 @@ class BundleWeightSumsFn(BundleDictFn):
     def __init__(self, weighting: str, max_keys: int = 100_000):
         super().__init__(check_int("max_keys", max_keys, 1))
         self._weighting = check_choice("weighting", weighting, WEIGHTINGS)
-        self._fixed: Dict[int, int] = {}
+        self._fixed_of_degree: Dict[int, int] = {}  # d -> fixed-point weight(d)
 
     def process(self, element):
         _, items = element
         if not isinstance(items, list):
             items = list(items)
         d = len(items)
-        f = self._fixed.get(d)
+        f = self._fixed_of_degree.get(d)
         if f is None:
-            f = self._fixed[d] = to_fixed_point(per_item_weight(self._weighting, d))
+            f = self._fixed_of_degree[d] = to_fixed_point(per_item_weight(self._weighting, d))
         acc = self._acc
         for item in items:
             acc[item] = acc.get(item, 0) + f
@@ -66,7 +66,7 @@ class UserSetWeights(beam.PTransform):
         self._weighting = check_choice("weighting", weighting, WEIGHTINGS)
 
     def expand(self, user_sets):
-        if isinstance(user_sets.windowing.windowfn, GlobalWindows):
+        if is_batch(user_sets):
             return (
                 user_sets
                 | "BundleSums" >> beam.ParDo(BundleWeightSumsFn(self._weighting))  # (item, fixed-point part)

@@ -33,11 +33,12 @@ import math
 from typing import Optional
 
 import apache_beam as beam
-from apache_beam.transforms.window import GlobalWindows
 
-from transforms.core.combiners import BundleDictFn, ExactSumFn, FixedPointSumFn, to_fixed_point
+from transforms.core.bounding import BoundContributions
+from transforms.core.combiners import ExactSumFn, FixedPointCache, FixedPointSumFn, to_fixed_point
+from transforms.core.dofns import BundleDictFn, is_batch
 from transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS, JoinValuesToSets, set_items
-from transforms.core.noise import AddNoise, only_value
+from transforms.core.noise import AddNoise, only_value, released_item, tag_round
 from transforms.core.randomness import sort_key
 from transforms.selection import mad_kernels as K
 from transforms.selection.mad_kernels import round2_bias
@@ -55,21 +56,20 @@ class BundleInitWeightsFn(BundleDictFn):
     def __init__(self, d_max: int, b_min: float, biased: bool, max_keys: int = 100_000):
         super().__init__(max_keys)
         self._d_max, self._b_min, self._biased = d_max, b_min, biased
-        self._fixed: dict = {}
+        self._fixed_of_degree: dict = {}  # d -> fixed-point 1/d (adaptive) or 0
 
     def process(self, element):
         user_set = element[1]
         d = len(user_set)
-        f = self._fixed.get(d)
+        f = self._fixed_of_degree.get(d)
         if f is None:
             w = K.initial_weight(d) if K.is_adaptive(d, self._b_min, self._d_max) else 0.0  # Alg. 3 l.3-5
-            f = self._fixed[d] = to_fixed_point(w)
-        if f == 0:
-            return  # a non-adaptive user adds nothing to w_init
-        acc = self._acc
-        for item in set_items(user_set, self._biased):
-            acc[item] = acc.get(item, 0) + f
-        yield from self._flush_if_full()
+            f = self._fixed_of_degree[d] = to_fixed_point(w)
+        if f != 0:  # a non-adaptive user adds nothing to w_init
+            acc = self._acc
+            for item in set_items(user_set, self._biased):
+                acc[item] = acc.get(item, 0) + f
+            yield from self._flush_if_full()
 
 
 class EmitInitWeightsFn(beam.DoFn):
@@ -173,15 +173,7 @@ class BundleUserContributionFn(BundleDictFn, UserContributionFn):
     def __init__(self, d_max, b_min, b_max, biased: bool, max_keys: int = 100_000):
         BundleDictFn.__init__(self, max_keys)
         UserContributionFn.__init__(self, d_max, b_min, b_max, biased)
-        self._cache: dict = {}
-
-    def _fixed(self, c):
-        f = self._cache.get(c)
-        if f is None:
-            if len(self._cache) >= 65_536:
-                self._cache.clear()
-            f = self._cache[c] = to_fixed_point(c)
-        return f
+        self._fixed = FixedPointCache()
 
     def process(self, element, tau):
         self._check(tau)
@@ -241,7 +233,7 @@ class MADWeights(beam.PTransform):
         d_max, b_min, b_max = self._d_max, self._b_min, self._b_max
         # In the global window (batch) the per-item sums are pre-summed per bundle in exact fixed point
         # (same bits, far fewer Beam elements); other windowings emit one element per pair.
-        batch = isinstance(user_sets.windowing.windowfn, GlobalWindows)
+        batch = is_batch(user_sets)
         if batch:
             w_init = (
                 user_sets
@@ -293,16 +285,6 @@ def round1_status(element, rho1, rho2, sigma1, c_lb, c_ub):
         yield item, status
 
 
-def released_item(element, rho):
-    item, w = element
-    if w >= rho:
-        yield item
-
-
-def tag_round(item, round_):
-    return round_, item
-
-
 class MAD2R(beam.PTransform):
     """MAD in two rounds (MAD paper Alg. 4): (user, item) pairs -> (round, item).
 
@@ -328,9 +310,6 @@ class MAD2R(beam.PTransform):
         self._join = dict(max_users_per_key=max_users_per_key, max_broadcast_items=max_broadcast_items)
 
     def expand(self, pairs):
-        # Imported here to avoid a cycle (bounding does not depend on MAD).
-        from transforms.core.bounding import BoundContributions
-
         p, r1, r2 = self._params, self._r1, self._r2
         user_sets = pairs | "BoundContributions" >> BoundContributions(p.max_contributions, self._seed, round_=0)
         # (user, [item]) |.| <= D0 (Alg. 4 line 1)

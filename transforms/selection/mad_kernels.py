@@ -1,11 +1,11 @@
 """Pure numpy kernels of MaxAdaptiveDegree (MAD), plus an in-memory MAD weighting.
 
 Paper: Chen, Cohen-Addad, Epasto, Zadimoghaddam, "Scalable Private Partition Selection via Adaptive
-Weighting" (``shared/papers/mad-adaptive-partition-selection.txt``), Algorithms 2 (UserWeights) and
+Weighting" (the MAD paper of docs/design.md), Algorithms 2 (UserWeights) and
 3 (MAD). No Beam imports: the Beam transform moves data between these functions, and
 :func:`mad_weights` (the in-memory reference) is built from exactly the same kernels.
 
-Erratum used (DESIGN.md): Alg. 3 line 6 is ``r(i) = max{0, (w_init(i) - tau) / w_init(i)}``.
+Erratum used (docs/design.md): Alg. 3 line 6 is ``r(i) = max{0, (w_init(i) - tau) / w_init(i)}``.
 
 How the per-item weight decomposes (Alg. 3 lines 12-17), which is what the Beam version sums::
 

@@ -1,7 +1,7 @@
 """``SequentialPolicy``: POLICY LAPLACE / POLICY GAUSSIAN (DPSU paper Algorithms 1-6) on Beam.
 
 Each user's update depends on every earlier user's, so the histogram cannot be built in parallel:
-the bounded user sets are gathered on ONE worker (the accepted sequential fallback of DESIGN.md),
+the bounded user sets are gathered on ONE worker (the accepted sequential fallback of docs/design.md),
 ordered by a keyed hash of the user ids whose key is secret per run, and fed to the l1/l2-descent
 policy (transforms/policy_kernels.py). Noise and threshold then run in parallel again.
 

@@ -17,7 +17,7 @@ Theorems 4.1 and 5.1 need for the thresholds (``privacy.calibration.calibrate_we
 
 The cutoff is ``Gamma = rho + alpha * noise_scale`` (Algorithms 4 and 6, computed in
 ``privacy.selection.plan_rounds``; the printed Algorithm 6 says ``rho_Lap``, it means ``rho_Gauss``:
-DESIGN.md errata). The paper reports that alpha in [2, 6] works
+docs/design.md errata). The paper reports that alpha in [2, 6] works
 best (sections 4.2 and 5.2) and uses alpha = 5 in Table 2. alpha does not affect privacy.
 
 The greedy policy of appendix C is NOT contractive (its sensitivity grows with the number of users)
@@ -44,7 +44,7 @@ def l1_descent_update(hist: Histogram, items: Sequence[Hashable], gamma: float, 
     """One user's l1-descent update (Algorithm 3), in place. ``items`` must be distinct.
 
     Water filling: sort the user's items below the cutoff by their gap ``Gamma - H[u]`` (the sorted
-    dictionary G, lines 3-9; DESIGN.md erratum: the loop runs over G, not B), then raise all items
+    dictionary G, lines 3-9; docs/design.md erratum: the loop runs over G, not B), then raise all items
     still below the cutoff by the same amount until either the next item reaches the cutoff
     (``cost = gap * K <= budget``, lines 14-21) or the budget is spent (``budget / K`` each, lines
     22-26). We track the common raise ``level`` instead of updating every remaining gap, so the cost is
@@ -104,11 +104,6 @@ def l2_descent_update(hist: Histogram, items: Sequence[Hashable], gamma: float, 
 
 
 _UPDATES = {"l1_descent": l1_descent_update, "l2_descent": l2_descent_update}
-
-
-def policy_update(policy: str, hist: Histogram, items: Sequence[Hashable], gamma: float, budget: float = 1.0) -> None:
-    """Applies ``policy`` ('l1_descent' or 'l2_descent') for one user, in place."""
-    _UPDATES[check_choice("policy", policy, POLICIES)](hist, items, gamma, budget)
 
 
 def build_histogram(

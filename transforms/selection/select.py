@@ -18,14 +18,10 @@ from privacy.validation import check_int
 from transforms.core import randomness
 from transforms.core.bounding import BoundContributions, CapUserItemsFn
 from transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
-from transforms.core.noise import NoisyThreshold
+from transforms.core.noise import NoisyThreshold, tag_round
 from transforms.selection.basic import UserSetWeights
 from transforms.selection.mad import MAD2R, MADWeights
 from transforms.selection.policy import SequentialPolicy
-
-
-def tag_round(item, round_):
-    return round_, item
 
 
 def drop_released_items(element, released):

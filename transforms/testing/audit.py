@@ -32,7 +32,7 @@ from typing import Callable, Dict, Hashable, List, Optional, Sequence, Set, Tupl
 
 from privacy.audit import AuditBound, audit_bound
 from privacy.dpne import DPNEParams
-from privacy.selection import SelectionParams
+from privacy.selection import ALGORITHMS, SelectionParams
 
 UserSets = Dict[Hashable, List[str]]
 
@@ -176,32 +176,29 @@ def _dpne_params(delta: float = _DELTA) -> DPNEParams:
 
 
 def standard_cases() -> List[AuditCase]:
-    """Worst-case neighbouring pairs for every released-set algorithm (claimed epsilon 4)."""
+    """Worst-case neighbouring pairs for every released-set algorithm (claimed epsilon 4).
+
+    Every algorithm of the registry (:data:`privacy.selection.ALGORITHMS`) gets its ``tip`` case from
+    its entry (``audit_holders``; the count baselines at Delta_0 = 1, where one item carries the whole
+    sensitivity; the sequential ones one copy per call). The algorithm-specific worst cases follow.
+    """
     cases = [
-        AuditCase("basic/tip", "basic", _sel(4), "tip", holders=4),
-        AuditCase("weighted_laplace/tip", "weighted_laplace", _sel(4), "tip", holders=3),
-        AuditCase("count_gaussian/tip", "count_gaussian", _sel(1), "tip", holders=4),
+        AuditCase(
+            f"{name}/tip",
+            name,
+            _sel(1 if spec.weighting == "count" else 4),
+            "tip",
+            holders=spec.audit_holders,
+            copies_per_call=1 if spec.sequential else 500,
+        )
+        for name, spec in ALGORITHMS.items()
+    ]
+    return cases + [
         AuditCase("count_gaussian/all", "count_gaussian", _sel(4), "all", holders=13, targets=4),
-        AuditCase("count_laplace/tip", "count_laplace", _sel(1), "tip", holders=3),
         AuditCase("count_laplace/all", "count_laplace", _sel(4), "all", holders=15, targets=4),
-        AuditCase("mad/tip", "mad", _sel(4), "tip", holders=4),
         AuditCase("mad/dmax", "mad", _sel(4), "dmax", holders=7, targets=4),
-        AuditCase("mad2r/tip", "mad2r", _sel(4), "tip", holders=6),
-        AuditCase("dp_sips/tip", "dp_sips", _sel(4), "tip", holders=4),
         AuditCase("dpne/tip", "dpne", _dpne_params(), "tip", holders=6),
     ]
-    return cases + _policy_cases()
-
-
-def _policy_cases() -> List[AuditCase]:
-    """Policy algorithms (DPSU Alg. 3-6), if this build has them."""
-    from privacy.selection import ALGORITHMS
-
-    out = []
-    for name, k in (("policy_gaussian", 4), ("policy_laplace", 3)):
-        if name in ALGORITHMS:
-            out.append(AuditCase(f"{name}/tip", name, _sel(4), "tip", holders=k, copies_per_call=1))
-    return out
 
 
 def unique_item_cases(algorithms: Sequence[str]) -> List[AuditCase]:
