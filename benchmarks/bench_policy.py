@@ -12,7 +12,7 @@ comparison, same conditions) on the DirectRunner (in_memory), synthetic pairs ge
 pipeline, per million input pairs, and the time of the histogram kernel alone.
 Part 3 (memory): peak Python-allocated bytes (tracemalloc) per gathered (user, item) pair of
 the single worker (user sets as they arrive from the GroupByKey plus the histogram), measured in a
-fresh subprocess; this sizes ``DEFAULT_MAX_SEQUENTIAL_PAIRS`` (privacy/params.py).
+fresh subprocess; this sizes ``DEFAULT_MAX_SEQUENTIAL_PAIRS`` (privacy/selection.py).
 """
 
 import argparse

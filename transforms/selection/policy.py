@@ -23,7 +23,7 @@ from transforms.core.noise import NoisyThreshold
 from transforms.selection import policy_kernels
 
 #: budgeted bytes per gathered (user, item) pair on the single worker (measured ~110 by
-#: benchmarks/bench_policy.py with short items; see DEFAULT_MAX_SEQUENTIAL_PAIRS in privacy/params.py)
+#: benchmarks/bench_policy.py with short items; see DEFAULT_MAX_SEQUENTIAL_PAIRS in privacy/selection.py)
 BYTES_PER_PAIR = 250
 
 
