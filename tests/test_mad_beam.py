@@ -138,7 +138,6 @@ def test_mad_tau_is_one_rule_for_selection_and_dpne():
         assert mad.tau > 1.0
 
 
-
 @pytest.mark.parametrize("biased", [False, True])
 def test_mad_weights_broadcast_and_join_modes_are_identical(biased):
     """The excess fractions reach users by side input (few hot items) or by the sharded join
