@@ -91,35 +91,54 @@ class _DPSIPS(beam.PTransform):
             | "Materialise" >> beam.MapTuple(materialise)  # (user, [item]) all distinct items
         )
         outputs = []
-        released_so_far = None
+        released_so_far = None  # item, released in rounds < r
         for rnd in self._plans:
-            r = rnd.index
-            sets_r = full_sets
-            if released_so_far is not None:
-                released_si = beam.pvalue.AsDict(released_so_far | f"R{r}AsPresent" >> beam.Map(as_present))
-                sets_r = (
-                    full_sets
-                    | f"R{r}DropReleased" >> beam.Map(drop_released_items, released_si)  # (user, [item \ U_<r])
-                    | f"R{r}NonEmpty" >> beam.Filter(has_items)
-                )
-            capped = sets_r | f"R{r}CapToDelta0" >> beam.ParDo(
-                CapUserItemsFn(self._params.max_contributions, self._seed, r)
-            )  # (user, [item]) |.| <= D0, fresh subsample per round
-            released_r = (
-                capped
-                | f"R{r}Weights" >> UserSetWeights("weighted_gaussian")  # (item, w)
-                | f"R{r}NoisyThreshold"
-                >> NoisyThreshold(
-                    rnd.noise, rnd.noise_scale, rnd.threshold, self._seed, r, checkpoint=r < len(self._plans)
-                )  # item; checkpointed: the output and the next round's removal see the same draw
-            )
-            outputs.append(released_r | f"R{r}Tag" >> beam.Map(tag_round, r))  # (r, item)
-            released_so_far = (
-                released_r
-                if released_so_far is None
-                else (released_so_far, released_r) | f"R{r}Union" >> beam.Flatten()
-            )  # item, released in rounds <= r
+            last = rnd.index == len(self._plans)
+            released_r = full_sets | f"Round{rnd.index}" >> _DPSIPSRound(
+                rnd, released_so_far, self._params.max_contributions, self._seed, checkpoint=not last
+            )  # item released in round r
+            outputs.append(released_r | f"Tag{rnd.index}" >> beam.Map(tag_round, rnd.index))  # (r, item)
+            if not last:
+                released_so_far = (
+                    released_r
+                    if released_so_far is None
+                    else (released_so_far, released_r) | f"Union{rnd.index}" >> beam.Flatten()
+                )  # item, released in rounds <= r
         return tuple(outputs) | "AllRounds" >> beam.Flatten()  # (round, item)
+
+
+class _DPSIPSRound(beam.PTransform):
+    """One DP-SIPS round r: (user, [all distinct items]) -> items released in round r.
+
+    Stages:
+      DropReleased   (user, [item not in U_<r])   post-processing of earlier rounds (side input)
+      NonEmpty       (user, [item])               users with items left
+      CapToDelta0    (user, [item])               fresh uniform subsample to Delta_0 (round r's draw)
+      Weights        (item, w)                    Basic's 1/sqrt(d) weights, exact sums
+      NoisyThreshold item                         checkpointed when a later round reads it
+    """
+
+    def __init__(self, plan, released_before, max_contributions: int, seed: Optional[int], checkpoint: bool):
+        super().__init__()
+        self._plan, self._released_before = plan, released_before
+        self._k, self._seed, self._checkpoint = max_contributions, seed, checkpoint
+
+    def expand(self, full_sets):
+        rnd, sets = self._plan, full_sets
+        if self._released_before is not None:
+            released_si = beam.pvalue.AsDict(self._released_before | "AsPresent" >> beam.Map(as_present))
+            sets = (
+                full_sets
+                | "DropReleased" >> beam.Map(drop_released_items, released_si)  # (user, [item \ U_<r])
+                | "NonEmpty" >> beam.Filter(has_items)  # (user, [item]) non-empty
+            )
+        return (
+            sets
+            | "CapToDelta0" >> beam.ParDo(CapUserItemsFn(self._k, self._seed, rnd.index))  # (user, [item]) <= D0
+            | "Weights" >> UserSetWeights("weighted_gaussian")  # (item, w)
+            | "NoisyThreshold"
+            >> NoisyThreshold(rnd.noise, rnd.noise_scale, rnd.threshold, self._seed, rnd.index, self._checkpoint)
+        )  # item; checkpointed: the output and the next round's removal see the same draw
 
 
 class SelectPartitions(beam.PTransform):
