@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_input_args(p, "item")
     p.add_argument("--output", required=True, help="prefix of the output files (released items, one per line)")
     p.add_argument("--report", required=True, help="path of the JSON report")
-    p.add_argument("--algorithm", default="basic", choices=ALGORITHMS)
+    p.add_argument("--algorithm", default="basic", choices=tuple(ALGORITHMS))
     p.add_argument("--epsilon", type=float, required=True)
     p.add_argument("--delta", type=float, required=True)
     p.add_argument("--max_contributions", type=int, default=d.max_contributions, help="Delta_0 (default %(default)s)")
