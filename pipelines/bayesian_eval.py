@@ -87,10 +87,10 @@ def evaluate(
     ]
     for mech in mechanisms:
         for eps in epsilons:
-            params = base.replace(mechanism=mech, epsilon=eps, tune=base.tune and mech == "bayesian")
+            params = base.replace(epsilon=eps, tune=base.tune and mech == "bayesian")
             kls = []
             for r in range(repeats):
-                theta, _ = release_from_user_counts(users, prior, params, seed=seed + r)
+                theta, _ = release_from_user_counts(users, mech, prior, params, seed=seed + r)
                 kls.append(K.kl_divergence(p_private, theta))
             rows.append(
                 {"mechanism": mech, "epsilon": eps, "kl_mean": float(np.mean(kls)), "kl_std": float(np.std(kls))}

@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="prefix of the output files (n-gram<TAB>probability)")
     p.add_argument("--report", required=True, help="path of the JSON report")
     p.add_argument("--n", type=int, default=d.n, help="n-gram length (default %(default)s)")
-    p.add_argument("--mechanism", default=d.mechanism, choices=MECHANISMS)
+    p.add_argument("--mechanism", default="bayesian", choices=MECHANISMS)
     p.add_argument("--epsilon", type=float, default=d.epsilon, help="total epsilon (default %(default)s)")
     p.add_argument("--delta", type=float, default=d.delta, help="delta of the Gaussian (default %(default)s)")
     p.add_argument("--C", type=int, default=d.C, help="max count of one n-gram per user (default %(default)s)")
@@ -141,7 +141,6 @@ def params_from_args(args) -> BayesianParams:
         epsilon=args.epsilon,
         delta=args.delta,
         n=args.n,
-        mechanism=args.mechanism,
         C=args.C,
         W=args.W,
         S=args.S,
@@ -218,7 +217,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: BayesianParams):
         max_value_length=args.max_text_length,
     )  # records: (user, text)
     records = observability.mark(read.records, "Read", args)  # (user, text)
-    out = records | "Bayesian" >> BayesianNgrams(prior, params, seed=args.seed, tokenizer=tokenizer)
+    out = records | "Bayesian" >> BayesianNgrams(args.mechanism, prior, params, seed=args.seed, tokenizer=tokenizer)
     _ = (
         out["distribution"]  # (n-gram, probability)
         | "Format" >> beam.Map(format_probability)
@@ -228,7 +227,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: BayesianParams):
     summary = {
         "params": params.as_dict(),
         "epsilon": params.epsilon,
-        "delta": params.delta if params.mechanism == "bayesian" else 0.0,
+        "delta": params.delta if args.mechanism == "bayesian" else 0.0,
         "epsilon_release": params.epsilon_release,
         "epsilon_tune": params.epsilon_tune,
         "input_format": args.input_format,
@@ -248,7 +247,7 @@ def summarize(report: dict, args, params) -> str:
     extra = f", S={report['S']:g}, rho={report['rho']:g}" if "S" in report else ""
     return (
         f"released a distribution over {report['vocabulary_size']} public {params.n}-grams "
-        f"({params.mechanism}{extra}, epsilon={params.epsilon:g}, sensitivity {report['sensitivity']}); "
+        f"({args.mechanism}{extra}, epsilon={params.epsilon:g}, sensitivity {report['sensitivity']}); "
         f"probabilities: {args.output}*  report: {args.report}"
     )
 

@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_input_args(p, "text")
     p.add_argument("--output", required=True, help="prefix of the output files (k<TAB>n-gram per line)")
     p.add_argument("--report", required=True, help="path of the JSON report")
-    p.add_argument("--algorithm", default=d.algorithm, choices=DPNE_ALGORITHMS)
+    p.add_argument("--algorithm", default="dpne", choices=DPNE_ALGORITHMS)
     p.add_argument("--max_n", type=int, default=d.max_n, help="T, longest n-gram length (default %(default)s)")
     p.add_argument("--epsilon", type=float, default=d.epsilon, help="(default %(default)s)")
     p.add_argument("--delta", type=float, default=d.delta, help="(default %(default)s)")
@@ -112,7 +112,6 @@ def params_from_args(args) -> DPNEParams:
         sigma_decay=args.sigma_decay,
         pruning=args.pruning,
         weighting=args.weighting,
-        algorithm=args.algorithm,
         vk_method=args.vk_method,
         sample_rate=args.sample_rate,
         dpsu_single_length=args.dpsu_single_length,
@@ -146,7 +145,9 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
         max_value_length=args.max_text_length,
     )
     _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
-    dpne = DPNE(params, seed=args.seed, tokenizer=load_tokenizer(args.tokenizer), num_shards=args.num_shards)
+    dpne = DPNE(
+        args.algorithm, params, seed=args.seed, tokenizer=load_tokenizer(args.tokenizer), num_shards=args.num_shards
+    )
     records = observability.mark(read.records, "Read", args)  # (user, text)
     out = records | "DPNE" >> dpne  # {'ngrams': (k, n-gram), 'levels': dict}
     released = observability.mark(out["ngrams"], "DPNE", args)  # (k, n-gram)
@@ -154,7 +155,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
     observability.attach_diagnostics(pipeline, read, args, "extract_ngrams")
     summary = {
         "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(params).items()},
-        "algorithm": params.algorithm,
+        "algorithm": args.algorithm,
         "epsilon": params.epsilon,
         "delta": params.delta,
         "sigma_star": dpne.sigma_star,
@@ -202,7 +203,7 @@ def evaluation_group(line: str) -> int:
 def summarize(report: dict, args, params) -> str:
     per_k = {d.get("k", d.get("run")): d["released"] for d in report["levels"]}
     return (
-        f"released {report['released']} n-grams ({params.algorithm}, epsilon={params.epsilon:g}, "
+        f"released {report['released']} n-grams ({args.algorithm}, epsilon={params.epsilon:g}, "
         f"delta={params.delta:g}) {per_k}; n-grams: {args.output}*  report: {args.report}"
     )
 

@@ -41,14 +41,15 @@ def _grid(name: str, values, lo: float, hi: float, lo_open: bool) -> Tuple[float
 
 @dataclasses.dataclass(frozen=True)
 class BayesianParams:
-    """Parameters of one release.
+    """Parameters of one release. The mechanism itself (:data:`MECHANISMS`: ``bayesian``, Alg. 1, or
+    Alg. 2 with ``tune``; ``laplace``, sec. 4.2 baseline 1; ``laplace_public``, sec. 4.2 baseline 2) is
+    the first argument of :class:`transforms.BayesianNgrams` and of
+    :func:`transforms.reference.bayesian_release`; :func:`check_mechanism` validates the pair.
 
     Attributes:
       epsilon, delta: total user-level privacy budget of the release (delta unused by the Laplace
         baselines, which are pure epsilon-DP).
       n: n-gram length (paper: trigrams).
-      mechanism: ``bayesian`` (Alg. 1, or Alg. 2 with ``tune``), ``laplace`` (sec. 4.2 baseline 1) or
-        ``laplace_public`` (sec. 4.2 baseline 2).
       C: maximum count of one n-gram per user (Alg. 1 line 2; paper sec. 4.3: 1 below 1M users).
       W: maximum total count per user over all n-grams (sec. 4.2 baseline 1 and sec. 4.3, which use
         |U|/1000; a data-independent constant here). Applied to every mechanism.
@@ -65,7 +66,6 @@ class BayesianParams:
     epsilon: float = 1.0
     delta: float = 1e-5
     n: int = 3
-    mechanism: str = "bayesian"
     C: int = 1
     W: int = 100
     S: float = 1e-3
@@ -82,7 +82,6 @@ class BayesianParams:
         s("epsilon", check_range("epsilon", self.epsilon, *EPSILON_RANGE, lo_open=True))
         s("delta", check_range("delta", self.delta, *DELTA_RANGE))
         s("n", check_int("n", self.n, 1, 20))
-        check_choice("mechanism", self.mechanism, MECHANISMS)
         s("C", check_int("C", self.C, 1))
         s("W", check_int("W", self.W, 1))
         if self.W < self.C:
@@ -102,8 +101,6 @@ class BayesianParams:
             "validation_fraction",
             check_range("validation_fraction", self.validation_fraction, 0.0, 1.0, lo_open=True, hi_open=True),
         )
-        if self.tune and self.mechanism != "bayesian":
-            raise ValueError(f"tune applies to mechanism 'bayesian' only, got mechanism={self.mechanism!r}")
 
     @property
     def epsilon_tune(self) -> float:
@@ -135,3 +132,14 @@ class BayesianParams:
         d["S_grid"] = list(self.S_grid)
         d["rho_grid"] = list(self.rho_grid)
         return d
+
+
+def check_mechanism(algorithm: str, params: BayesianParams) -> str:
+    """Validates the mechanism and its parameters together (``tune`` is Algorithm 2 of the Bayesian
+    mechanism only); returns ``algorithm``. Raises ``ValueError`` naming the parameter."""
+    check_choice("algorithm", algorithm, MECHANISMS)
+    if not isinstance(params, BayesianParams):
+        raise TypeError(f"params must be a BayesianParams, got {type(params).__name__}")
+    if params.tune and algorithm != "bayesian":
+        raise ValueError(f"tune applies to mechanism 'bayesian' only, got {algorithm!r}")
+    return algorithm

@@ -72,7 +72,9 @@ VK_METHODS = ("exact", "sample")
 
 @dataclasses.dataclass(frozen=True)
 class DPNEParams:
-    """Parameters of DPNE and its DPSU baselines (validated on construction).
+    """Parameters of DPNE and its DPSU baselines (validated on construction). The algorithm itself
+    ('dpne', 'dpsu_all', 'dpsu_even' or 'dpsu_single', :data:`DPNE_ALGORITHMS`) is the first argument of
+    :class:`transforms.DPNE`, :func:`transforms.reference.dpne_reference` and :func:`plan_runs`.
 
     Attributes:
       epsilon, delta: total user-level budget (default 4, 1e-7: the paper's Reddit setting).
@@ -84,7 +86,6 @@ class DPNEParams:
         (V_k = S_{k-1} x S_1).
       weighting: 'weighted_gaussian' (paper, 1/sqrt(d)) or 'mad' (MAD at every level, tau_k =
         max(1, rho_k + beta sigma_k)).
-      algorithm: 'dpne', 'dpsu_all', 'dpsu_even' or 'dpsu_single'.
       vk_method: 'exact' (sum_y L(y) R(y), default) or 'sample' (supplement Alg. 2 with rate p).
       sample_rate: p of the sampling estimator, in (0, 1].
       dpsu_single_length: the length L of 'dpsu_single' (default T).
@@ -99,7 +100,6 @@ class DPNEParams:
     sigma_decay: float = 1.0
     pruning: str = "both"
     weighting: str = "weighted_gaussian"
-    algorithm: str = "dpne"
     vk_method: str = "exact"
     sample_rate: float = 0.01
     dpsu_single_length: Optional[int] = None
@@ -130,7 +130,6 @@ class DPNEParams:
         s("sigma_decay", check_range("sigma_decay", self.sigma_decay, 0.01, 100.0))
         s("pruning", check_choice("pruning", self.pruning, PRUNINGS))
         s("weighting", check_choice("weighting", self.weighting, DPNE_WEIGHTINGS))
-        s("algorithm", check_choice("algorithm", self.algorithm, DPNE_ALGORITHMS))
         s("vk_method", check_choice("vk_method", self.vk_method, VK_METHODS))
         s("sample_rate", check_range("sample_rate", self.sample_rate, 0.0, 1.0, lo_open=True))
         if self.dpsu_single_length is None:
@@ -224,12 +223,15 @@ class RunPlan:
         return dataclasses.asdict(self)
 
 
-def plan_runs(params: DPNEParams) -> Tuple[float, List[RunPlan]]:
-    """``(sigma*, runs)`` for ``params.algorithm`` (see the module docstring)."""
+def plan_runs(algorithm: str, params: DPNEParams) -> Tuple[float, List[RunPlan]]:
+    """``(sigma*, runs)`` of ``algorithm`` (one of :data:`DPNE_ALGORITHMS`; see the module docstring)."""
+    algorithm = check_choice("algorithm", algorithm, DPNE_ALGORITHMS)
+    if not isinstance(params, DPNEParams):
+        raise TypeError(f"params must be a DPNEParams, got {type(params).__name__}")
     sigma_star = analytic_gaussian_sigma(params.epsilon, params.delta / 2.0)
     T = params.max_n
     deltas = params.deltas
-    if params.algorithm == "dpne":
+    if algorithm == "dpne":
         _, sigmas = dpne_level_sigmas(params)
         runs = [
             RunPlan(
@@ -239,7 +241,7 @@ def plan_runs(params: DPNEParams) -> Tuple[float, List[RunPlan]]:
         for k in range(2, T + 1):
             runs.append(RunPlan(f"level_{k}", (k,), sigmas[k - 1], deltas[k - 1], None, None, k))
         return sigma_star, runs
-    if params.algorithm == "dpsu_all":
+    if algorithm == "dpsu_all":
         d = int(sum(deltas))
         return sigma_star, [
             RunPlan(
@@ -252,7 +254,7 @@ def plan_runs(params: DPNEParams) -> Tuple[float, List[RunPlan]]:
                 0,
             )
         ]
-    if params.algorithm == "dpsu_even":
+    if algorithm == "dpsu_even":
         sig = sigma_star * math.sqrt(T)  # GDP: T equal shares of mu^2 = 1/sigma*^2
         dk = params.delta / T
         return sigma_star, [

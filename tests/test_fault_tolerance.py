@@ -100,12 +100,12 @@ def test_bundle_retries_do_not_change_seeded_dpne(tmp_path):
     params = DPNEParams(epsilon=4.0, delta=1e-5, max_n=3, max_contributions=4)
 
     def build(p):
-        return (p | beam.Create(TEXTS) | DPNE(params, seed=5))["ngrams"]
+        return (p | beam.Create(TEXTS) | DPNE("dpne", params, seed=5))["ngrams"]
 
     clean = _run(build, "BundleBasedDirectRunner", str(tmp_path / "clean"))
     faulty, failures = _with_failures(build, tmp_path)
     assert failures >= 2 and faulty == clean
-    want = dpne_reference(TEXTS, params, seed=5).ngrams
+    want = dpne_reference(TEXTS, "dpne", params, seed=5).ngrams
     assert set(clean) == {str((k, g)) for k, gs in want.items() for g in gs} and clean
 
 

@@ -132,7 +132,9 @@ def test_mad_tau_is_raised_to_one_in_selection_and_dpne():
     # a huge epsilon makes rho + beta*sigma < 1 at beta = 0: the plan clamps instead of failing
     (mad,) = plan_rounds("mad", SelectionParams(epsilon=100, delta=0.4, max_contributions=1, beta=0.0))
     assert mad.threshold + 0.0 * mad.noise_scale < 1.0 and mad.tau == 1.0
-    _, runs = plan_runs(DPNEParams(epsilon=100, delta=0.4, max_n=1, max_contributions=1, weighting="mad", beta=0.0))
+    _, runs = plan_runs(
+        "dpne", DPNEParams(epsilon=100, delta=0.4, max_n=1, max_contributions=1, weighting="mad", beta=0.0)
+    )
     assert mad_tau(runs[0].rho, runs[0].sigma, 0.0) == 1.0
 
 
