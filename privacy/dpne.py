@@ -70,9 +70,16 @@ PRUNINGS = ("both", "single")
 VK_METHODS = ("exact", "sample")
 
 
+def _field(default, help: str, choices=None):
+    """A dataclass field whose help text (and choices) the CLI flags and the report share."""
+    metadata = {"help": help} if choices is None else {"help": help, "choices": choices}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
 @dataclasses.dataclass(frozen=True)
 class DPNEParams:
-    """Parameters of DPNE and its DPSU baselines (validated on construction). The algorithm itself
+    """Parameters of DPNE and its DPSU baselines (validated on construction; each field's help text is
+    in its ``metadata["help"]``, from which the CLI flags are generated). The algorithm itself
     ('dpne', 'dpsu_all', 'dpsu_even' or 'dpsu_single', :data:`DPNE_ALGORITHMS`) is the first argument of
     :class:`transforms.DPNE`, :func:`transforms.reference.dpne_reference` and :func:`plan_runs`.
 
@@ -92,19 +99,31 @@ class DPNEParams:
       beta, d_max: MAD's adaptive threshold offset (tau = rho + beta sigma) and max adaptive degree.
     """
 
-    epsilon: float = 4.0
-    delta: float = 1e-7
-    max_n: int = 9
-    max_contributions: Union[int, Tuple[int, ...]] = 300
-    eta: float = 0.01
-    sigma_decay: float = 1.0
-    pruning: str = "both"
-    weighting: str = "weighted_gaussian"
-    vk_method: str = "exact"
-    sample_rate: float = 0.01
-    dpsu_single_length: Optional[int] = None
-    beta: float = 2.0
-    d_max: int = 50
+    epsilon: float = _field(4.0, "total user-level epsilon, in (0, 100]")
+    delta: float = _field(1e-7, "total user-level delta, in [1e-30, 0.5]")
+    max_n: int = _field(9, "T, the longest n-gram length (1..50)")
+    max_contributions: Union[int, Tuple[int, ...]] = _field(
+        300, "Delta_k: n-grams kept per user and length, one integer for all lengths or max_n comma-separated"
+    )
+    eta: float = _field(0.01, "target spurious fraction in (0, 1); sets rho_k for k >= 2")
+    sigma_decay: float = _field(1.0, "c in sigma_k = c * sigma_{k-1} (1: equal noise at all levels)")
+    pruning: str = _field(
+        "both",
+        "V_k: both = (S_1 x S_{k-1}) cap (S_{k-1} x S_1) (paper default), single = S_{k-1} x S_1",
+        PRUNINGS,
+    )
+    weighting: str = _field(
+        "weighted_gaussian",
+        "per-user weights: weighted_gaussian (1/sqrt(d), paper) or mad (MAD at every level)",
+        DPNE_WEIGHTINGS,
+    )
+    vk_method: str = _field(
+        "exact", "|V_k|: exact sum_y L(y)R(y) or the paper's sampling estimator (sample)", VK_METHODS
+    )
+    sample_rate: float = _field(0.01, "p of --vk_method sample, in (0, 1]")
+    dpsu_single_length: Optional[int] = _field(None, "the length L of dpsu_single (default: max_n)")
+    beta: float = _field(2.0, "MAD tau_k = max(1, rho_k + beta*sigma_k), beta >= 0")
+    d_max: int = _field(50, "MAD maximum adaptive degree (the proof needs d_max >= 4)")
 
     def __post_init__(self):
         s = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass setter)

@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from pipelines import common, extract_ngrams, select_partitions
+from pipelines import cli, extract_ngrams, select_partitions
 
 CANARY = "canaryqz7x"
 N_USERS = 1373
@@ -79,7 +79,7 @@ def _run(tmp_path, caplog, capsys, run, argv):
     logs = [r.getMessage() for r in caplog.records] + [
         logging.Formatter().formatException(r.exc_info) for r in caplog.records if r.exc_info
     ]
-    return code, captured, logs, _metrics_text(common.last_result)
+    return code, captured, logs, _metrics_text(cli.last_result)
 
 
 @pytest.mark.parametrize("algorithm", ["mad2r", "dp_sips", "count_laplace"])
