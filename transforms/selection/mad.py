@@ -64,12 +64,11 @@ class BundleInitWeightsFn(BundleDictFn):
         if f is None:
             w = K.initial_weight(d) if K.is_adaptive(d, self._b_min, self._d_max) else 0.0  # Alg. 3 l.3-5
             f = self._fixed[d] = to_fixed_point(w)
-        if f == 0:
-            return  # a non-adaptive user adds nothing to w_init
-        acc = self._acc
-        for item in set_items(user_set, self._biased):
-            acc[item] = acc.get(item, 0) + f
-        yield from self._flush_if_full()
+        if f != 0:  # a non-adaptive user adds nothing to w_init
+            acc = self._acc
+            for item in set_items(user_set, self._biased):
+                acc[item] = acc.get(item, 0) + f
+            yield from self._flush_if_full()
 
 
 class EmitInitWeightsFn(beam.DoFn):
