@@ -139,6 +139,10 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: BayesianParams):
     outputs.write_single_file(report, args.report, "WriteReport")
 
 
+#: No ``--evaluate_against`` hook: the release is a distribution, not a set of items (see bayesian_eval).
+EVALUATION = None
+
+
 def summarize(report: dict, args, params) -> str:
     extra = f", S={report['S']:g}, rho={report['rho']:g}" if "S" in report else ""
     return (
@@ -150,7 +154,7 @@ def summarize(report: dict, args, params) -> str:
 
 def run(argv: Optional[List[str]] = None) -> int:
     """Runs the CLI; returns the exit code (0 ok, 2 bad parameters or unknown flag, 3 bad input)."""
-    return cli.run_main(build_parser(), argv, params_from_args, build_pipeline, summarize, evaluation=None)
+    return cli.run_main(build_parser(), argv, params_from_args, build_pipeline, summarize, evaluation=EVALUATION)
 
 
 def main():

@@ -239,7 +239,7 @@ def beam_option_parser() -> argparse.ArgumentParser:
             importlib.import_module(module)
         except ImportError:  # that runner is not installed: its options are not known here
             pass
-    parser = _BeamArgumentParser(allow_abbrev=False)
+    parser = _BeamArgumentParser(allow_abbrev=False, exit_on_error=False)
     subset = {}
     for cls in PipelineOptions.__subclasses__():
         subset.setdefault(str(cls), cls)
@@ -260,7 +260,10 @@ def unknown_arg_message(parser: argparse.ArgumentParser, extra: Sequence[str], b
     known = _flags_of(parser)
     if beam_options:
         beam_parser = beam_option_parser()
-        _, unknown = beam_parser.parse_known_args(list(extra))
+        try:
+            _, unknown = beam_parser.parse_known_args(list(extra))
+        except argparse.ArgumentError as e:  # a Beam option with a bad value, e.g. --direct_num_workers x
+            return str(e)
         known += _flags_of(beam_parser)
     else:
         unknown = list(extra)

@@ -112,6 +112,13 @@ def test_beam_pipeline_options_pass_the_check(name, options, tmp_path):
     assert cli.unknown_arg_message(parser, extra) is None  # ... but Beam knows them
 
 
+def test_beam_option_with_a_bad_value_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        select_partitions.run(base_argv("select_partitions", tmp_path) + ["--direct_num_workers", "two"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "--direct_num_workers" in err[0] and "'two'" in err[0], err
+
+
 @pytest.mark.parametrize("name", ["select_partitions", "extract_ngrams", "bayesian_ngrams"])
 def test_dataflow_options_pass_the_check(name, tmp_path):
     pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient", reason="the gcp extra is not installed")

@@ -111,6 +111,8 @@ def test_select_partitions_leaks_neither_canary_nor_counts(tmp_path, caplog, cap
             str(MAX_CONTRIBUTIONS),
             "--direct_running_mode",
             "in_memory",
+            "--log_level",
+            "DEBUG",  # the most the CLI ever logs: ours at DEBUG, Beam's at INFO
         ],
     )
     assert code == 0
@@ -151,6 +153,8 @@ def test_extract_ngrams_leaks_neither_canary_nor_counts(tmp_path, caplog, capsys
             "4",
             "--direct_running_mode",
             "in_memory",
+            "--log_level",
+            "DEBUG",  # the most the CLI ever logs: ours at DEBUG, Beam's at INFO
         ],
     )
     assert code == 0
@@ -201,6 +205,8 @@ def test_diagnostics_is_the_only_place_with_exact_counts(tmp_path, caplog, capsy
             str(MAX_CONTRIBUTIONS),
             "--direct_running_mode",
             "in_memory",
+            "--log_level",
+            "DEBUG",  # the most the CLI ever logs: ours at DEBUG, Beam's at INFO
         ],
     )
     assert code == 0
