@@ -22,6 +22,14 @@ setuptools.setup(
         "scipy>=1.10",
         "pyarrow>=12.0",
     ],
+    entry_points={
+        "console_scripts": [
+            "dp-select-partitions=pipelines.select_partitions:main",
+            "dp-extract-ngrams=pipelines.extract_ngrams:main",
+            "dp-bayesian-ngrams=pipelines.bayesian_ngrams:main",
+            "dp-bayesian-eval=pipelines.bayesian_eval:main",
+        ]
+    },
     extras_require={
         "test": [
             "pytest>=7.0",

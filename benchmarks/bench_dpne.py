@@ -46,16 +46,20 @@ def read_jsonl(path: str):
             yield r["user"], r["text"]
 
 
-def run_config(ug, params: DPNEParams, seeds: Sequence[int]):
+def run_config(ug, algorithm: str, params: DPNEParams, seeds: Sequence[int]):
     """{'counts': array seeds x T, 'seconds': {run: mean s}, 'outputs': [per-seed {k: set}]}."""
     T = params.max_n
     counts, outputs, secs = [], [], {}
     for s in seeds:
-        if params.algorithm == "dpsu_single":
+        if algorithm == "dpsu_single":
             row, out = [], {}
             for L in range(1, T + 1):
                 r = dpne_reference(
-                    None, params.replace(dpsu_single_length=L), rng=np.random.default_rng(s), user_grams=ug
+                    None,
+                    algorithm,
+                    params.replace(dpsu_single_length=L),
+                    rng=np.random.default_rng(s),
+                    user_grams=ug,
                 )
                 row.append(len(r.ngrams[L]))
                 out[L] = r.ngrams[L]
@@ -64,7 +68,7 @@ def run_config(ug, params: DPNEParams, seeds: Sequence[int]):
             counts.append(row)
             outputs.append(out)
         else:
-            r = dpne_reference(None, params, rng=np.random.default_rng(s), user_grams=ug)
+            r = dpne_reference(None, algorithm, params, rng=np.random.default_rng(s), user_grams=ug)
             counts.append([len(r.ngrams.get(k, ())) for k in range(1, T + 1)])
             outputs.append(r.ngrams)
             for name, t in r.seconds.items():
@@ -143,7 +147,7 @@ def bench_msnbc(path: str, seeds: Sequence[int]):
     results = {}
     for alg in ("dpne", "dpsu_all", "dpsu_even", "dpsu_single"):
         t = time.perf_counter()
-        results[alg] = run_config(ug, base.replace(algorithm=alg), seeds)
+        results[alg] = run_config(ug, alg, base, seeds)
         print(f"  {alg}: {time.perf_counter() - t:.0f}s for {len(seeds)} seeds", flush=True)
     print_counts(
         f"MSNBC, Table 5 setting (Delta_0=10, eps=1, delta=1e-7, eta=0.01), {len(seeds)} seeds",
@@ -160,15 +164,15 @@ def bench_corpus(title, records, params: DPNEParams, seeds, Ks):
     ug = user_kgrams(records, T)
     truth = ngram_user_counts(ug)
     results = {}
-    for label, prm in [
-        ("dpne (weighted_gaussian)", params),
-        ("dpne (mad)", params.replace(weighting="mad")),
-        ("dpne single-side pruning", params.replace(pruning="single")),
-        ("dpsu_all", params.replace(algorithm="dpsu_all")),
-        ("dpsu_even", params.replace(algorithm="dpsu_even")),
-        ("dpsu_single", params.replace(algorithm="dpsu_single")),
+    for label, alg, prm in [
+        ("dpne (weighted_gaussian)", "dpne", params),
+        ("dpne (mad)", "dpne", params.replace(weighting="mad")),
+        ("dpne single-side pruning", "dpne", params.replace(pruning="single")),
+        ("dpsu_all", "dpsu_all", params),
+        ("dpsu_even", "dpsu_even", params),
+        ("dpsu_single", "dpsu_single", params),
     ]:
-        results[label] = run_config(ug, prm, seeds)
+        results[label] = run_config(ug, alg, prm, seeds)
     print_counts(
         f"{title} ({len(ug[1]):,} users; eps={params.epsilon:g}, delta={params.delta:g}, "
         f"Delta_0={params.max_contributions}, eta={params.eta:g}, T={T}), {len(seeds)} seeds",
@@ -197,7 +201,7 @@ def bench_beam(path: str, mode: str = "in_memory"):
     for weighting in ("weighted_gaussian", "mad"):
         p = prm.replace(weighting=weighting)
         t = time.perf_counter()
-        want = dpne_reference(recs, p, seed=1)
+        want = dpne_reference(recs, "dpne", p, seed=1)
         t_ref = time.perf_counter() - t
         with tempfile.TemporaryDirectory() as tmp:
             t = time.perf_counter()
@@ -205,7 +209,7 @@ def bench_beam(path: str, mode: str = "in_memory"):
                 with beam.Pipeline(
                     options=PipelineOptions(["--runner=DirectRunner", f"--direct_running_mode={mode}"])
                 ) as pl:
-                    out = pl | beam.Create(recs) | DPNE(p, seed=1)
+                    out = pl | beam.Create(recs) | DPNE("dpne", p, seed=1)
                     _ = out["ngrams"] | beam.Map(format_ngram) | beam.io.WriteToText(os.path.join(tmp, "ng"))
             except Exception as e:  # noqa: BLE001 - report and continue
                 print(f"- {weighting}: Beam run failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")

@@ -95,7 +95,7 @@ def bench_dpne(seeds: int, max_n: int):
     def run(p):
         rows, spurious = [], []
         for s in range(seeds):
-            r = dpne_reference(None, p, rng=np.random.default_rng(s), user_grams=ug)
+            r = dpne_reference(None, "dpne", p, rng=np.random.default_rng(s), user_grams=ug)
             rows.append([len(r.ngrams.get(k, ())) for k in range(1, max_n + 1)])
             spurious.append(sum(len(r.ngrams.get(k, set()) - present[k]) for k in range(1, max_n + 1)))
         rows = np.array(rows, dtype=float)

@@ -5,13 +5,14 @@
         [--mechanisms bayesian,laplace,laplace_public] [--C 1 --W 100 --S 1 --rho 0.5 | --tune] \\
         [--distribution NAME=PATH ...] [--seed 0]
 
-NOT a private computation: it reads the true private counts to score the mechanisms, for offline
-evaluation of parameters only. The private distribution is the users' (unclamped) n-gram counts over
-the public vocabulary, normalised. Mechanisms run in memory (:mod:`transforms.bayesian.reference`,
-identical to the Beam pipeline under a seed); ``--distribution NAME=PATH`` also scores released
-``n-gram<TAB>probability`` files (e.g. the pipeline's output). Rows "public" (the prior alone,
-``softmax(mu_p)``) and "uniform" are references. KL is in nats, the released distribution mixed with
-1e-9 of the uniform one so that zeros of the Laplace baselines stay finite.
+Installed, the command is also ``dp-bayesian-eval``. NOT a private computation: it reads the true
+private counts to score the mechanisms, for offline evaluation of parameters only. The private
+distribution is the users' (unclamped) n-gram counts over the public vocabulary, normalised.
+Mechanisms run in memory (:mod:`transforms.bayesian.reference`, identical to the Beam pipeline under
+a seed); ``--distribution NAME=PATH`` also scores released ``n-gram<TAB>probability`` files (e.g.
+the pipeline's output). Rows "public" (the prior alone, ``softmax(mu_p)``) and "uniform" are
+references. KL is in nats, the released distribution mixed with 1e-9 of the uniform one so that
+zeros of the Laplace baselines stay finite.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines.bayesian_ngrams import _float_list, load_public_counts
-from pipelines.io import INPUT_FORMATS, ParseFileFn
-from privacy.bayesian import MECHANISMS, SENSITIVITIES, BayesianParams
+from pipelines import cli
+from pipelines.io import INPUT_FORMATS, ParseFileFn, load_public_counts
+from privacy.bayesian import MECHANISMS, BayesianParams
 from transforms.bayesian import bayesian_kernels as K
 from transforms.bayesian.reference import release_from_user_counts, user_counts_from_texts
+from transforms.core import randomness
 
 
 def read_user_texts(pattern: str, input_format: str, user_column: str, text_column: str) -> Dict[str, List[str]]:
@@ -87,10 +89,10 @@ def evaluate(
     ]
     for mech in mechanisms:
         for eps in epsilons:
-            params = base.replace(mechanism=mech, epsilon=eps, tune=base.tune and mech == "bayesian")
+            params = base.replace(epsilon=eps, tune=base.tune and mech == "bayesian")
             kls = []
             for r in range(repeats):
-                theta, _ = release_from_user_counts(users, prior, params, seed=seed + r)
+                theta, _ = release_from_user_counts(users, mech, prior, params, seed=seed + r)
                 kls.append(K.kl_divergence(p_private, theta))
             rows.append(
                 {"mechanism": mech, "epsilon": eps, "kl_mean": float(np.mean(kls)), "kl_std": float(np.std(kls))}
@@ -127,29 +129,26 @@ def read_distribution(path: str, prior: K.PublicPrior) -> np.ndarray:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    d = BayesianParams()
-    p = argparse.ArgumentParser(
-        prog="python -m pipelines.bayesian_eval",
-        description="KL(private || mechanism) vs epsilon (offline, NOT private).",
+    p = cli.new_parser(
+        "python -m pipelines.bayesian_eval",
+        "KL(private || mechanism) vs epsilon (offline, NOT private).",
     )
-    p.add_argument("--private", required=True)
+    p.add_argument("--private", required=True, help="private user-level text, as for pipelines.bayesian_ngrams")
     p.add_argument("--input_format", required=True, choices=INPUT_FORMATS)
-    p.add_argument("--user_column", default="user")
-    p.add_argument("--text_column", default="text")
-    p.add_argument("--public", required=True)
-    p.add_argument("--n", type=int, default=d.n)
-    p.add_argument("--epsilons", type=_float_list, default=[0.1, 0.2, 0.5, 1.0, 2.0])
+    p.add_argument("--user_column", default="user", help="name of the user column/key (default: user)")
+    p.add_argument("--text_column", default="text", help="name of the text column/key (default: text)")
+    p.add_argument("--public", required=True, help="public n-gram counts, n-gram<TAB>count per line")
+    p.add_argument(
+        "--epsilons",
+        type=cli.float_list,
+        default=[0.1, 0.2, 0.5, 1.0, 2.0],
+        help="the epsilons to evaluate (default 0.1,0.2,0.5,1,2)",
+    )
     p.add_argument(
         "--mechanisms", default=",".join(MECHANISMS), help="comma-separated subset of " + ", ".join(MECHANISMS)
     )
-    p.add_argument("--delta", type=float, default=d.delta)
-    p.add_argument("--C", type=int, default=d.C)
-    p.add_argument("--W", type=int, default=d.W)
-    p.add_argument("--S", type=float, default=d.S)
-    p.add_argument("--rho", type=float, default=d.rho)
-    p.add_argument("--tune", action="store_true")
-    p.add_argument("--sensitivity", default=d.sensitivity, choices=SENSITIVITIES)
-    p.add_argument("--repeats", type=int, default=5)
+    cli.add_params_args(p, BayesianParams, exclude=("epsilon",))
+    p.add_argument("--repeats", type=int, default=5, help="seeds per (mechanism, epsilon) (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="first seed of the repeats (default 0)")
     p.add_argument(
         "--distribution",
@@ -163,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    cli.check_unknown_args(parser, extra, beam_options=False)  # in memory: no Beam option applies
+    cli.configure_logging("WARNING")
     try:
         mechanisms = [m.strip() for m in args.mechanisms.split(",") if m.strip()]
         for m in mechanisms:
@@ -171,16 +172,7 @@ def run(argv: Optional[List[str]] = None) -> int:
                 raise ValueError(f"mechanisms: unknown mechanism {m!r} (allowed: {', '.join(MECHANISMS)})")
         if args.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {args.repeats}")
-        base = BayesianParams(
-            n=args.n,
-            delta=args.delta,
-            C=args.C,
-            W=args.W,
-            S=args.S,
-            rho=args.rho,
-            tune=args.tune,
-            sensitivity=args.sensitivity,
-        )
+        base = cli.params_from_args(BayesianParams, args, exclude=("epsilon",))  # epsilon: one per row
         prior = load_public_counts(args.public, args.n)
         texts = read_user_texts(args.private, args.input_format, args.user_column, args.text_column)
         p_private = private_distribution(texts, prior, args.n)
@@ -192,6 +184,7 @@ def run(argv: Optional[List[str]] = None) -> int:
             named.append((name, read_distribution(path, prior)))
     except ValueError as e:
         parser.error(str(e))
+    randomness.warn_if_seeded(args.seed)  # once; the repeats use seed, seed + 1, ...
     users = user_counts_from_texts(texts, prior, base, seed=args.seed, rng=None)
     rows = evaluate(users, p_private, prior, base, args.epsilons, mechanisms, args.repeats, args.seed)
     for name, q in named:

@@ -9,91 +9,53 @@
 
 Input: user-level text. ``jsonl``: ``{"user": ..., "text": ...}`` per line (a user may have many
 lines; ``\\n`` inside a text separates segments); ``tsv``: ``user<TAB>text``; ``parquet``: columns
-``user`` and ``text``. An n-gram never crosses a line break. Every argument this parser does not know
-is passed to Beam. Outputs: one released n-gram per line, ``k<TAB>n-gram`` (words joined by single
-spaces), in files starting with ``--output``; the JSON report at ``--report`` (privacy parameters,
-per-level sigma_k, rho_k, |S_{k-1}|, |V_k|, expected-spurious bound and released count - all functions
-of released output and public parameters; nothing else about the data).
+``user`` and ``text``. An n-gram never crosses a line break. Installed, the command is also
+``dp-extract-ngrams``. The privacy flags are the fields of :class:`privacy.dpne.DPNEParams`; every
+other argument must be a Beam pipeline option: anything else stops the run. Outputs: one released
+n-gram per line, ``k<TAB>n-gram`` (words joined by single spaces), in files starting with
+``--output``; the JSON report at ``--report`` (privacy parameters, per-level sigma_k, rho_k,
+|S_{k-1}|, |V_k|, expected-spurious bound and released count - all functions of released output and
+public parameters; nothing else about the data).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import logging
 import sys
 from typing import List, Optional
 
 import apache_beam as beam
 
-from pipelines import common, observability
+from pipelines import cli, observability, outputs
 from pipelines.io import FailIfEmpty, ReadRecords
-from privacy.dpne import DPNE_ALGORITHMS, DPNE_WEIGHTINGS, PRUNINGS, VK_METHODS, DPNEParams, dpne_composed_privacy
+from pipelines.reporting import Evaluation
+from privacy.dpne import DPNE_ALGORITHMS, DPNEParams, dpne_composed_privacy
 from transforms.core import text as tx
 from transforms.dpne.dpne import DPNE
 
-_LOG = logging.getLogger(__name__)
-
-
-def _int_list(text: str) -> List[int]:
-    try:
-        vals = [int(x) for x in text.replace(",", " ").split()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or comma-separated integers, got {text!r}")
-    if not vals:
-        raise argparse.ArgumentTypeError(f"expected an integer or comma-separated integers, got {text!r}")
-    return vals
-
-
-def load_tokenizer(spec: Optional[str]):
-    """``module:function`` -> the function (must be a picklable top-level function ``str -> list[str]``)."""
-    if not spec:
-        return tx.default_tokenize
-    if ":" not in spec:
-        raise ValueError(f"tokenizer must be 'module:function', got {spec!r}")
-    mod, fn = spec.split(":", 1)
-    try:
-        return getattr(importlib.import_module(mod), fn)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"tokenizer {spec!r} cannot be imported: {e}") from None
-
 
 def build_parser() -> argparse.ArgumentParser:
-    d = DPNEParams()
-    p = argparse.ArgumentParser(
-        prog="python -m pipelines.extract_ngrams",
-        description="User-level DP n-gram extraction (DPNE; DPSU-all/-even/-single baselines) on Beam.",
+    p = cli.new_parser(
+        "python -m pipelines.extract_ngrams",
+        "User-level DP n-gram extraction (DPNE; DPSU-all/-even/-single baselines) on Beam.",
     )
-    common.add_input_args(p, "text")
+    cli.add_input_args(p, "text")
     p.add_argument("--output", required=True, help="prefix of the output files (k<TAB>n-gram per line)")
     p.add_argument("--report", required=True, help="path of the JSON report")
-    p.add_argument("--algorithm", default=d.algorithm, choices=DPNE_ALGORITHMS)
-    p.add_argument("--max_n", type=int, default=d.max_n, help="T, longest n-gram length (default %(default)s)")
-    p.add_argument("--epsilon", type=float, default=d.epsilon, help="(default %(default)s)")
-    p.add_argument("--delta", type=float, default=d.delta, help="(default %(default)s)")
-    p.add_argument(
-        "--max_contributions",
-        type=_int_list,
-        default=[d.max_contributions],
-        help="Delta_k: one integer for every length or T comma-separated integers (default 300)",
+    cli.add_algorithm_arg(
+        p,
+        "algorithm",
+        DPNE_ALGORITHMS,
+        "dpne",
+        {
+            "dpne": "the paper's Algorithm 1 (level by level, pruned to valid k-grams)",
+            "dpsu_all": "one DP set union over the n-grams of all lengths",
+            "dpsu_even": "one DP set union per length, budget split evenly",
+            "dpsu_single": "all budget on one length (--dpsu_single_length)",
+        },
     )
-    p.add_argument("--eta", type=float, default=d.eta, help="spurious fraction target (default %(default)s)")
-    p.add_argument(
-        "--sigma_decay", type=float, default=d.sigma_decay, help="c in sigma_k = c * sigma_{k-1} (default %(default)s)"
-    )
-    p.add_argument("--pruning", default=d.pruning, choices=PRUNINGS)
-    p.add_argument("--weighting", default=d.weighting, choices=DPNE_WEIGHTINGS)
-    p.add_argument(
-        "--vk_method",
-        default=d.vk_method,
-        choices=VK_METHODS,
-        help="|V_k|: exact sum_y L(y)R(y) (default) or the paper's sampling estimator",
-    )
-    p.add_argument("--sample_rate", type=float, default=d.sample_rate, help="p of --vk_method sample")
-    p.add_argument("--dpsu_single_length", type=int, default=None, help="length L of dpsu_single (default T)")
-    p.add_argument("--beta", type=float, default=d.beta, help="MAD tau_k = rho_k + beta*sigma_k (default 2)")
-    p.add_argument("--d_max", type=int, default=d.d_max, help="MAD maximum adaptive degree (default 50)")
+    cli.add_params_args(p, DPNEParams)
     p.add_argument(
         "--tokenizer", default=None, help="module:function replacing the default tokenizer (NFKC, lowercase, word runs)"
     )
@@ -102,23 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def params_from_args(args) -> DPNEParams:
-    mc = args.max_contributions
-    return DPNEParams(
-        epsilon=args.epsilon,
-        delta=args.delta,
-        max_n=args.max_n,
-        max_contributions=mc[0] if len(mc) == 1 else tuple(mc),
-        eta=args.eta,
-        sigma_decay=args.sigma_decay,
-        pruning=args.pruning,
-        weighting=args.weighting,
-        algorithm=args.algorithm,
-        vk_method=args.vk_method,
-        sample_rate=args.sample_rate,
-        dpsu_single_length=args.dpsu_single_length,
-        beta=args.beta,
-        d_max=args.d_max,
-    )
+    return cli.params_from_args(DPNEParams, args)
 
 
 def format_ngram(element) -> str:
@@ -146,15 +92,17 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
         max_value_length=args.max_text_length,
     )
     _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
-    dpne = DPNE(params, seed=args.seed, tokenizer=load_tokenizer(args.tokenizer), num_shards=args.num_shards)
+    dpne = DPNE(
+        args.algorithm, params, seed=args.seed, tokenizer=cli.load_tokenizer(args.tokenizer), num_shards=args.num_shards
+    )
     records = observability.mark(read.records, "Read", args)  # (user, text)
     out = records | "DPNE" >> dpne  # {'ngrams': (k, n-gram), 'levels': dict}
     released = observability.mark(out["ngrams"], "DPNE", args)  # (k, n-gram)
     _ = released | "Format" >> beam.Map(format_ngram) | "WriteNgrams" >> beam.io.WriteToText(args.output)
     observability.attach_diagnostics(pipeline, read, args, "extract_ngrams")
     summary = {
-        "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(params).items()},
-        "algorithm": params.algorithm,
+        "params": outputs.params_report(params),  # every DPNEParams field
+        "algorithm": args.algorithm,
         "epsilon": params.epsilon,
         "delta": params.delta,
         "sigma_star": dpne.sigma_star,
@@ -172,7 +120,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
         | "ReportSeed" >> beam.Create([None])
         | "BuildReport" >> beam.Map(build_report, summary, beam.pvalue.AsList(out["levels"]))
     )
-    common.write_single_file(report, args.report, "WriteReport")
+    outputs.write_single_file(report, args.report, "WriteReport")
     return dpne
 
 
@@ -190,7 +138,7 @@ def evaluation_pairs(pipeline: beam.Pipeline, path: str, args):
         path, args.input_format, args.user_column, args.text_column, args.skip_bad_records, allow_newlines=True
     )
     return read.records | "TrueNgrams" >> beam.FlatMap(
-        true_ngram_lines, args.max_n, load_tokenizer(args.tokenizer)
+        true_ngram_lines, args.max_n, cli.load_tokenizer(args.tokenizer)
     )  # (user, k<TAB>n-gram)
 
 
@@ -199,17 +147,21 @@ def evaluation_group(line: str) -> int:
     return int(line.split("\t", 1)[0])
 
 
+#: The ``--evaluate_against`` hook (run_main's ``evaluation`` argument).
+EVALUATION = Evaluation(evaluation_pairs, evaluation_group)
+
+
 def summarize(report: dict, args, params) -> str:
     per_k = {d.get("k", d.get("run")): d["released"] for d in report["levels"]}
     return (
-        f"released {report['released']} n-grams ({params.algorithm}, epsilon={params.epsilon:g}, "
+        f"released {report['released']} n-grams ({args.algorithm}, epsilon={params.epsilon:g}, "
         f"delta={params.delta:g}) {per_k}; n-grams: {args.output}*  report: {args.report}"
     )
 
 
 def run(argv: Optional[List[str]] = None) -> int:
-    """Runs the CLI; returns the exit code (0 ok, 2 bad parameters, 3 bad input)."""
-    return common.run_main(build_parser(), argv, params_from_args, build_pipeline, summarize)
+    """Runs the CLI; returns the exit code (0 ok, 2 bad parameters or unknown flag, 3 bad input)."""
+    return cli.run_main(build_parser(), argv, params_from_args, build_pipeline, summarize, evaluation=EVALUATION)
 
 
 def main():

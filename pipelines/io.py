@@ -38,11 +38,14 @@ Memory: a line is read with a bounded ``readline``; an over-long line is reporte
 from __future__ import annotations
 
 import json
+import math
 from typing import Optional, Tuple
 
 import apache_beam as beam
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
+
+from transforms.bayesian.bayesian_kernels import PublicPrior
 
 INPUT_FORMATS = ("tsv", "jsonl", "parquet")
 # Default --max_item_length (select_partitions) and --max_text_length (extract_ngrams), in characters.
@@ -316,3 +319,45 @@ class ReadRecords(beam.PTransform):
             | "Parse" >> beam.ParDo(self._fn).with_outputs(ParseFileFn.BAD, main="records")
         )  # records: (user, value); bad: 1 per skipped record
         return outputs
+
+
+# ---------------------------------------------------------------------------------------------
+# Public n-gram counts (the Bayesian prior): read by the launcher, bounded and public
+# ---------------------------------------------------------------------------------------------
+
+
+def load_public_counts(path: str, n: int) -> PublicPrior:
+    """Reads ``n-gram<TAB>count`` lines (gzip etc. by extension). Errors name the file and line."""
+    counts = {}
+    try:
+        f = FileSystems.open(path)
+    except Exception as e:  # noqa: BLE001  (any filesystem's "not found")
+        raise ValueError(f"--public: cannot open {path!r}: {e}") from None
+    with f:
+        for line_no, raw in enumerate(iter(f.readline, b""), 1):
+            try:
+                line = raw.decode("utf-8").rstrip("\n").rstrip("\r")
+            except UnicodeDecodeError:
+                raise ValueError(f"--public {path}:{line_no}: not valid UTF-8") from None
+            if not line.strip():
+                continue
+            parts = line.split("\t")
+            if len(parts) != 2:
+                raise ValueError(f"--public {path}:{line_no}: expected n-gram<TAB>count")
+            gram, value = parts
+            if gram != " ".join(gram.split()) or len(gram.split()) != n:
+                raise ValueError(
+                    f"--public {path}:{line_no}: expected an n-gram of {n} words joined by single spaces, got {gram!r}"
+                )
+            try:
+                count = float(value)
+            except ValueError:
+                raise ValueError(f"--public {path}:{line_no}: count must be a number, got {value!r}") from None
+            if not math.isfinite(count) or count < 0:
+                raise ValueError(f"--public {path}:{line_no}: count must be finite and >= 0, got {value!r}")
+            if gram in counts:
+                raise ValueError(f"--public {path}:{line_no}: duplicate n-gram {gram!r}")
+            counts[gram] = count
+    if not counts:
+        raise ValueError(f"--public {path}: no n-grams (the public vocabulary must not be empty)")
+    return PublicPrior.from_counts(counts)

@@ -63,7 +63,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "--log_level",
         default="WARNING",
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        help="INFO names each stage as it starts (never items or counts)",
+        help="WARNING (default): our warnings, progress and summary; Beam's own logs only at ERROR. "
+        "INFO: also each stage as it starts (never items or counts) and Beam's INFO logs. DEBUG: ours at "
+        "DEBUG, Beam's never below INFO (its DEBUG logs print elements)",
     )
     g.add_argument(
         "--no_wait",

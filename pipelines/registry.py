@@ -1,9 +1,10 @@
 """The runnable pipelines, in one list: templates, submission tests and docs iterate over it.
 
-Adding a pipeline = one ``PipelineSpec`` here + ``templates/<name>/metadata.json``. The module
-``pipelines.<name>`` must offer ``build_parser()``, ``params_from_args(args)``,
-``build_pipeline(pipeline, args, params)`` and ``run(argv)`` (the CLI skeleton in
-``pipelines.common.run_main``).
+Adding a pipeline = one ``PipelineSpec`` here + ``templates/<name>/metadata.json`` + a console
+script in setup.py. The module ``pipelines.<name>`` must offer ``build_parser()``,
+``params_from_args(args)``, ``build_pipeline(pipeline, args, params)``, ``run(argv)`` and ``main()``
+(the CLI skeleton in :func:`pipelines.cli.run_main`) and ``EVALUATION``: its ``--evaluate_against``
+hook (a :class:`pipelines.reporting.Evaluation`, or None), which ``run`` passes to ``run_main``.
 """
 
 from __future__ import annotations

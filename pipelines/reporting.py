@@ -6,29 +6,41 @@ Figure 1: released items vs all items, binned by the number of distinct users ho
 is an exact function of the private data - an offline, NON-PRIVATE evaluation for whoever may see
 the raw data anyway; its JSON says so at the top.
 
-A pipeline module opts into evaluation with ``evaluation_pairs(pipeline, path, args)`` returning a
-PCollection of (user, item-line) where item-line has the exact format of its output lines
-(select_partitions: the item; extract_ngrams: ``k<TAB>n-gram``) and ``evaluation_group(line)``
-(the chart series, e.g. the n-gram length).
+A pipeline opts into evaluation by passing an :class:`Evaluation` to ``pipelines.cli.run_main``: its
+``pairs(pipeline, path, args)`` returns a PCollection of (user, item-line) where item-line has the
+exact format of its output lines (select_partitions: the item; extract_ngrams: ``k<TAB>n-gram``) and
+its ``group(line)`` names the chart series (e.g. the n-gram length).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
-from typing import Dict, Iterable, List, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Tuple
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines import common
+from pipelines import runner
 
 EVAL_WARNING = (
     "NON-PRIVATE evaluation: computed from the true data (exact item frequencies). Not "
     "differentially private; for offline evaluation by people allowed to see the raw data."
 )
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The ``--evaluate_against`` hook of a pipeline (see the module docstring).
+
+    pairs: ``(pipeline, path, args) -> PCollection of (user, item-line)`` read from the TRUE data.
+    group: ``item-line -> series name`` of the coverage chart.
+    """
+
+    pairs: Callable[[Any, str, Any], Any]
+    group: Callable[[str], Any]
 
 
 def frequency_bin(users: int) -> Tuple[int, int]:
@@ -111,13 +123,13 @@ def evaluation_path(report_path: str) -> str:
     return report_path + ".evaluation.json"
 
 
-def run_evaluation(module, args, options) -> str:
+def run_evaluation(evaluation: Evaluation, args, options) -> str:
     """Runs the evaluation job (same Beam options as the main run); returns the JSON's path."""
     path = evaluation_path(args.report)
-    p = common.make_pipeline(options)
-    pairs = module.evaluation_pairs(p, args.evaluate_against, args)  # (user, line)
+    p = runner.make_pipeline(options)
+    pairs = evaluation.pairs(p, args.evaluate_against, args)  # (user, line)
     released = p | "ReadReleased" >> beam.io.ReadFromText(args.output + "*")  # line
-    bins = pairs | "Coverage" >> CoverageByFrequency(released, module.evaluation_group)
+    bins = pairs | "Coverage" >> CoverageByFrequency(released, evaluation.group)
     meta = {"true_data": args.evaluate_against, "released_output": args.output + "*"}
     text = p | "Seed" >> beam.Create([None]) | "ToJson" >> beam.Map(_bins_json, beam.pvalue.AsList(bins), meta)
     _ = text | "Write" >> beam.io.WriteToText(path, shard_name_template="", num_shards=1)
@@ -223,24 +235,24 @@ def plot_coverage(evaluation: dict, out_dir: str) -> str:
     return path
 
 
-def produce(report: dict, args, params, options, module_name: str) -> List[str]:
-    """Evaluation (if --evaluate_against) and plots (if --plots) after a finished run; the paths."""
-    module = importlib.import_module(module_name)
+def produce(report: dict, args, options, evaluation, name: str) -> List[str]:
+    """Evaluation (if --evaluate_against; ``evaluation`` is the pipeline's :class:`Evaluation` or None)
+    and plots (if --plots) after a finished run of the pipeline ``name``; the paths written."""
     written = []
-    evaluation = None
+    evaluated = None
     if args.evaluate_against:
-        if not hasattr(module, "evaluation_pairs"):
-            raise SystemExit(f"--evaluate_against is not supported by {module_name}")
-        path = run_evaluation(module, args, options)
+        if evaluation is None:
+            raise SystemExit(f"--evaluate_against is not supported by {name}")
+        path = run_evaluation(evaluation, args, options)
         with FileSystems.open(path) as f:
-            evaluation = json.loads(f.read().decode("utf-8"))
+            evaluated = json.loads(f.read().decode("utf-8"))
         written.append(path)
     if args.plots:
         os.makedirs(args.plots, exist_ok=True)
         if "rounds" in report or "levels" in report:
             written.append(plot_released(report, args.plots))
         else:
-            print(f"note: no released-count chart is defined for {module_name}'s report", file=sys.stderr)
-        if evaluation is not None:
-            written.append(plot_coverage(evaluation, args.plots))
+            print(f"note: no released-count chart is defined for {name}'s report", file=sys.stderr)
+        if evaluated is not None:
+            written.append(plot_coverage(evaluated, args.plots))
     return written

@@ -26,6 +26,12 @@ DEFAULT_S_GRID = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4)
 DEFAULT_RHO_GRID = (0.1, 0.3, 0.5, 0.7, 0.9)
 
 
+def _field(default, help: str, choices=None):
+    """A dataclass field whose help text (and choices) the CLI flags and the report share."""
+    metadata = {"help": help} if choices is None else {"help": help, "choices": choices}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
 def _grid(name: str, values, lo: float, hi: float, lo_open: bool) -> Tuple[float, ...]:
     try:
         vals = tuple(values)
@@ -41,14 +47,16 @@ def _grid(name: str, values, lo: float, hi: float, lo_open: bool) -> Tuple[float
 
 @dataclasses.dataclass(frozen=True)
 class BayesianParams:
-    """Parameters of one release.
+    """Parameters of one release (validated on construction; each field's help text is in its
+    ``metadata["help"]``, from which the CLI flags are generated). The mechanism itself
+    (:data:`MECHANISMS`: ``bayesian``, Alg. 1, or Alg. 2 with ``tune``; ``laplace``, sec. 4.2 baseline
+    1; ``laplace_public``, sec. 4.2 baseline 2) is the first argument of :class:`transforms.BayesianNgrams` and of
+    :func:`transforms.reference.bayesian_release`; :func:`check_mechanism` validates the pair.
 
     Attributes:
       epsilon, delta: total user-level privacy budget of the release (delta unused by the Laplace
         baselines, which are pure epsilon-DP).
       n: n-gram length (paper: trigrams).
-      mechanism: ``bayesian`` (Alg. 1, or Alg. 2 with ``tune``), ``laplace`` (sec. 4.2 baseline 1) or
-        ``laplace_public`` (sec. 4.2 baseline 2).
       C: maximum count of one n-gram per user (Alg. 1 line 2; paper sec. 4.3: 1 below 1M users).
       W: maximum total count per user over all n-grams (sec. 4.2 baseline 1 and sec. 4.3, which use
         |U|/1000; a data-independent constant here). Applied to every mechanism.
@@ -62,27 +70,29 @@ class BayesianParams:
       validation_fraction: share of users scored in Alg. 2's first set (paper sec. 4.3: 10%).
     """
 
-    epsilon: float = 1.0
-    delta: float = 1e-5
-    n: int = 3
-    mechanism: str = "bayesian"
-    C: int = 1
-    W: int = 100
-    S: float = 1e-3
-    rho: float = 0.1
-    sensitivity: str = "brute_force"
-    tune: bool = False
-    S_grid: Tuple[float, ...] = DEFAULT_S_GRID
-    rho_grid: Tuple[float, ...] = DEFAULT_RHO_GRID
-    tune_epsilon_fraction: float = 1.0 / 3.0
-    validation_fraction: float = 0.1
+    epsilon: float = _field(1.0, "total user-level epsilon, in (0, 100]")
+    delta: float = _field(1e-5, "delta of the Gaussian release (unused by the Laplace baselines), in [1e-30, 0.5]")
+    n: int = _field(3, "n-gram length (1..20)")
+    C: int = _field(1, "max count of one n-gram per user (Alg. 1 line 2; paper: 1 below 1M users)")
+    W: int = _field(100, "max total count per user over all n-grams (>= C)")
+    S: float = _field(1e-3, "decay S of w = min(1, S*N/C) (eq. 5), > 0")
+    rho: float = _field(0.1, "posterior weight of the private counts, in (0, 1]")
+    sensitivity: str = _field(
+        "brute_force",
+        "brute_force (exact max over users) or bound (Claim 1, corrected); both data-dependent",
+        SENSITIVITIES,
+    )
+    tune: bool = _field(False, "choose (S, rho) privately on S_grid x rho_grid (Algorithm 2) instead of S, rho")
+    S_grid: Tuple[float, ...] = _field(DEFAULT_S_GRID, "S candidates of tune (comma-separated)")
+    rho_grid: Tuple[float, ...] = _field(DEFAULT_RHO_GRID, "rho candidates of tune (comma-separated)")
+    tune_epsilon_fraction: float = _field(1.0 / 3.0, "share of epsilon spent on tuning, in (0, 1) (paper: 1/3)")
+    validation_fraction: float = _field(0.1, "share of users in the scoring set of Algorithm 2, in (0, 1) (paper: 0.1)")
 
     def __post_init__(self):
         s = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass setter)
         s("epsilon", check_range("epsilon", self.epsilon, *EPSILON_RANGE, lo_open=True))
         s("delta", check_range("delta", self.delta, *DELTA_RANGE))
         s("n", check_int("n", self.n, 1, 20))
-        check_choice("mechanism", self.mechanism, MECHANISMS)
         s("C", check_int("C", self.C, 1))
         s("W", check_int("W", self.W, 1))
         if self.W < self.C:
@@ -102,8 +112,6 @@ class BayesianParams:
             "validation_fraction",
             check_range("validation_fraction", self.validation_fraction, 0.0, 1.0, lo_open=True, hi_open=True),
         )
-        if self.tune and self.mechanism != "bayesian":
-            raise ValueError(f"tune applies to mechanism 'bayesian' only, got mechanism={self.mechanism!r}")
 
     @property
     def epsilon_tune(self) -> float:
@@ -135,3 +143,14 @@ class BayesianParams:
         d["S_grid"] = list(self.S_grid)
         d["rho_grid"] = list(self.rho_grid)
         return d
+
+
+def check_mechanism(algorithm: str, params: BayesianParams) -> str:
+    """Validates the mechanism and its parameters together (``tune`` is Algorithm 2 of the Bayesian
+    mechanism only); returns ``algorithm``. Raises ``ValueError`` naming the parameter."""
+    check_choice("algorithm", algorithm, MECHANISMS)
+    if not isinstance(params, BayesianParams):
+        raise TypeError(f"params must be a BayesianParams, got {type(params).__name__}")
+    if params.tune and algorithm != "bayesian":
+        raise ValueError(f"tune applies to mechanism 'bayesian' only, got {algorithm!r}")
+    return algorithm

@@ -70,9 +70,18 @@ PRUNINGS = ("both", "single")
 VK_METHODS = ("exact", "sample")
 
 
+def _field(default, help: str, choices=None):
+    """A dataclass field whose help text (and choices) the CLI flags and the report share."""
+    metadata = {"help": help} if choices is None else {"help": help, "choices": choices}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
 @dataclasses.dataclass(frozen=True)
 class DPNEParams:
-    """Parameters of DPNE and its DPSU baselines (validated on construction).
+    """Parameters of DPNE and its DPSU baselines (validated on construction; each field's help text is
+    in its ``metadata["help"]``, from which the CLI flags are generated). The algorithm itself
+    ('dpne', 'dpsu_all', 'dpsu_even' or 'dpsu_single', :data:`DPNE_ALGORITHMS`) is the first argument of
+    :class:`transforms.DPNE`, :func:`transforms.reference.dpne_reference` and :func:`plan_runs`.
 
     Attributes:
       epsilon, delta: total user-level budget (default 4, 1e-7: the paper's Reddit setting).
@@ -84,27 +93,37 @@ class DPNEParams:
         (V_k = S_{k-1} x S_1).
       weighting: 'weighted_gaussian' (paper, 1/sqrt(d)) or 'mad' (MAD at every level, tau_k =
         max(1, rho_k + beta sigma_k)).
-      algorithm: 'dpne', 'dpsu_all', 'dpsu_even' or 'dpsu_single'.
       vk_method: 'exact' (sum_y L(y) R(y), default) or 'sample' (supplement Alg. 2 with rate p).
       sample_rate: p of the sampling estimator, in (0, 1].
       dpsu_single_length: the length L of 'dpsu_single' (default T).
       beta, d_max: MAD's adaptive threshold offset (tau = rho + beta sigma) and max adaptive degree.
     """
 
-    epsilon: float = 4.0
-    delta: float = 1e-7
-    max_n: int = 9
-    max_contributions: Union[int, Tuple[int, ...]] = 300
-    eta: float = 0.01
-    sigma_decay: float = 1.0
-    pruning: str = "both"
-    weighting: str = "weighted_gaussian"
-    algorithm: str = "dpne"
-    vk_method: str = "exact"
-    sample_rate: float = 0.01
-    dpsu_single_length: Optional[int] = None
-    beta: float = 2.0
-    d_max: int = 50
+    epsilon: float = _field(4.0, "total user-level epsilon, in (0, 100]")
+    delta: float = _field(1e-7, "total user-level delta, in [1e-30, 0.5]")
+    max_n: int = _field(9, "T, the longest n-gram length (1..50)")
+    max_contributions: Union[int, Tuple[int, ...]] = _field(
+        300, "Delta_k: n-grams kept per user and length, one integer for all lengths or max_n comma-separated"
+    )
+    eta: float = _field(0.01, "target spurious fraction in (0, 1); sets rho_k for k >= 2")
+    sigma_decay: float = _field(1.0, "c in sigma_k = c * sigma_{k-1} (1: equal noise at all levels)")
+    pruning: str = _field(
+        "both",
+        "V_k: both = (S_1 x S_{k-1}) cap (S_{k-1} x S_1) (paper default), single = S_{k-1} x S_1",
+        PRUNINGS,
+    )
+    weighting: str = _field(
+        "weighted_gaussian",
+        "per-user weights: weighted_gaussian (1/sqrt(d), paper) or mad (MAD at every level)",
+        DPNE_WEIGHTINGS,
+    )
+    vk_method: str = _field(
+        "exact", "|V_k|: exact sum_y L(y)R(y) or the paper's sampling estimator (sample)", VK_METHODS
+    )
+    sample_rate: float = _field(0.01, "p of --vk_method sample, in (0, 1]")
+    dpsu_single_length: Optional[int] = _field(None, "the length L of dpsu_single (default: max_n)")
+    beta: float = _field(2.0, "MAD tau_k = max(1, rho_k + beta*sigma_k), beta >= 0")
+    d_max: int = _field(50, "MAD maximum adaptive degree (the proof needs d_max >= 4)")
 
     def __post_init__(self):
         s = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass setter)
@@ -130,7 +149,6 @@ class DPNEParams:
         s("sigma_decay", check_range("sigma_decay", self.sigma_decay, 0.01, 100.0))
         s("pruning", check_choice("pruning", self.pruning, PRUNINGS))
         s("weighting", check_choice("weighting", self.weighting, DPNE_WEIGHTINGS))
-        s("algorithm", check_choice("algorithm", self.algorithm, DPNE_ALGORITHMS))
         s("vk_method", check_choice("vk_method", self.vk_method, VK_METHODS))
         s("sample_rate", check_range("sample_rate", self.sample_rate, 0.0, 1.0, lo_open=True))
         if self.dpsu_single_length is None:
@@ -224,12 +242,15 @@ class RunPlan:
         return dataclasses.asdict(self)
 
 
-def plan_runs(params: DPNEParams) -> Tuple[float, List[RunPlan]]:
-    """``(sigma*, runs)`` for ``params.algorithm`` (see the module docstring)."""
+def plan_runs(algorithm: str, params: DPNEParams) -> Tuple[float, List[RunPlan]]:
+    """``(sigma*, runs)`` of ``algorithm`` (one of :data:`DPNE_ALGORITHMS`; see the module docstring)."""
+    algorithm = check_choice("algorithm", algorithm, DPNE_ALGORITHMS)
+    if not isinstance(params, DPNEParams):
+        raise TypeError(f"params must be a DPNEParams, got {type(params).__name__}")
     sigma_star = analytic_gaussian_sigma(params.epsilon, params.delta / 2.0)
     T = params.max_n
     deltas = params.deltas
-    if params.algorithm == "dpne":
+    if algorithm == "dpne":
         _, sigmas = dpne_level_sigmas(params)
         runs = [
             RunPlan(
@@ -239,7 +260,7 @@ def plan_runs(params: DPNEParams) -> Tuple[float, List[RunPlan]]:
         for k in range(2, T + 1):
             runs.append(RunPlan(f"level_{k}", (k,), sigmas[k - 1], deltas[k - 1], None, None, k))
         return sigma_star, runs
-    if params.algorithm == "dpsu_all":
+    if algorithm == "dpsu_all":
         d = int(sum(deltas))
         return sigma_star, [
             RunPlan(
@@ -252,7 +273,7 @@ def plan_runs(params: DPNEParams) -> Tuple[float, List[RunPlan]]:
                 0,
             )
         ]
-    if params.algorithm == "dpsu_even":
+    if algorithm == "dpsu_even":
         sig = sigma_star * math.sqrt(T)  # GDP: T equal shares of mu^2 = 1/sigma*^2
         dk = params.delta / T
         return sigma_star, [

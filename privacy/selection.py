@@ -248,8 +248,12 @@ class SelectionParams:
     budget_split: Tuple[float, ...] = _field(
         (0.1, 0.9), "fractions of (epsilon, delta) per round for mad2r (exactly 2) and dp_sips, summing to 1"
     )
-    accounting: str = _field(
-        "gdp", "multi-round accounting: gdp (exact Gaussian-DP composition) or basic (the paper's split)"
+    accounting: str = dataclasses.field(
+        default="gdp",
+        metadata={
+            "help": "multi-round accounting: gdp (exact Gaussian-DP composition) or basic (the paper's split)",
+            "choices": ACCOUNTINGS,
+        },
     )
     alpha: float = _field(
         5.0, "policy algorithms' cutoff Gamma = rho + alpha*noise_scale (DPSU paper Table 2; it finds 2-6 best)"

@@ -370,7 +370,7 @@ def test_ngrams_reference_agrees_on_good_input_after_bad_input_checks(tmp_path):
     path = _write(tmp_path, "in.jsonl", "".join(json.dumps({"user": u, "text": t}) + "\n" for u, t in recs))
     assert _ngrams(tmp_path, path, "jsonl", "--seed", "5", "--epsilon", "4", "--delta", "1e-5") == 0
     got = sorted(l.rstrip("\n") for p in sorted((tmp_path / "nout").glob("ngrams*")) for l in open(p, encoding="utf-8"))
-    want = dpne_reference(recs, DPNEParams(epsilon=4, delta=1e-5, max_n=2, max_contributions=5), seed=5).lines()
+    want = dpne_reference(recs, "dpne", DPNEParams(epsilon=4, delta=1e-5, max_n=2, max_contributions=5), seed=5).lines()
     assert got == sorted(want) and got
 
 

@@ -45,36 +45,39 @@ PRIOR = K.PublicPrior.from_counts(
 )
 
 
-def run_beam(params, seed, mode="in_memory", workers=None, records=RECORDS):
+def run_beam(params, seed, mode="in_memory", workers=None, records=RECORDS, algorithm="bayesian"):
     def build(p):
-        return (p | beam.Create(records) | BayesianNgrams(PRIOR, params, seed=seed))["distribution"]
+        return (p | beam.Create(records) | BayesianNgrams(algorithm, PRIOR, params, seed=seed))["distribution"]
 
     lines = collect(build, mode=mode, workers=workers, fmt=lambda kv: f"{kv[0]}\t{kv[1]!r}")
     return {l.split("\t")[0]: float(l.split("\t")[1]) for l in lines}
 
 
 CASES = [
-    BayesianParams(n=2, C=2, W=6),
-    BayesianParams(n=2, C=1, W=4, S=0.3, rho=0.6, sensitivity="bound"),
-    BayesianParams(n=2, C=2, W=6, tune=True, validation_fraction=0.3, S_grid=(0.01, 0.3, 3.0), rho_grid=(0.2, 0.8)),
-    BayesianParams(n=2, C=2, W=6, tune=True, sensitivity="bound", S_grid=(0.1, 1.0), rho_grid=(0.5,)),
-    BayesianParams(n=2, mechanism="laplace", C=3, W=10, epsilon=5.0),
-    BayesianParams(n=2, mechanism="laplace_public", C=3, W=10, epsilon=5.0),
+    ("bayesian", BayesianParams(n=2, C=2, W=6)),
+    ("bayesian", BayesianParams(n=2, C=1, W=4, S=0.3, rho=0.6, sensitivity="bound")),
+    (
+        "bayesian",
+        BayesianParams(n=2, C=2, W=6, tune=True, validation_fraction=0.3, S_grid=(0.01, 0.3, 3.0), rho_grid=(0.2, 0.8)),
+    ),
+    ("bayesian", BayesianParams(n=2, C=2, W=6, tune=True, sensitivity="bound", S_grid=(0.1, 1.0), rho_grid=(0.5,))),
+    ("laplace", BayesianParams(n=2, C=3, W=10, epsilon=5.0)),
+    ("laplace_public", BayesianParams(n=2, C=3, W=10, epsilon=5.0)),
 ]
 
 
-@pytest.mark.parametrize("params", CASES, ids=lambda p: f"{p.mechanism}-{p.sensitivity}-tune{p.tune}")
-def test_beam_equals_reference(params):
-    want, _ = release(TEXTS, PRIOR, params, seed=7)
-    got = run_beam(params, 7)
+@pytest.mark.parametrize("algorithm,params", CASES, ids=[f"{a}-{p.sensitivity}-tune{p.tune}" for a, p in CASES])
+def test_beam_equals_reference(algorithm, params):
+    want, _ = release(TEXTS, algorithm, PRIOR, params, seed=7)
+    got = run_beam(params, 7, algorithm=algorithm)
     assert got == want  # bit for bit
     assert set(got) == set(PRIOR.vocab)
     assert math.fsum(got.values()) == pytest.approx(1.0, abs=1e-12)
 
 
 def test_beam_equals_reference_multi_processing():
-    params = CASES[2]
-    want, _ = release(TEXTS, PRIOR, params, seed=3)
+    _, params = CASES[2]
+    want, _ = release(TEXTS, "bayesian", PRIOR, params, seed=3)
     assert run_beam(params, 3, mode="multi_processing", workers=2) == want
 
 
@@ -83,14 +86,14 @@ def test_seed_changes_output():
     assert run_beam(params, 1) != run_beam(params, 2)
 
 
-@pytest.mark.parametrize("params", [CASES[0], CASES[3], CASES[4]], ids=["bayesian", "tuned", "laplace"])
-def test_unseeded_beam_output_is_a_distribution(params):
-    got = run_beam(params, None)
+@pytest.mark.parametrize("algorithm,params", [CASES[0], CASES[3], CASES[4]], ids=["bayesian", "tuned", "laplace"])
+def test_unseeded_beam_output_is_a_distribution(algorithm, params):
+    got = run_beam(params, None, algorithm=algorithm)
     vals = np.array(list(got.values()))
     assert set(got) == set(PRIOR.vocab)
     assert np.all(np.isfinite(vals)) and np.all(vals >= 0)
     assert math.fsum(vals) == pytest.approx(1.0, abs=1e-12)
-    assert got != run_beam(params, None)  # fresh OS-entropy noise each run
+    assert got != run_beam(params, None, algorithm=algorithm)  # fresh OS-entropy noise each run
 
 
 def test_private_users_without_vocabulary_ngrams_and_empty_input():

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipelines.bayesian_eval import evaluate
-from privacy.bayesian import BayesianParams
+from privacy.bayesian import BayesianParams, check_mechanism
+from transforms import BayesianNgrams
 from transforms.bayesian import bayesian_kernels as K
 from transforms.bayesian.bayesian_kernels import candidate_log_thetas
 from transforms.bayesian.reference import release_from_user_counts
@@ -168,11 +169,9 @@ def test_probabilities_valid_for_extreme_counts(mechanism, tune):
     users = {"heavy": (np.array([0, 1]), np.array([10**6, 10**6])), "one": (np.array([5]), np.array([1]))}
     for eps in (1e-3, 1.0, 100.0):
         for S, rho in ((1e-3, 1e-3), (1e4, 1.0)):
-            params = BayesianParams(
-                mechanism=mechanism, epsilon=eps, C=10**6, W=2 * 10**6, S=S, rho=rho, tune=tune, validation_fraction=0.5
-            )
+            params = BayesianParams(epsilon=eps, C=10**6, W=2 * 10**6, S=S, rho=rho, tune=tune, validation_fraction=0.5)
             for seed in (0, 1, None):
-                theta, _ = release_from_user_counts(users, prior, params, seed=seed)
+                theta, _ = release_from_user_counts(users, mechanism, prior, params, seed=seed)
                 assert theta.shape == (V,)
                 assert np.all(np.isfinite(theta)) and np.all(theta >= 0)
                 assert math.fsum(theta) == pytest.approx(1.0, abs=1e-12)
@@ -188,7 +187,7 @@ def test_softmax_stable_and_laplace_all_clipped_is_uniform():
 def test_no_private_users_releases_the_flattened_prior():
     prior = K.PublicPrior.from_counts({"a": 1.0, "b": 10.0, "c": 100.0})
     params = BayesianParams(rho=0.4)
-    theta, info = release_from_user_counts({}, prior, params, seed=3)
+    theta, info = release_from_user_counts({}, "bayesian", prior, params, seed=3)
     assert info["non_private"]["gamma"] == 0.0
     np.testing.assert_allclose(theta, K.softmax(0.6 * K.mu_prior(prior.alpha)), rtol=1e-12)
 
@@ -264,9 +263,7 @@ def test_candidate_log_thetas_are_normalised():
         ({"W": 1, "C": 2}, "W (total count per user) must be >= C"),
         ({"S": -1}, "S must"),
         ({"rho": 1.5}, "rho must"),
-        ({"mechanism": "gauss"}, "mechanism"),
         ({"sensitivity": "exact"}, "sensitivity"),
-        ({"tune": True, "mechanism": "laplace"}, "tune applies"),
         ({"S_grid": ()}, "S_grid"),
         ({"rho_grid": (0.5, 0.5)}, "rho_grid must not repeat"),
         ({"tune_epsilon_fraction": 1.0}, "tune_epsilon_fraction"),
@@ -276,6 +273,26 @@ def test_candidate_log_thetas_are_normalised():
 def test_params_validation_names_parameter(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         BayesianParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "algorithm, kwargs, message",
+    [
+        ("gauss", {}, "algorithm must be one of 'bayesian', 'laplace', 'laplace_public', got 'gauss'"),
+        ("laplace", {"tune": True}, "tune applies to mechanism 'bayesian' only, got 'laplace'"),
+        ("laplace_public", {"tune": True}, "tune applies to mechanism 'bayesian' only"),
+    ],
+)
+def test_mechanism_validated_with_its_params(algorithm, kwargs, message):
+    """The mechanism is an argument of the entry points; each of them rejects a bad pair before any work."""
+    params = BayesianParams(**kwargs)
+    with pytest.raises(ValueError, match=message):
+        check_mechanism(algorithm, params)
+    with pytest.raises(ValueError, match=message):
+        release_from_user_counts({}, algorithm, K.PublicPrior.from_counts({"a": 1.0}), params, seed=1)
+    with pytest.raises(ValueError, match=message):
+        BayesianNgrams(algorithm, K.PublicPrior.from_counts({"a b": 1.0}), params.replace(n=2))
+    assert check_mechanism("bayesian", params) == "bayesian"
 
 
 def test_budget_split():

@@ -85,7 +85,7 @@ def test_cli_equals_reference_and_reports_data_dependence(tmp_path, fmt):
         "4",
     )
     assert code == 0
-    want, _ = release(TEXTS, PRIOR, BayesianParams(n=2, C=2, W=6, epsilon=2.0, S=0.5, rho=0.4), seed=4)
+    want, _ = release(TEXTS, "bayesian", PRIOR, BayesianParams(n=2, C=2, W=6, epsilon=2.0, S=0.5, rho=0.4), seed=4)
     assert dist == want
     assert math.fsum(dist.values()) == pytest.approx(1.0, abs=1e-12)
     assert rep["sensitivity"] == "data-dependent" and "NOT a worst-case" in rep["guarantee"]

@@ -62,17 +62,17 @@ def test_mad_tau_at_least_one():
 def test_baseline_plans_compose_to_budget():
     prm = DPNEParams(epsilon=1, delta=1e-7, max_n=6, max_contributions=10)
     sigma_star = analytic_gaussian_sigma(1, 0.5e-7)
-    s, runs = plan_runs(prm.replace(algorithm="dpsu_all"))
+    s, runs = plan_runs("dpsu_all", prm)
     assert s == sigma_star and len(runs) == 1 and runs[0].max_contributions == 60
     assert runs[0].lengths == (1, 2, 3, 4, 5, 6)
-    _, runs = plan_runs(prm.replace(algorithm="dpsu_even"))
+    _, runs = plan_runs("dpsu_even", prm)
     assert len(runs) == 6
     comp = dpne_composed_privacy([r.sigma for r in runs], 1, 1e-7)
     assert comp["sigma_composed"] == pytest.approx(sigma_star, rel=1e-12)
     assert sum(r.delta_threshold for r in runs) == pytest.approx(1e-7)
-    _, runs = plan_runs(prm.replace(algorithm="dpsu_single", dpsu_single_length=3))
+    _, runs = plan_runs("dpsu_single", prm.replace(dpsu_single_length=3))
     assert runs[0].lengths == (3,) and runs[0].sigma == sigma_star
-    _, runs = plan_runs(prm)
+    _, runs = plan_runs("dpne", prm)
     assert [r.lengths for r in runs] == [(k,) for k in range(1, 7)] and runs[1].rho is None
 
 
@@ -89,6 +89,10 @@ def test_params_validation_messages():
         DPNEParams(d_max=3)
     with pytest.raises(ValueError, match="dpsu_single_length"):
         DPNEParams(max_n=3, dpsu_single_length=4)
+    with pytest.raises(ValueError, match="algorithm must be one of 'dpne', 'dpsu_all'"):
+        plan_runs("dpsu", DPNEParams())
+    with pytest.raises(TypeError, match="DPNEParams"):
+        plan_runs("dpne", {"epsilon": 1})
     p = DPNEParams(max_n=3, max_contributions=(5, 6, 7))
     assert p.deltas == (5, 6, 7)
     assert DPNEParams(max_n=2, max_contributions=[9]).deltas == (9, 9)

@@ -28,10 +28,10 @@ def records():
     return out
 
 
-def run_beam(records, params, seed, mode="in_memory", workers=None):
+def run_beam(records, params, seed, mode="in_memory", workers=None, algorithm="dpne"):
     with tempfile.TemporaryDirectory() as tmp:
         with make_test_pipeline(mode, workers) as p:
-            out = p | beam.Create(records) | beam.Reshuffle() | DPNE(params, seed=seed, num_shards=3)
+            out = p | beam.Create(records) | beam.Reshuffle() | DPNE(algorithm, params, seed=seed, num_shards=3)
             _ = (
                 out["ngrams"]
                 | "Fmt" >> beam.Map(extract_ngrams.format_ngram)
@@ -54,8 +54,9 @@ def level_key(d):
 
 
 CONFIGS = [
-    pytest.param(DPNEParams(epsilon=4, delta=1e-5, max_n=4, max_contributions=15, eta=0.3), id="dpne-both"),
+    pytest.param("dpne", DPNEParams(epsilon=4, delta=1e-5, max_n=4, max_contributions=15, eta=0.3), id="dpne-both"),
     pytest.param(
+        "dpne",
         DPNEParams(
             epsilon=4,
             delta=1e-5,
@@ -69,24 +70,23 @@ CONFIGS = [
         ),
         id="dpne-single-sample",
     ),
-    pytest.param(DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10, algorithm="dpsu_all"), id="dpsu_all"),
+    pytest.param("dpsu_all", DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10), id="dpsu_all"),
+    pytest.param("dpsu_even", DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10), id="dpsu_even"),
     pytest.param(
-        DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10, algorithm="dpsu_even"), id="dpsu_even"
-    ),
-    pytest.param(
-        DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10, algorithm="dpsu_single", dpsu_single_length=2),
+        "dpsu_single",
+        DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10, dpsu_single_length=2),
         id="dpsu_single",
     ),
 ]
 
 
-@pytest.mark.parametrize("params", CONFIGS)
-def test_beam_equals_reference_in_memory(records, params):
-    want = dpne_reference(records, params, seed=SEED)
-    got, levels = run_beam(records, params, SEED)
+@pytest.mark.parametrize("algorithm,params", CONFIGS)
+def test_beam_equals_reference_in_memory(records, algorithm, params):
+    want = dpne_reference(records, algorithm, params, seed=SEED)
+    got, levels = run_beam(records, params, SEED, algorithm=algorithm)
     assert got == want.lines()
     assert sorted(levels, key=level_key) == sorted(want.levels, key=level_key)
-    if params.algorithm == "dpne":
+    if algorithm == "dpne":
         assert len(want.ngrams[2]) > 0 and len(want.ngrams[3]) > 0
         # the spurious mechanism ran (expected spurious > 0 at eta=0.3)
         assert sum(l.get("expected_spurious_bound", 0) for l in want.levels) > 1
@@ -94,7 +94,7 @@ def test_beam_equals_reference_in_memory(records, params):
 
 def test_beam_equals_reference_mad(records):
     params = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=15, eta=0.3, weighting="mad", d_max=20)
-    want = dpne_reference(records, params, seed=SEED)
+    want = dpne_reference(records, "dpne", params, seed=SEED)
     got, levels = run_beam(records, params, SEED)
     assert got == want.lines()
     assert sorted(levels, key=level_key) == sorted(want.levels, key=level_key)
@@ -102,7 +102,7 @@ def test_beam_equals_reference_mad(records):
 
 def test_beam_equals_reference_multi_processing(records):
     params = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=15, eta=0.3)
-    want = dpne_reference(records, params, seed=SEED)
+    want = dpne_reference(records, "dpne", params, seed=SEED)
     got, _ = run_beam(records, params, SEED, mode="multi_processing", workers=2)
     assert got == want.lines()
 
@@ -131,7 +131,7 @@ def test_cli_end_to_end(records, tmp_path):
             for line in t.split("\n"):
                 f.write(f"{u}\t{line}\n")
     params = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=15, eta=0.3)
-    want = dpne_reference(records, params, seed=5).lines()
+    want = dpne_reference(records, "dpne", params, seed=5).lines()
     for fmt, path in (("jsonl", inp), ("tsv", tsv)):
         out, rep = tmp_path / f"out_{fmt}", tmp_path / f"rep_{fmt}.json"
         rc = extract_ngrams.run(

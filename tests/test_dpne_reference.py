@@ -37,7 +37,7 @@ def test_downward_closed_and_subset_of_valid(corpus, weighting):
     _, ug, _ = corpus
     prm = DPNEParams(epsilon=4, delta=1e-6, max_n=5, max_contributions=20, eta=0.2, weighting=weighting)
     for seed in range(2):
-        res = dpne_reference(None, prm, rng=np.random.default_rng(seed), user_grams=ug)
+        res = dpne_reference(None, "dpne", prm, rng=np.random.default_rng(seed), user_grams=ug)
         out = res.ngrams
         assert sum(map(len, out.values())) > 50 and len(out[4]) > 0
         assert released_subgrams_closed(out)  # Proposition 2.1
@@ -51,7 +51,7 @@ def test_downward_closed_and_subset_of_valid(corpus, weighting):
 def test_single_side_pruning_subset_of_valid(corpus):
     _, ug, _ = corpus
     prm = DPNEParams(epsilon=4, delta=1e-6, max_n=5, max_contributions=20, eta=0.2, pruning="single")
-    out = dpne_reference(None, prm, rng=np.random.default_rng(1), user_grams=ug).ngrams
+    out = dpne_reference(None, "dpne", prm, rng=np.random.default_rng(1), user_grams=ug).ngrams
     for k in range(2, 6):
         assert all(dpne_kernels.is_valid(g, out[k - 1], out[1], "single") for g in out[k])
         assert all(tx.head(g) in out[k - 1] for g in out[k])
@@ -63,7 +63,7 @@ def test_spurious_fraction_at_most_eta_in_expectation(corpus):
     prm = DPNEParams(epsilon=4, delta=1e-6, max_n=5, max_contributions=20, eta=eta)
     spur, bound, total = [], [], []
     for seed in range(8):
-        res = dpne_reference(None, prm, rng=np.random.default_rng(100 + seed), user_grams=ug)
+        res = dpne_reference(None, "dpne", prm, rng=np.random.default_rng(100 + seed), user_grams=ug)
         spur.append(sum(len(res.ngrams[k] - set(truth[k])) for k in range(1, 6)))
         bound.append(sum(l.get("expected_spurious_bound", 0.0) for l in res.levels))
         total.append(sum(map(len, res.ngrams.values())))
@@ -87,7 +87,7 @@ def test_no_single_user_ngram_released_at_eps1(corpus):
     prm = DPNEParams(epsilon=1, delta=1e-7, max_n=4, max_contributions=20)
     observed, expected = 0, 0.0
     for seed in range(6):
-        res = dpne_reference(None, prm, rng=np.random.default_rng(seed), user_grams=ug)
+        res = dpne_reference(None, "dpne", prm, rng=np.random.default_rng(seed), user_grams=ug)
         out = res.ngrams
         # 1-grams of a single user are released with probability < delta (rho_1); canaries never.
         assert not (out[1] & single[1])
@@ -108,9 +108,9 @@ def test_no_single_user_ngram_released_at_eps1(corpus):
 def test_seeded_reproducible_and_unseeded_random(corpus):
     _, ug, _ = corpus
     prm = DPNEParams(epsilon=4, delta=1e-6, max_n=3, max_contributions=10, eta=0.2)
-    a = dpne_reference(None, prm, seed=7, user_grams=ug)
-    b = dpne_reference(None, prm, seed=7, user_grams=ug)
-    c = dpne_reference(None, prm, seed=8, user_grams=ug)
+    a = dpne_reference(None, "dpne", prm, seed=7, user_grams=ug)
+    b = dpne_reference(None, "dpne", prm, seed=7, user_grams=ug)
+    c = dpne_reference(None, "dpne", prm, seed=8, user_grams=ug)
     assert a.lines() == b.lines() and a.lines() != c.lines()
     assert a.levels == b.levels
 
@@ -118,7 +118,7 @@ def test_seeded_reproducible_and_unseeded_random(corpus):
 def test_report_has_only_public_quantities(corpus):
     _, ug, _ = corpus
     prm = DPNEParams(epsilon=4, delta=1e-6, max_n=3, max_contributions=10, vk_method="sample", sample_rate=0.2)
-    res = dpne_reference(None, prm, seed=1, user_grams=ug)
+    res = dpne_reference(None, "dpne", prm, seed=1, user_grams=ug)
     allowed = {
         "k",
         "sigma",
@@ -141,8 +141,8 @@ def test_report_has_only_public_quantities(corpus):
 @pytest.mark.parametrize("alg", ["dpsu_all", "dpsu_even", "dpsu_single"])
 def test_baselines_release_only_used_ngrams(corpus, alg):
     _, ug, truth = corpus
-    prm = DPNEParams(epsilon=4, delta=1e-6, max_n=4, max_contributions=10, algorithm=alg, dpsu_single_length=2)
-    out = dpne_reference(None, prm, seed=3, user_grams=ug).ngrams
+    prm = DPNEParams(epsilon=4, delta=1e-6, max_n=4, max_contributions=10, dpsu_single_length=2)
+    out = dpne_reference(None, alg, prm, seed=3, user_grams=ug).ngrams
     assert sum(map(len, out.values())) > 0
     for k, gs in out.items():
         assert gs <= set(truth[k])
@@ -163,7 +163,7 @@ def test_valid_single_user_kgrams_released_at_most_at_spurious_rate():
     prm = DPNEParams(epsilon=1, delta=1e-7, max_n=3, max_contributions=5)
     observed, bound = 0, 0.0
     for seed in range(20):
-        res = dpne_reference(None, prm, rng=np.random.default_rng(seed), user_grams=ug)
+        res = dpne_reference(None, "dpne", prm, rng=np.random.default_rng(seed), user_grams=ug)
         lvl = res.levels[2]
         valid = [g for g in canaries if dpne_kernels.is_valid(g, res.ngrams[2], res.ngrams[1])]
         bound += len(valid) * stats.norm.sf((lvl["rho"] - 1.0) / lvl["sigma"])

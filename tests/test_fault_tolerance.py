@@ -29,7 +29,7 @@ from apache_beam.internal import pickler
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import transforms
-from pipelines import common, select_partitions
+from pipelines import outputs, select_partitions
 from privacy.dpne import DPNEParams
 from privacy.selection import SelectionParams
 from transforms import reference
@@ -101,12 +101,12 @@ def test_bundle_retries_do_not_change_seeded_dpne(tmp_path):
     params = DPNEParams(epsilon=4.0, delta=1e-5, max_n=3, max_contributions=4)
 
     def build(p):
-        return (p | beam.Create(TEXTS) | DPNE(params, seed=5))["ngrams"]
+        return (p | beam.Create(TEXTS) | DPNE("dpne", params, seed=5))["ngrams"]
 
     clean = _run(build, "BundleBasedDirectRunner", str(tmp_path / "clean"))
     faulty, failures = _with_failures(build, tmp_path)
     assert failures >= 2 and faulty == clean
-    want = dpne_reference(TEXTS, params, seed=5).ngrams
+    want = dpne_reference(TEXTS, "dpne", params, seed=5).ngrams
     assert set(clean) == {str((k, g)) for k, gs in want.items() for g in gs} and clean
 
 
@@ -151,7 +151,7 @@ def test_failed_run_leaves_no_partial_output(tmp_path, monkeypatch, capsys):
     def broken_report(*_):
         raise RuntimeError("report stage failed")
 
-    monkeypatch.setattr(common, "build_report", broken_report)
+    monkeypatch.setattr(outputs, "build_report", broken_report)
     src = tmp_path / "in.tsv"
     src.write_text("".join(f"u{j}\ta\n" for j in range(60)), encoding="utf-8")
     out = tmp_path / "out"
@@ -209,7 +209,7 @@ def test_failed_input_leaves_no_output_and_keeps_earlier_files(tmp_path, capsys)
 def test_remove_new_outputs_deletes_only_what_the_run_wrote(tmp_path):
     old = tmp_path / "items-00000-of-00001"
     old.write_text("old\n")
-    before = common.snapshot_outputs([str(tmp_path / "items"), str(tmp_path / "report.json")])
+    before = outputs.snapshot_outputs([str(tmp_path / "items"), str(tmp_path / "report.json")])
     staging = tmp_path / "beam-temp-items-1234"
     staging.mkdir()
     (staging / "shard").write_text("partial\n")
@@ -217,6 +217,6 @@ def test_remove_new_outputs_deletes_only_what_the_run_wrote(tmp_path):
     new.write_text("new\n")
     other = tmp_path / "unrelated.txt"
     other.write_text("x")
-    removed = common.remove_new_outputs([str(tmp_path / "items"), str(tmp_path / "report.json")], before)
+    removed = outputs.remove_new_outputs([str(tmp_path / "items"), str(tmp_path / "report.json")], before)
     assert sorted(os.path.basename(p) for p in removed) == ["items-00000-of-00002", "shard"]
     assert old.exists() and other.exists() and not new.exists() and not staging.exists()

@@ -5,7 +5,7 @@ import logging
 import apache_beam as beam
 import pytest
 
-from pipelines import common
+from pipelines import runner
 
 
 @pytest.mark.parametrize(
@@ -20,7 +20,7 @@ from pipelines import common
     ],
 )
 def test_make_pipeline_pins_the_local_runner_only_for_an_explicit_direct_mode(args, expected):
-    pipeline = common.make_pipeline(common.pipeline_options(args))
+    pipeline = runner.make_pipeline(runner.pipeline_options(args))
     assert type(pipeline.runner).__name__ == expected
 
 
@@ -28,6 +28,6 @@ def test_pinned_runner_never_tries_prism(caplog):
     # A Prism-compatible pipeline: Beam's plain DirectRunner would log "Running pipeline with
     # PrismRunner" and try to download it here.
     caplog.set_level(logging.INFO, logger="apache_beam")
-    with common.make_pipeline(common.pipeline_options(["--direct_running_mode", "in_memory"])) as p:
+    with runner.make_pipeline(runner.pipeline_options(["--direct_running_mode", "in_memory"])) as p:
         _ = p | beam.Create([1, 2, 3]) | beam.Map(str)
     assert not [r for r in caplog.records if "Prism" in r.getMessage()]

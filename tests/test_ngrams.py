@@ -162,7 +162,7 @@ def test_oversample_size_makes_failure_negligible():
 
 
 def test_cli_tokenizer_option_loads_module_function():
-    from pipelines.extract_ngrams import load_tokenizer
+    from pipelines.cli import load_tokenizer
 
     assert load_tokenizer(None) is tx.default_tokenize
     assert load_tokenizer("transforms.core.text:default_tokenize") is tx.default_tokenize

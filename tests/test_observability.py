@@ -9,7 +9,7 @@ import re
 import apache_beam as beam
 import pytest
 
-from pipelines import common, observability, reporting
+from pipelines import observability, reporting, runner
 
 from pipeline_cases import IDS, PIPELINES, cli_args, cut_sample, released_lines
 
@@ -17,7 +17,7 @@ from pipeline_cases import IDS, PIPELINES, cli_args, cut_sample, released_lines
 def _build(spec, argv):
     m = spec.module()
     args, beam_args = m.build_parser().parse_known_args(argv)
-    p = beam.Pipeline(options=common.pipeline_options(beam_args))
+    p = beam.Pipeline(options=runner.pipeline_options(beam_args))
     m.build_pipeline(p, args, m.params_from_args(args))
     return p
 
@@ -93,7 +93,7 @@ def test_frequency_bins_are_powers_of_two():
     ]
 
 
-EVALUATED = [s for s in PIPELINES if hasattr(s.module(), "evaluation_pairs")]
+EVALUATED = [s for s in PIPELINES if s.module().EVALUATION is not None]
 
 
 @pytest.mark.parametrize("spec", EVALUATED, ids=[s.name for s in EVALUATED])
@@ -135,7 +135,7 @@ def test_plots_and_non_private_evaluation(spec, tmp_path, capsys):
 
 def test_evaluate_against_is_refused_up_front_where_undefined(tmp_path, capsys):
     for spec in PIPELINES:
-        if hasattr(spec.module(), "evaluation_pairs"):
+        if spec.module().EVALUATION is not None:
             continue
         argv = cli_args(spec, str(tmp_path / "none.jsonl"), str(tmp_path / "out"), "--evaluate_against", "x")
         with pytest.raises(SystemExit) as e:

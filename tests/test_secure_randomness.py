@@ -20,9 +20,10 @@ from apache_beam.internal import pickler
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 
+from privacy import BayesianParams
 from privacy.dpne import DPNEParams
 from privacy.selection import ALGORITHMS, SelectionParams
-from transforms import reference
+from transforms import BayesianNgrams, PublicPrior, reference
 from transforms.core.noise import AddNoise, AddNoiseFn
 from transforms.dpne.dpne import DPNE
 from transforms.selection.select import SelectPartitions
@@ -146,7 +147,7 @@ def _selection_pipeline(algorithm, seed):
 
 def _dpne_pipeline(seed):
     p = beam.Pipeline()
-    _ = p | beam.Create([("u1", "a b c")]) | DPNE(DPNEParams(max_n=3, max_contributions=4), seed=seed)
+    _ = p | beam.Create([("u1", "a b c")]) | DPNE("dpne", DPNEParams(max_n=3, max_contributions=4), seed=seed)
     return p
 
 
@@ -183,6 +184,56 @@ def test_seeded_modes_log_the_warning(caplog):
         reference.select({"u": ["a"]}, "basic", SelectionParams(1.0, 1e-5))
         _selection_pipeline("mad", None)
     assert "NOT differentially private" not in caplog.text
+
+
+_WARNING = "NOT differentially private"
+
+
+def _entry_points(seed):
+    """The three public entry points, built the same way: (algorithm, [prior,] params, *, seed=...)."""
+    prior = PublicPrior.from_counts({"a b": 1.0, "b c": 2.0})
+    return {
+        "SelectPartitions": SelectPartitions("mad", SelectionParams(1.0, 1e-5, max_contributions=4), seed=seed),
+        "DPNE": DPNE("dpne", DPNEParams(max_n=2, max_contributions=4), seed=seed),
+        "BayesianNgrams": BayesianNgrams("bayesian", prior, BayesianParams(n=2), seed=seed),
+    }
+
+
+@pytest.mark.parametrize("name", ["SelectPartitions", "DPNE", "BayesianNgrams"])
+def test_every_entry_point_warns_on_a_seed_when_applied(name, caplog):
+    """All three warn in ``expand`` (when applied to a pipeline), not when the transform is built."""
+    with caplog.at_level(logging.WARNING):
+        transform = _entry_points(4)[name]
+    assert _WARNING not in caplog.text  # building it is not running it
+    with caplog.at_level(logging.WARNING):
+        _ = beam.Pipeline() | beam.Create([("u1", "a b c")]) | transform
+    assert _WARNING in caplog.text and "(4)" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        _ = beam.Pipeline() | beam.Create([("u1", "a b c")]) | _entry_points(None)[name]
+    assert _WARNING not in caplog.text
+
+
+def test_every_reference_warns_on_a_seed(caplog):
+    prior = PublicPrior.from_counts({"a b": 1.0, "b c": 2.0})
+    calls = {
+        "select": lambda seed: reference.select({"u": ["a"]}, "basic", SelectionParams(1.0, 1e-5), seed=seed),
+        "dpne_reference": lambda seed: reference.dpne_reference(
+            {"u": "a b c"}, "dpne", DPNEParams(max_n=2, max_contributions=4), seed=seed
+        ),
+        "bayesian_release": lambda seed: reference.bayesian_release(
+            {"u": ["a b c"]}, "bayesian", prior, BayesianParams(n=2), seed=seed
+        ),
+    }
+    for name, call in calls.items():
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            call(5)
+        assert _WARNING in caplog.text, name
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            call(None)
+        assert _WARNING not in caplog.text, name
 
 
 def test_cli_with_seed_prints_the_warning(tmp_path):

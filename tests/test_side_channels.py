@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from pipelines import common, extract_ngrams, select_partitions
+from pipelines import cli, extract_ngrams, select_partitions
 
 CANARY = "canaryqz7x"
 N_USERS = 1373
@@ -79,7 +79,7 @@ def _run(tmp_path, caplog, capsys, run, argv):
     logs = [r.getMessage() for r in caplog.records] + [
         logging.Formatter().formatException(r.exc_info) for r in caplog.records if r.exc_info
     ]
-    return code, captured, logs, _metrics_text(common.last_result)
+    return code, captured, logs, _metrics_text(cli.last_result)
 
 
 @pytest.mark.parametrize("algorithm", ["mad2r", "dp_sips", "count_laplace"])
@@ -111,6 +111,8 @@ def test_select_partitions_leaks_neither_canary_nor_counts(tmp_path, caplog, cap
             str(MAX_CONTRIBUTIONS),
             "--direct_running_mode",
             "in_memory",
+            "--log_level",
+            "DEBUG",  # the most the CLI ever logs: ours at DEBUG, Beam's at INFO
         ],
     )
     assert code == 0
@@ -151,6 +153,8 @@ def test_extract_ngrams_leaks_neither_canary_nor_counts(tmp_path, caplog, capsys
             "4",
             "--direct_running_mode",
             "in_memory",
+            "--log_level",
+            "DEBUG",  # the most the CLI ever logs: ours at DEBUG, Beam's at INFO
         ],
     )
     assert code == 0
@@ -201,6 +205,8 @@ def test_diagnostics_is_the_only_place_with_exact_counts(tmp_path, caplog, capsy
             str(MAX_CONTRIBUTIONS),
             "--direct_running_mode",
             "in_memory",
+            "--log_level",
+            "DEBUG",  # the most the CLI ever logs: ours at DEBUG, Beam's at INFO
         ],
     )
     assert code == 0

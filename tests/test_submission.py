@@ -10,7 +10,7 @@ import tarfile
 import apache_beam as beam
 import pytest
 
-from pipelines import common
+from pipelines import runner
 
 from pipeline_cases import IDS, PIPELINES, REPO, sample_args
 
@@ -20,11 +20,11 @@ DRY_RUN = r"""
 import json, sys
 import apache_beam as beam
 from apache_beam.portability.api import beam_runner_api_pb2
-from pipelines import common, registry
+from pipelines import registry, runner
 spec = registry.get(sys.argv[1])
 m = spec.module()
 args, beam_args = m.build_parser().parse_known_args(sys.argv[2:])
-options = common.pipeline_options(beam_args)
+options = runner.pipeline_options(beam_args)
 p = beam.Pipeline(options=options)
 m.build_pipeline(p, args, m.params_from_args(args))
 result = p.run()
@@ -169,7 +169,7 @@ class _Result:
 @pytest.mark.parametrize("spec", PIPELINES, ids=IDS)
 def test_flex_template_launch_submits_without_waiting(spec, monkeypatch, capsys, tmp_path):
     log = []
-    monkeypatch.setenv(common.FLEX_TEMPLATE_ENV, f"/template/pipelines/{spec.name}.py")
+    monkeypatch.setenv(runner.FLEX_TEMPLATE_ENV, f"/template/pipelines/{spec.name}.py")
     monkeypatch.setattr(beam.Pipeline, "run", lambda self, *a, **k: log.append("run") or _Result(log))
     argv = [
         f"--{spec.input_flag}",
@@ -193,7 +193,7 @@ def test_local_runs_and_template_creation_wait_or_not_as_documented():
     class A:
         no_wait = False
 
-    assert common.should_wait(PipelineOptions([]), A())
-    assert not common.should_wait(PipelineOptions(["--template_location", "gs://b/t.json"]), A())
+    assert runner.should_wait(PipelineOptions([]), A())
+    assert not runner.should_wait(PipelineOptions(["--template_location", "gs://b/t.json"]), A())
     A.no_wait = True
-    assert not common.should_wait(PipelineOptions([]), A())
+    assert not runner.should_wait(PipelineOptions([]), A())

@@ -19,7 +19,7 @@ from typing import Optional
 import apache_beam as beam
 import numpy as np
 
-from privacy.bayesian import BayesianParams
+from privacy.bayesian import BayesianParams, check_mechanism
 from transforms.bayesian import bayesian_kernels as K
 from transforms.bayesian.bayesian_kernels import candidate_log_thetas, finalize
 from transforms.core import randomness
@@ -162,8 +162,8 @@ class ReleaseFn(beam.DoFn):
 
     INFO = "info"
 
-    def __init__(self, prior: K.PublicPrior, params: BayesianParams, seed: Optional[int]):
-        self._prior, self._params, self._seed = prior, params, seed
+    def __init__(self, algorithm: str, prior: K.PublicPrior, params: BayesianParams, seed: Optional[int]):
+        self._algorithm, self._prior, self._params, self._seed = algorithm, prior, params, seed
         self._rng = None
 
     def setup(self):
@@ -173,6 +173,7 @@ class ReleaseFn(beam.DoFn):
     def process(self, _, stats, gammas, c1=None, set1_changes=None):
         theta, info = finalize(
             self._prior,
+            self._algorithm,
             self._params,
             stats[0],
             stats[1],
@@ -217,30 +218,35 @@ class ClampedUserCounts(beam.PTransform):
 class BayesianNgrams(beam.PTransform):
     """(user, text) records -> {'distribution': (n-gram, probability), 'info': report dict}.
 
-    Algorithm 1 (``params.tune`` False), Algorithm 2 (True) or a section 4.2 baseline
-    (``params.mechanism``), over the public vocabulary of ``prior``. The probabilities of the
-    ``distribution`` output sum to 1 (one element per public n-gram).
+    ``algorithm`` 'bayesian' is Algorithm 1 (``params.tune`` False) or Algorithm 2 (True); 'laplace' and
+    'laplace_public' are the section 4.2 baselines. The release is over the public vocabulary of
+    ``prior``; the probabilities of the ``distribution`` output sum to 1 (one element per public n-gram).
 
     Args:
+      algorithm: the mechanism, one of :data:`privacy.bayesian.MECHANISMS`.
       prior: the public vocabulary and counts (bounded; shipped with the transform).
       params: :class:`privacy.bayesian.BayesianParams`.
-      seed: None (OS entropy on workers) or the reproducible-mode seed (not private against anyone
-        who knows it).
+      seed: None (OS entropy on workers) or the reproducible-mode seed (NOT private against anyone
+        who knows it); under a seed the output equals :func:`transforms.reference.bayesian_release`.
       tokenizer: ``str -> list[str]`` (picklable top-level function).
     """
 
     def __init__(
         self,
+        algorithm: str,
         prior: K.PublicPrior,
         params: BayesianParams,
+        *,
         seed: Optional[int] = None,
         tokenizer=tx.default_tokenize,
         label=None,
     ):
         super().__init__(label)
+        self.algorithm = check_mechanism(algorithm, params)
         self._prior, self._params, self._seed, self._tokenizer = prior, params, seed, tokenizer
 
     def expand(self, records):
+        randomness.warn_if_seeded(self._seed)
         p, prior, V = self._params, self._prior, self._prior.size
         users = records | "UserCounts" >> ClampedUserCounts(prior, p, self._seed, self._tokenizer)
         # (user, (indices, counts))
@@ -249,9 +255,9 @@ class BayesianNgrams(beam.PTransform):
         if not p.tune:
             stats = users | "Stats" >> beam.CombineGlobally(CountStatsFn(V))  # (c, N)
             gammas = self._gammas(users, stats, "")
-            out = start | "Release" >> beam.ParDo(ReleaseFn(prior, p, self._seed), side(stats), gammas).with_outputs(
-                ReleaseFn.INFO, main="distribution"
-            )
+            out = start | "Release" >> beam.ParDo(
+                ReleaseFn(self.algorithm, prior, p, self._seed), side(stats), gammas
+            ).with_outputs(ReleaseFn.INFO, main="distribution")
         else:
             split = users | "SplitUsers" >> beam.ParDo(SplitUsersFn(p.validation_fraction, self._seed)).with_outputs(
                 SplitUsersFn.FIRST, main="second"
@@ -270,14 +276,14 @@ class BayesianNgrams(beam.PTransform):
                     | "MaxScoreChange" >> beam.CombineGlobally(MaxVectorFn(len(p.grid)))  # (K,)
                 )
             out = start | "Release" >> beam.ParDo(
-                ReleaseFn(prior, p, self._seed), side(stats2), gammas, side(c1), set1
+                ReleaseFn(self.algorithm, prior, p, self._seed), side(stats2), gammas, side(c1), set1
             ).with_outputs(ReleaseFn.INFO, main="distribution")
         return {"distribution": out["distribution"], "info": out[ReleaseFn.INFO]}
 
     def _gammas(self, users, stats, suffix):
         p = self._params
         side = beam.pvalue.AsSingleton
-        if p.mechanism != "bayesian":
+        if self.algorithm != "bayesian":
             return None
         if p.sensitivity == "bound":
             return side(stats | f"Claim1Bound{suffix}" >> beam.Map(_claim1, p.S_values, p.C))  # (|S|,)

@@ -453,6 +453,7 @@ def candidate_log_thetas(prior: "PublicPrior", c2: np.ndarray, N2: np.ndarray, p
 
 def finalize(
     prior: "PublicPrior",
+    algorithm: str,
     params: BayesianParams,
     c: np.ndarray,
     N: np.ndarray,
@@ -465,6 +466,7 @@ def finalize(
     """The released distribution over ``prior.vocab`` and a report dict.
 
     Args:
+      algorithm: the mechanism (:data:`privacy.bayesian.MECHANISMS`), validated by the caller.
       c, N: totals and users per n-gram of the release set (all users, or Alg. 2's second set).
       gammas: sensitivity of ``r`` per S in ``params.S_values`` (bayesian only).
       c1, set1_changes: Alg. 2's scoring set totals and, for ``brute_force``, the max over its users
@@ -475,15 +477,15 @@ def finalize(
       offline evaluation only.
     """
     V = prior.size
-    public: Dict[str, Any] = {"mechanism": params.mechanism, "vocabulary_size": V}
+    public: Dict[str, Any] = {"mechanism": algorithm, "vocabulary_size": V}
     non_private: Dict[str, Any] = {}
     eps = params.epsilon_release
-    if params.mechanism == "laplace":
+    if algorithm == "laplace":
         z = standard_noise("laplace", prior.vocab, PURPOSE_LAPLACE, seed, rng)
         theta, scale = laplace_counts(c, params.W, eps, z)
         public.update(laplace_scale=scale, sensitivity="data-independent", l1_sensitivity=params.W)
         return theta, {"public": public, "non_private": non_private}
-    if params.mechanism == "laplace_public":
+    if algorithm == "laplace_public":
         z = standard_noise("laplace", prior.vocab, PURPOSE_LAPLACE, seed, rng)
         theta, scale = laplace_public(c, prior.alpha, params.W, eps, z)
         public.update(sensitivity="data-dependent", sensitivity_method="2W/(T-W), T = private total")

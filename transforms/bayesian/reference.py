@@ -11,9 +11,10 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 import numpy as np
 
-from privacy.bayesian import BayesianParams
+from privacy.bayesian import BayesianParams, check_mechanism
 from transforms.bayesian import bayesian_kernels as K
 from transforms.bayesian.bayesian_kernels import candidate_log_thetas, finalize
+from transforms.core import randomness
 from transforms.core import text as tx
 
 
@@ -43,12 +44,16 @@ def user_counts_from_texts(
 
 def release_from_user_counts(
     users: Mapping[Any, K.UserCounts],
+    algorithm: str,
     prior: K.PublicPrior,
     params: BayesianParams,
     seed: Optional[int] = None,
     rng: Optional[np.random.Generator] = None,
 ) -> Tuple[np.ndarray, Dict[str, Any]]:
-    """Algorithm 1 (or 2 with ``params.tune``, or a baseline) on already clamped per-user counts."""
+    """``algorithm`` (Algorithm 1, or 2 with ``params.tune``, or a baseline) on already clamped
+    per-user counts. A building block of :func:`release` (and of offline evaluations that call it
+    once per seed): it does not log the seed warning, :func:`release` does."""
+    check_mechanism(algorithm, params)
     if seed is None and rng is None:
         rng = np.random.default_rng()
     V = prior.size
@@ -56,10 +61,10 @@ def release_from_user_counts(
     if not params.tune:
         c, N = K.accumulate((users[u] for u in order), V)
         gammas = None
-        if params.mechanism == "bayesian":
+        if algorithm == "bayesian":
             ctx = K.SensitivityContext.build(c, N, params.S_values, params.C)
             gammas = K.sensitivities(params.sensitivity, ctx, (users[u] for u in order))
-        return finalize(prior, params, c, N, gammas, seed, rng)
+        return finalize(prior, algorithm, params, c, N, gammas, seed, rng)
     first = [u for u in order if K.in_validation_set(u, params.validation_fraction, seed, rng)]
     first_set = set(first)
     second = [u for u in order if u not in first_set]
@@ -73,20 +78,29 @@ def release_from_user_counts(
         set1_changes = np.zeros(len(params.grid))
         for u in first:
             set1_changes = np.maximum(set1_changes, K.user_score_change(log_thetas, *users[u]))
-    return finalize(prior, params, c2, N2, gammas, seed, rng, c1=c1, set1_changes=set1_changes)
+    return finalize(prior, algorithm, params, c2, N2, gammas, seed, rng, c1=c1, set1_changes=set1_changes)
 
 
 def release(
     texts: Mapping[Any, Iterable[str]],
+    algorithm: str,
     prior: K.PublicPrior,
     params: BayesianParams,
     seed: Optional[int] = None,
     rng: Optional[np.random.Generator] = None,
     tokenizer=tx.default_tokenize,
 ) -> Tuple[Dict[str, float], Dict[str, Any]]:
-    """user -> texts in, ``{n-gram: probability}`` over the public vocabulary out (plus the info dict)."""
+    """user -> texts in, ``{n-gram: probability}`` over the public vocabulary out (plus the info dict).
+
+    Args:
+      algorithm: the mechanism, one of :data:`privacy.bayesian.MECHANISMS` ('bayesian', 'laplace',
+        'laplace_public'), as for :class:`transforms.BayesianNgrams`.
+      seed: reproducible mode (NOT private against anyone who knows it); else ``rng`` or OS entropy.
+    """
+    check_mechanism(algorithm, params)
+    randomness.warn_if_seeded(seed)
     if seed is None and rng is None:
         rng = np.random.default_rng()
     users = user_counts_from_texts(texts, prior, params, seed, rng, tokenizer)
-    theta, info = release_from_user_counts(users, prior, params, seed, rng)
+    theta, info = release_from_user_counts(users, algorithm, prior, params, seed, rng)
     return dict(zip(prior.vocab, theta.tolist())), info

@@ -442,37 +442,43 @@ class _Spurious(beam.PTransform):
 
 
 class DPNE(beam.PTransform):
-    """(user, text) -> {'ngrams': (k, n-gram), 'levels': level dicts} for ``params.algorithm``.
+    """(user, text) -> {'ngrams': (k, n-gram), 'levels': level dicts} for ``algorithm``.
 
     Args:
+      algorithm: one of :data:`privacy.dpne.DPNE_ALGORITHMS`: 'dpne' (the paper's Algorithm 1) or the
+        baselines 'dpsu_all', 'dpsu_even', 'dpsu_single' (paper section 3.1.2).
       params: :class:`privacy.dpne.DPNEParams`.
       seed: None (production: OS entropy on workers) or the reproducible-mode seed (NOT private
         against anyone who knows it); under a seed the output equals
         :func:`transforms.dpne.reference.dpne_reference`.
       tokenizer: ``str -> list[str]`` (module-level function), default
         :func:`transforms.core.text.default_tokenize`.
-      num_shards: user shards per join key in the pruning joins (spreads hot (k-1)-grams).
+      num_shards: execution option: user shards per join key in the pruning joins (spreads hot
+        (k-1)-grams); changes the cost, never the output.
     """
 
     def __init__(
         self,
+        algorithm: str,
         params: DPNEParams,
+        *,
         seed: Optional[int] = None,
         tokenizer=tx.default_tokenize,
         num_shards: int = 8,
         label=None,
     ):
         super().__init__(label)
+        self.sigma_star, self.runs = plan_runs(algorithm, params)  # validates; calibrated before any data is read
+        self.algorithm = algorithm
         self._params = params
         self._seed = seed
         self._tokenizer = tokenizer
         self._shards = max(1, int(num_shards))
-        self.sigma_star, self.runs = plan_runs(params)
-        randomness.warn_if_seeded(seed)
 
     def expand(self, texts):
+        randomness.warn_if_seeded(self._seed)
         tokens = texts | "Tokenize" >> beam.ParDo(TokenizeFn(self._tokenizer))  # (user, [[token]])
-        if self._params.algorithm == "dpne":
+        if self.algorithm == "dpne":
             return self._dpne(tokens)
         return self._dpsu(tokens)
 

@@ -137,14 +137,15 @@ def sample_spurious(sampler: dpne_kernels.ValidSampler, supp: Set[str], q: float
 # ---------------------------------------------------------------------------------------------
 
 
-def _summary(params: DPNEParams, sigma_star: float, runs: List[RunPlan]) -> Dict[str, Any]:
+def _summary(algorithm: str, params: DPNEParams, sigma_star: float, runs: List[RunPlan]) -> Dict[str, Any]:
     sigmas = [r.sigma for r in runs]
-    if params.algorithm == "dpsu_all" or params.algorithm == "dpsu_single":
+    if algorithm == "dpsu_all" or algorithm == "dpsu_single":
         sigmas = [runs[0].sigma]
     comp = dpne_composed_privacy(sigmas, params.epsilon, params.delta)
     d = dataclasses.asdict(params)
     d["max_contributions"] = list(params.deltas)
     return {
+        "algorithm": algorithm,
         "params": d,
         "sigma_star": sigma_star,
         "epsilon": params.epsilon,
@@ -157,27 +158,30 @@ def _summary(params: DPNEParams, sigma_star: float, runs: List[RunPlan]) -> Dict
 
 def dpne_reference(
     records: Records,
+    algorithm: str,
     params: DPNEParams,
     seed: Optional[int] = None,
     rng: Optional[np.random.Generator] = None,
     tokenizer=tx.default_tokenize,
     user_grams: Optional[Dict[int, Dict[Any, Set[str]]]] = None,
 ) -> DPNEResult:
-    """Runs ``params.algorithm`` in memory on ``records`` (dict user -> text(s), or (user, text) pairs).
+    """Runs ``algorithm`` in memory on ``records`` (dict user -> text(s), or (user, text) pairs).
 
     Args:
+      algorithm: one of :data:`privacy.dpne.DPNE_ALGORITHMS` ('dpne', 'dpsu_all', 'dpsu_even', 'dpsu_single').
+      params: :class:`privacy.dpne.DPNEParams`.
       seed: reproducible mode (NOT private against anyone who knows it); else ``rng`` or OS entropy.
       user_grams: optional precomputed :func:`user_kgrams` output (benchmarks reuse it across seeds).
     """
+    sigma_star, runs = plan_runs(algorithm, params)  # validates algorithm and params before any work
     if seed is None and rng is None:
         rng = randomness.worker_rng()
     randomness.warn_if_seeded(seed)
     if user_grams is None:
         user_grams = user_kgrams(records, params.max_n, tokenizer)
-    sigma_star, runs = plan_runs(params)
-    summary = _summary(params, sigma_star, runs)
+    summary = _summary(algorithm, params, sigma_star, runs)
     seconds: Dict[str, float] = {}
-    if params.algorithm == "dpne":
+    if algorithm == "dpne":
         out, levels = _dpne(user_grams, params, runs, seed, rng, seconds)
     else:
         out, levels = _dpsu(user_grams, params, runs, seed, rng, seconds)

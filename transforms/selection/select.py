@@ -165,6 +165,7 @@ class SelectPartitions(beam.PTransform):
         self,
         algorithm: str,
         params: SelectionParams,
+        *,
         seed: Optional[int] = None,
         output_rounds: bool = False,
         max_users_per_key: int = 10_000,

@@ -105,7 +105,7 @@ def _release(case: AuditCase, user_sets: UserSets) -> Set[str]:
         from transforms.dpne.reference import dpne_reference
 
         texts = {u: " ".join(items) for u, items in user_sets.items()}
-        return set(dpne_reference(texts, case.params).ngrams.get(1, set()))
+        return set(dpne_reference(texts, "dpne", case.params).ngrams.get(1, set()))
     from transforms import reference
 
     return reference.select(user_sets, case.algorithm, case.params)
