@@ -31,19 +31,19 @@ case "$cmd" in
     out=out
     mkdir -p "$out"
     rm -f "$out"/items-* "$out"/report.json
-    echo "== select_partitions: MAD2R on data/commits_sample.tsv.gz (4,000 users), DirectRunner =="
+    echo "== select_partitions: MAD2R on data/debian_words.tsv.gz (1,754 users), DirectRunner =="
     .venv/bin/python -m pipelines.select_partitions \
-      --input data/commits_sample.tsv.gz --input_format tsv \
+      --input data/debian_words.tsv.gz --input_format tsv \
       --output "$out/items" --report "$out/report.json" \
       --algorithm mad2r --epsilon 1 --delta 1e-5 --max_contributions 100 \
       --plots "$out/plots" \
       --runner DirectRunner --direct_running_mode in_memory
     echo "released items: $(cat "$out"/items-* | wc -l) in $out/items-*; report: $out/report.json; chart: $out/plots/released.png"
-    if [ -f pipelines/extract_ngrams.py ] && [ -f data/dpne_commits_sample.jsonl.gz ]; then
+    if [ -f pipelines/extract_ngrams.py ] && [ -f data/debian_text.jsonl.gz ]; then
       rm -f "$out"/ngrams-* "$out"/ngrams_report.json
-      echo "== extract_ngrams: DPNE on data/dpne_commits_sample.jsonl.gz, DirectRunner =="
+      echo "== extract_ngrams: DPNE on data/debian_text.jsonl.gz (1,000 users), DirectRunner =="
       .venv/bin/python -m pipelines.extract_ngrams \
-        --input data/dpne_commits_sample.jsonl.gz --input_format jsonl \
+        --input data/debian_text.jsonl.gz --input_format jsonl \
         --output "$out/ngrams" --report "$out/ngrams_report.json" \
         --max_n 6 --epsilon 4 --delta 1e-7 --max_contributions 100 \
         --runner DirectRunner --direct_running_mode in_memory
@@ -53,7 +53,7 @@ case "$cmd" in
       rm -f "$out"/trigram_probs-* "$out"/bayesian_report.json
       echo "== bayesian_ngrams: trigram distribution with a public prior (Algorithm 2), DirectRunner =="
       .venv/bin/python -m pipelines.bayesian_ngrams \
-        --private data/dpne_commits_sample.jsonl.gz --input_format jsonl \
+        --private data/debian_text.jsonl.gz --input_format jsonl \
         --public data/bayesian_public_trigrams.tsv.gz \
         --output "$out/trigram_probs" --report "$out/bayesian_report.json" \
         --n 3 --epsilon 1 --delta 1e-5 --C 1 --W 100 \

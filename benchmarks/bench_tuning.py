@@ -4,10 +4,11 @@
     .venv/bin/python benchmarks/bench_tuning.py --only select --seeds 3
     .venv/bin/python benchmarks/bench_tuning.py --only dpne --max_n 6
 
-select: the bundled commits sample (4,000 users), epsilon = 1, delta = 1e-5: user degree quantiles,
+select: the bundled sample data/debian_words.tsv.gz (1,754 users), epsilon = 1, delta = 1e-5: user degree quantiles,
 then one parameter at a time from the defaults (Delta_0 = 100, beta = 2, d_max = 50, split 0.1,0.9):
 Delta_0 for basic/mad/mad2r, beta and d_max for mad, budget splits for mad2r and dp_sips.
-dpne: the bundled DPNE commits sample, epsilon = 4, delta = 1e-7: eta, sigma_decay and Delta_k.
+dpne: the bundled DPNE sample data/debian_text.jsonl.gz (1,000 users), epsilon = 4, delta = 1e-7: eta,
+sigma_decay and Delta_k.
 Runs the in-memory references (equal to the Beam transforms under a seed; tests/test_mad_beam.py,
 tests/test_dpne_beam.py) with numpy generators seeded 0..seeds-1.
 """
@@ -41,10 +42,10 @@ def select_counts(sets, algorithm, params, seeds):
 
 
 def bench_select(seeds: int):
-    sets = load_dataset("commits")
+    sets = load_dataset("debian_words")
     degrees = np.array([len(v) for v in sets.values()])
     q = np.percentile(degrees, [25, 50, 75, 90, 99])
-    print(f"\n## select_partitions on data/commits_sample.tsv.gz: {len(sets):,} users, {degrees.sum():,} pairs; "
+    print(f"\n## select_partitions on data/debian_words.tsv.gz: {len(sets):,} users, {degrees.sum():,} pairs; "
           f"epsilon=1, delta=1e-5, {seeds} seeds")
     print(f"user degree quantiles: p25={q[0]:.0f} median={q[1]:.0f} p75={q[2]:.0f} p90={q[3]:.0f} p99={q[4]:.0f} "
           f"max={degrees.max()}")
@@ -70,11 +71,11 @@ def bench_select(seeds: int):
 
 
 def bench_dpne(seeds: int, max_n: int):
-    records = list(read_jsonl(os.path.join(REPO, "data", "dpne_commits_sample.jsonl.gz")))
+    records = list(read_jsonl(os.path.join(REPO, "data", "debian_text.jsonl.gz")))
     t0 = time.time()
     ug = user_kgrams(records, max_n)
     base = DPNEParams(epsilon=4.0, delta=1e-7, max_n=max_n)
-    print(f"\n## extract_ngrams (DPNE) on data/dpne_commits_sample.jsonl.gz: {len({u for u, _ in records}):,} users; "
+    print(f"\n## extract_ngrams (DPNE) on data/debian_text.jsonl.gz: {len({u for u, _ in records}):,} users; "
           f"epsilon=4, delta=1e-7, T={max_n}, {seeds} seeds (n-gram extraction {time.time() - t0:.0f}s)")
     deg = np.array([len(v) for v in ug[1].values()])
     print(f"distinct 1-grams per user: median={np.median(deg):.0f} p90={np.percentile(deg, 90):.0f}")

@@ -14,9 +14,10 @@ Utility (released items, mean and std over seeds; coverage of items held by >= K
 paper's Figure 1): our algorithms on the in-memory reference (transforms/reference.py releases
 exactly what the Beam transforms release under the same seed: tests/test_*_beam.py), PipelineDP on
 its LocalBackend (the same DPEngine code as on Beam; its noise is unseeded). Datasets: the bundled
-sample (data/commits_sample.tsv.gz), the full commits corpus if present (--corpus, default
-/work/shared/data/commits.user_words.tsv.gz: 1.5M (user, word) pairs; skipped with a note if the
-file is absent), the MAD paper's section 6.2 instance, Zipf data.
+sample (debian_words: data/debian_words.tsv.gz, Debian changelogs), the full commits corpus
+(commits_full: --corpus, default commits.user_words.tsv.gz of the shared data folder,
+benchmarks/shared_data.py; 1.5M (user, word) pairs, read at run time, never bundled; the run fails
+up front with a message naming the file if it is absent), the MAD paper's section 6.2 instance, Zipf data.
 
 Speed (wall time, pairs/s, peak RSS): Zipf data generated inside the pipeline (bench_select), one
 fresh subprocess per run so the peak RSS is that run's (max over the process and its children,
@@ -45,13 +46,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from benchmarks import bench_mad, bench_select  # noqa: E402
 from benchmarks.peers import PEER_STRATEGIES  # noqa: E402
+from benchmarks.shared_data import shared_data_path  # noqa: E402
 from privacy.params import ALGORITHMS, SelectionParams  # noqa: E402
 from transforms import reference  # noqa: E402
 from transforms.synthetic import zipf_pair_count  # noqa: E402
 
 EPSILON, DELTA = 1.0, 1e-5
 COVERAGE_K = (10, 20, 50, 100, 200)
-DEFAULT_CORPUS = "/work/shared/data/commits.user_words.tsv.gz"
+CORPUS_FILE = "commits.user_words.tsv.gz"  # commits_full, in the shared data folder
 # The parallel algorithms of the MAD paper (the l2-bounded ones the 2x-vs-PipelineDP target is about);
 # the other algorithms of privacy.params.ALGORITHMS (DPSU baselines, sequential policies) are listed too.
 PARALLEL = ("basic", "mad", "mad2r", "dp_sips")
@@ -65,7 +67,7 @@ FAILURES = []  # speed runs that failed (listed in the summary instead of aborti
 
 FULL = dict(
     seeds=5,
-    utility=[("commits_sample", (1, 5, 20, 100)), ("section62", (100,)), ("commits_full", (20, 100)),
+    utility=[("debian_words", (1, 5, 20, 100)), ("section62", (100,)), ("commits_full", (20, 100)),
              ("zipf_1M", (100,))],
     # (pairs, tools, modes): 16M only for the scaling of basic, mad, mad2r and PipelineDP Gaussian.
     speed=[(1e6, "all", ("reference", "in_memory")),
@@ -80,7 +82,7 @@ FULL = dict(
 )
 QUICK = dict(
     seeds=2,
-    utility=[("commits_sample", (5, 100)), ("section62", (100,))],
+    utility=[("debian_words", (5, 100)), ("section62", (100,))],
     speed=[(1e5, "all", ("reference", "in_memory")),
            (1e5, ("basic", "pdp_gaussian"), ("multi_processing",)),
            (2e5, ("basic", "mad", "mad2r", "pdp_gaussian", READ_INPUT), ("in_memory",)),
@@ -100,12 +102,10 @@ def is_parallel(algorithm):
 
 # ----------------------------------------------------------------------------------------- datasets
 def load_sets(name, corpus):
-    """dict user -> [item] (distinct), or None if the dataset is not available here."""
-    if name in ("commits_sample", "section62"):
-        return bench_mad.load_dataset("commits" if name == "commits_sample" else name)
+    """dict user -> [item] (distinct)."""
+    if name in ("debian_words", "section62"):
+        return bench_mad.load_dataset(name)
     if name == "commits_full":
-        if not corpus or not os.path.exists(corpus):
-            return None
         with gzip.open(corpus, "rt", encoding="utf-8") as f:
             next(f)  # header user<TAB>word
             return reference.user_sets_from_pairs(tuple(line.rstrip("\n").split("\t", 1)) for line in f)
@@ -149,9 +149,6 @@ def run_utility(cfg, corpus, tools, log):
     rows = []
     for name, ks in cfg["utility"]:
         sets = load_sets(name, corpus)
-        if sets is None:
-            log(f"utility: dataset {name} not available (corpus {corpus!r} missing): skipped")
-            continue
         pairs = [(u, i) for u, items in sets.items() for i in items]
         counts = user_counts(sets)
         for k in ks:
@@ -456,7 +453,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="reduced sizes and seeds (a few minutes)")
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
-    ap.add_argument("--corpus", default=DEFAULT_CORPUS, help="user<TAB>word .tsv.gz for the commits_full dataset")
+    ap.add_argument("--corpus", help=f"user<TAB>word .tsv.gz for the commits_full dataset (default: {CORPUS_FILE} "
+                    "of the shared data folder, benchmarks/shared_data.py)")
     ap.add_argument("--seeds", type=int, help="override the number of utility seeds")
     ap.add_argument("--sizes", type=float, nargs="+", help="override the speed sizes (pairs), run for every tool")
     ap.add_argument("--modes", nargs="+", default=["in_memory"], help="modes for --sizes (reference, in_memory, multi_processing)")
@@ -483,6 +481,8 @@ def main(argv=None):
         if unknown:
             ap.error(f"--tools: unknown {unknown}; choose from {tools}")
         tools = args.tools
+    if any(name == "commits_full" for name, _ in cfg["utility"]) and not args.corpus:
+        args.corpus = shared_data_path(CORPUS_FILE)  # fails here, before any work, if it is absent
     os.makedirs(args.out, exist_ok=True)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
     t0 = time.perf_counter()

@@ -19,7 +19,7 @@ TOOLS = ["basic", "mad", "pdp_gaussian"]
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     cmd = [sys.executable, os.path.join(REPO, "benchmarks", "run_all.py"), "--quick", "--out", str(out),
-           "--seeds", "2", "--utility", "commits_sample:5,100", "--sizes", "20000", "40000",
+           "--seeds", "2", "--utility", "debian_words:5,100", "--sizes", "20000", "40000",
            "--modes", "reference", "in_memory", "--tools", *TOOLS]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -36,7 +36,7 @@ def test_utility_csv(results):
     rows = _rows(out, "utility.csv")
     assert {(r["tool"], int(r["max_contributions"])) for r in rows} == {(t, k) for t in TOOLS for k in (5, 100)}
     for r in rows:
-        assert r["dataset"] == "commits_sample" and int(r["users"]) == 4000 and int(r["seeds"]) == 2
+        assert r["dataset"] == "debian_words" and int(r["users"]) == 1754 and int(r["seeds"]) == 2
         assert 0 <= float(r["released_mean"]) <= int(r["items"])
         assert float(r["released_std"]) >= 0
         covs = [float(r[f"coverage_k{k}"]) for k in (10, 20, 50, 100, 200)]
