@@ -2,10 +2,15 @@
 
     .venv/bin/python benchmarks/run_all.py            # full run (see BENCHMARKS.md for its wall time)
     .venv/bin/python benchmarks/run_all.py --quick    # reduced sizes and seeds, a few minutes
+    .venv/bin/python benchmarks/run_all.py --utility_only --docs   # utility part only (no timing)
 
 Writes to ``--out`` (default benchmarks/results/): utility.csv, speed.csv, scaling.csv, summary.md
 (every table, the targets of issue 8 and whether this run met them), coverage.png and scaling.png;
 ``--docs`` also rewrites BENCHMARKS.md from summary.md. Prints the tables as it goes.
+``--utility_only`` re-measures only the utility part (released items and coverage; no wall times)
+and rewrites utility.csv and coverage.png; summary.md (and BENCHMARKS.md) then combine it with the
+speed and scaling tables of the last full run, read back from speed.csv and scaling.csv in ``--out``
+and labelled with that run's date and command (run_info.json).
 
 Every tool runs at the same (epsilon, delta) and per-user cap (our Delta_0 = PipelineDP's
 max_partitions_contributed), on the same Beam DirectRunner with a pinned running mode.
@@ -365,11 +370,23 @@ def targets(utility, speed, scaling):
     return out
 
 
-def summary_markdown(args, cfg, utility, speed, scaling, wall, started):
-    lines = [f"Measured {started} UTC by `{args.command_line}` in {wall / 60:.1f} min on "
-             f"{platform.platform()}, Python {platform.python_version()}, {os.cpu_count()} cores. "
-             f"epsilon = {EPSILON:g}, delta = {DELTA:g} for every tool; Delta_0 (= PipelineDP's "
-             f"max_partitions_contributed) as listed. Mode: {'quick' if args.quick else 'full'}.", ""]
+def run_line(args, wall, started):
+    """Who measured what: date, command, duration, machine."""
+    return (f"Measured {started} UTC by `{args.command_line}` in {wall / 60:.1f} min on "
+            f"{platform.platform()}, Python {platform.python_version()}, {os.cpu_count()} cores.")
+
+
+def summary_markdown(args, cfg, utility, speed, scaling, wall, started, speed_run=None):
+    """speed_run: the run_line of the run that measured ``speed`` and ``scaling`` (--utility_only), else None."""
+    mode = "quick" if args.quick else "full"
+    if speed_run is None:
+        head = run_line(args, wall, started)
+    else:
+        mode += ", utility part only"
+        head = (f"Utility tables: {run_line(args, wall, started)} Speed and scaling tables (not re-measured): "
+                f"{speed_run}")
+    lines = [f"{head} epsilon = {EPSILON:g}, delta = {DELTA:g} for every tool; Delta_0 (= PipelineDP's "
+             f"max_partitions_contributed) as listed. Mode: {mode}.", ""]
     lines += ["## Utility: released items and coverage by item frequency", "",
               f"Mean +- std over {cfg['seeds']} seeds. coverage_kK = fraction of the items held by >= K users "
               "that were released (the MAD paper's Figure 1). Ours: in-memory reference (identical to Beam "
@@ -407,6 +424,11 @@ def summary_markdown(args, cfg, utility, speed, scaling, wall, started):
 
 
 def plot(utility, scaling_rows, speed, out):
+    plot_coverage(utility, out)
+    plot_scaling(scaling_rows, speed, out)
+
+
+def plot_coverage(utility, out):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -432,6 +454,14 @@ def plot(utility, scaling_rows, speed, out):
         fig.tight_layout(rect=(0, 0, 1 - 2.0 / (3.6 * len(panels) + 2.2), 1))
         fig.savefig(os.path.join(out, "coverage.png"), dpi=110)
         plt.close(fig)
+
+
+def plot_scaling(scaling_rows, speed, out):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for j, s in enumerate(scaling_rows):
         rs = sorted([r for r in speed if r["tool"] == s["tool"] and r["mode"] == s["mode"]], key=lambda r: r["pairs"])
@@ -462,6 +492,8 @@ def main(argv=None):
     ap.add_argument("--utility", nargs="+", help="override the utility datasets (name:k1,k2 ...)")
     ap.add_argument("--no-peers", action="store_true", help="skip PipelineDP (bench extra not installed)")
     ap.add_argument("--docs", action="store_true", help="also rewrite BENCHMARKS.md from this run")
+    ap.add_argument("--utility_only", action="store_true",
+                    help="measure only the utility part; keep the speed/scaling results of the last run in --out")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
@@ -483,6 +515,11 @@ def main(argv=None):
         tools = args.tools
     if any(name == "commits_full" for name, _ in cfg["utility"]) and not args.corpus:
         args.corpus = shared_data_path(CORPUS_FILE)  # fails here, before any work, if it is absent
+    speed_run = None
+    if args.utility_only:
+        speed, scaling, speed_run = read_speed_results(args.out)  # fails before any work if there are none
+        with open(os.path.join(args.out, RUN_INFO), "w") as f:  # kept for the next --utility_only run
+            json.dump({"speed_run": speed_run}, f, indent=1)
     os.makedirs(args.out, exist_ok=True)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
     t0 = time.perf_counter()
@@ -494,19 +531,58 @@ def main(argv=None):
 
     logging.getLogger("transforms.randomness").setLevel(logging.ERROR)  # seeded-run warnings
     utility = run_utility(cfg, args.corpus, tools, log)
-    speed = run_speed(cfg, tools, log)
-    scaling = fit_scaling(speed)
     write_csv(os.path.join(args.out, "utility.csv"), utility)
-    write_csv(os.path.join(args.out, "speed.csv"), speed)
-    write_csv(os.path.join(args.out, "scaling.csv"), scaling)
-    plot(utility, scaling, speed, args.out)
-    md = summary_markdown(args, cfg, utility, speed, scaling, time.perf_counter() - t0, started)
+    if args.utility_only:
+        plot_coverage(utility, args.out)
+    else:
+        speed = run_speed(cfg, tools, log)
+        scaling = fit_scaling(speed)
+        write_csv(os.path.join(args.out, "speed.csv"), speed)
+        write_csv(os.path.join(args.out, "scaling.csv"), scaling)
+        plot(utility, scaling, speed, args.out)
+        with open(os.path.join(args.out, RUN_INFO), "w") as f:
+            json.dump({"speed_run": run_line(args, time.perf_counter() - t0, started)}, f, indent=1)
+    md = summary_markdown(args, cfg, utility, speed, scaling, time.perf_counter() - t0, started, speed_run)
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(md)
     if args.docs:
         write_benchmarks_md(md, args.out)
     print("\n" + md)
     return 1 if FAILURES else 0  # outputs are written either way; a failed run is an error
+
+
+RUN_INFO = "run_info.json"  # {"speed_run": run_line of the run that measured speed.csv and scaling.csv}
+
+
+def _cell(text):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def read_speed_results(out):
+    """(speed rows, scaling rows, run line) of the last full run in ``out``, typed as run_speed made them."""
+    def rows(name):
+        path = os.path.join(out, name)
+        if not os.path.exists(path):
+            raise SystemExit(f"error: --utility_only needs the speed results of an earlier full run: {path} is missing")
+        with open(path, newline="") as f:
+            return [{k: _cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+    speed, scaling = rows("speed.csv"), rows("scaling.csv")
+    info = os.path.join(out, RUN_INFO)
+    if os.path.exists(info):
+        with open(info) as f:
+            return speed, scaling, json.load(f)["speed_run"]
+    # results written before run_info.json existed: summary.md's first sentence is that run's line
+    with open(os.path.join(out, "summary.md")) as f:
+        first = f.readline()
+    if not first.startswith("Measured "):
+        raise SystemExit(f"error: cannot tell which run measured {out}/speed.csv (no {RUN_INFO})")
+    return speed, scaling, first[: first.index(" cores.") + len(" cores.")]
 
 
 def write_benchmarks_md(summary, out):

@@ -77,3 +77,27 @@ def test_markdown_and_plots(results):
         with open(os.path.join(out, png), "rb") as f:
             data = f.read()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_utility_only_keeps_the_speed_results(results, tmp_path):
+    """--utility_only re-measures the utility tables and reuses (never re-times) the last run's speed tables."""
+    import shutil
+
+    out, _ = results
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    before = {name: (again / name).read_bytes() for name in ("speed.csv", "scaling.csv", "scaling.png")}
+    cmd = [sys.executable, os.path.join(REPO, "benchmarks", "run_all.py"), "--utility_only", "--out", str(again),
+           "--seeds", "1", "--utility", "section62:100", "--tools", "basic", "pdp_gaussian"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {name: (again / name).read_bytes() for name in before} == before
+    rows = _rows(again, "utility.csv")
+    assert {(r["dataset"], r["tool"], r["seeds"]) for r in rows} == {("section62", "basic", "1"), ("section62", "pdp_gaussian", "1")}
+    md = (again / "summary.md").read_text()
+    speed_md = open(os.path.join(out, "summary.md")).read()
+    first = speed_md.splitlines()[0]
+    assert md.startswith("Utility tables: Measured ") and "Speed and scaling tables (not re-measured): " + first[:first.index(" cores.")] in md
+    # the speed and scaling tables are the earlier run's, unchanged
+    speed_part = speed_md[speed_md.index("## Speed"):speed_md.index("## Targets")]
+    assert speed_part in md and "utility part only." in md.splitlines()[0]
