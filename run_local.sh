@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ./run_local.sh        run the main job on the bundled sample with the DirectRunner
-# ./run_local.sh test   run the full test suite
+# ./run_local.sh test   run the full test suite (test tests/test_x.py: one file; test -k mad -x: pytest options)
 # Both create .venv (if missing) and install the package with its test, gcp and bench extras.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -25,6 +25,11 @@ case "$cmd" in
   test)
     shift || true
     # pytest exits 5 when it collects nothing; that must fail loudly, so no special-casing here.
+    # A path first (./run_local.sh test tests/test_x.py[::name]) runs just that; otherwise the whole
+    # suite with the extra pytest arguments (-k mad -x ...).
+    if [ $# -gt 0 ] && [ -e "${1%%::*}" ]; then
+      exec .venv/bin/python -m pytest -q "$@"
+    fi
     exec .venv/bin/python -m pytest tests -q "$@"
     ;;
   run)
