@@ -179,3 +179,18 @@ def test_the_id_scan_finds_ids_that_are_there(shared_data):
     assert _hex_windows(read_bytes(os.path.join(DATA, "debian_words.tsv.gz"))) & ids == ids
     some = sorted(ids)[0]
     assert some in _hex_windows(b"x" + b"ab12" + some.upper() + b"ff y")
+
+
+def test_words_file_is_the_package_tokenizer_applied_to_the_text():
+    """For the sample's users, debian_words.tsv.gz holds exactly the words default_tokenize finds in
+    debian_text.jsonl.gz: the select_partitions and DPNE demos see the same words."""
+    tokenized = set()
+    with gzip.open(os.path.join(DATA, "debian_text.jsonl.gz"), "rt", encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            tokenized.update((r["user"], w) for seg in segments(r["text"]) for w in default_tokenize(seg))
+    users = {u for u, _ in tokenized}
+    with gzip.open(os.path.join(DATA, "debian_words.tsv.gz"), "rt", encoding="utf-8", newline="\n") as f:
+        assert next(f) == "user\titem\n"
+        listed = {tuple(line.rstrip("\n").split("\t", 1)) for line in f}
+    assert len(users) == 1000 and {p for p in listed if p[0] in users} == tokenized
