@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ./run_local.sh        run the main job on the bundled sample with the DirectRunner
-# ./run_local.sh test   run the full test suite
+# ./run_local.sh test   run the full test suite (test tests/test_x.py: one file; test -k mad -x: pytest options)
 # Both create .venv (if missing) and install the package with its test, gcp and bench extras.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -25,25 +25,30 @@ case "$cmd" in
   test)
     shift || true
     # pytest exits 5 when it collects nothing; that must fail loudly, so no special-casing here.
+    # A path first (./run_local.sh test tests/test_x.py[::name]) runs just that; otherwise the whole
+    # suite with the extra pytest arguments (-k mad -x ...).
+    if [ $# -gt 0 ] && [ -e "${1%%::*}" ]; then
+      exec .venv/bin/python -m pytest -q "$@"
+    fi
     exec .venv/bin/python -m pytest tests -q "$@"
     ;;
   run)
     out=out
     mkdir -p "$out"
     rm -f "$out"/items-* "$out"/report.json
-    echo "== select_partitions: MAD2R on data/commits_sample.tsv.gz (4,000 users), DirectRunner =="
+    echo "== select_partitions: MAD2R on data/debian_words.tsv.gz (1,754 users), DirectRunner =="
     .venv/bin/python -m pipelines.select_partitions \
-      --input data/commits_sample.tsv.gz --input_format tsv \
+      --input data/debian_words.tsv.gz --input_format tsv \
       --output "$out/items" --report "$out/report.json" \
       --algorithm mad2r --epsilon 1 --delta 1e-5 --max_contributions 100 \
       --plots "$out/plots" \
       --runner DirectRunner --direct_running_mode in_memory
     echo "released items: $(cat "$out"/items-* | wc -l) in $out/items-*; report: $out/report.json; chart: $out/plots/released.png"
-    if [ -f pipelines/extract_ngrams.py ] && [ -f data/dpne_commits_sample.jsonl.gz ]; then
+    if [ -f pipelines/extract_ngrams.py ] && [ -f data/debian_text.jsonl.gz ]; then
       rm -f "$out"/ngrams-* "$out"/ngrams_report.json
-      echo "== extract_ngrams: DPNE on data/dpne_commits_sample.jsonl.gz, DirectRunner =="
+      echo "== extract_ngrams: DPNE on data/debian_text.jsonl.gz (1,000 users), DirectRunner =="
       .venv/bin/python -m pipelines.extract_ngrams \
-        --input data/dpne_commits_sample.jsonl.gz --input_format jsonl \
+        --input data/debian_text.jsonl.gz --input_format jsonl \
         --output "$out/ngrams" --report "$out/ngrams_report.json" \
         --max_n 6 --epsilon 4 --delta 1e-7 --max_contributions 100 \
         --runner DirectRunner --direct_running_mode in_memory
@@ -53,7 +58,7 @@ case "$cmd" in
       rm -f "$out"/trigram_probs-* "$out"/bayesian_report.json
       echo "== bayesian_ngrams: trigram distribution with a public prior (Algorithm 2), DirectRunner =="
       .venv/bin/python -m pipelines.bayesian_ngrams \
-        --private data/dpne_commits_sample.jsonl.gz --input_format jsonl \
+        --private data/debian_text.jsonl.gz --input_format jsonl \
         --public data/bayesian_public_trigrams.tsv.gz \
         --output "$out/trigram_probs" --report "$out/bayesian_report.json" \
         --n 3 --epsilon 1 --delta 1e-5 --C 1 --W 100 \

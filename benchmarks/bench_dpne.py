@@ -1,11 +1,14 @@
-"""DPNE benchmarks: the paper's Table 5 on MSNBC, the bundled commits sample, a synthetic Markov corpus.
+"""DPNE benchmarks: the paper's Table 5 on MSNBC, the bundled Debian sample, a synthetic Markov corpus.
 
-    python -m benchmarks.bench_dpne msnbc  --msnbc /path/to/msnbc.jsonl.gz [--seeds 3]
-    python -m benchmarks.bench_dpne commits [--input data/dpne_commits_sample.jsonl.gz]
+    python -m benchmarks.bench_dpne msnbc  [--msnbc /path/to/msnbc.jsonl.gz] [--seeds 3]
+    python -m benchmarks.bench_dpne sample [--input data/debian_text.jsonl.gz]
     python -m benchmarks.bench_dpne synthetic
-    python -m benchmarks.bench_dpne all --msnbc ...
+    python -m benchmarks.bench_dpne all
 
-Uses the in-memory reference (:func:`transforms.dpne.reference.dpne_reference`), which is equal to
+MSNBC is read from the shared data folder (``benchmarks/shared_data.py``: ``$DP_SHARED_DATA``, else
+``../shared/data``) unless ``--msnbc`` names the file.
+
+Uses the in-memory reference (:func:`transforms.dpne.dpne.dpne.reference.dpne_reference`), which is equal to
 the Beam transform under a seed (tests/test_dpne_beam.py); it runs in production mode with a numpy
 generator seeded per repetition (``rng=default_rng(seed)``: fast vectorised draws instead of
 keyed hashes; the keyed seeded mode gives the same distribution). Prints tables: mean +- std of the
@@ -26,9 +29,12 @@ from typing import Dict, Sequence
 
 import numpy as np
 
+from benchmarks.shared_data import shared_data_path
 from privacy.dpne import DPNEParams
 from transforms.dpne.reference import dpne_reference, ngram_user_counts, user_kgrams
 from transforms.testing.synthetic import markov_corpus
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Paper Table 5 (MSNBC, Delta_0 = 10, eps = 1, delta = 1e-7, eta = 0.01), lengths 1..6.
 PAPER_TABLE5 = {
@@ -186,7 +192,7 @@ def bench_corpus(title, records, params: DPNEParams, seeds, Ks):
 
 
 def bench_beam(path: str, mode: str = "in_memory"):
-    """Wall time of the Beam transform (DirectRunner) on the commits sample, and equality with the reference."""
+    """Wall time of the Beam transform (DirectRunner) on the bundled sample, and equality with the reference."""
     import tempfile
 
     import apache_beam as beam
@@ -197,7 +203,7 @@ def bench_beam(path: str, mode: str = "in_memory"):
 
     recs = list(read_jsonl(path))
     prm = DPNEParams(epsilon=4.0, delta=1e-7, max_n=6, max_contributions=100, eta=0.01)
-    print(f"\n### Beam DPNE on the commits sample (DirectRunner {mode}, seed 1)\n")
+    print(f"\n### Beam DPNE on {os.path.relpath(path, REPO)} (DirectRunner {mode}, seed 1)\n")
     for weighting in ("weighted_gaussian", "mad"):
         p = prm.replace(weighting=weighting)
         t = time.perf_counter()
@@ -225,17 +231,23 @@ def bench_beam(path: str, mode: str = "in_memory"):
 def main(argv=None):
     logging.getLogger().setLevel(logging.ERROR)
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_dpne")
-    ap.add_argument("what", choices=["msnbc", "commits", "synthetic", "beam", "all"])
-    ap.add_argument("--msnbc", default=os.environ.get("MSNBC_JSONL", "../shared/data/msnbc.jsonl.gz"))
-    ap.add_argument("--input", default="data/dpne_commits_sample.jsonl.gz")
+    ap.add_argument("what", choices=["msnbc", "sample", "synthetic", "beam", "all"])
+    ap.add_argument("--msnbc", help="msnbc.jsonl.gz (default: the shared data folder's, benchmarks/shared_data.py)")
+    ap.add_argument("--input", default=os.path.join(REPO, "data", "debian_text.jsonl.gz"))
     ap.add_argument("--seeds", type=int, default=3)
     args = ap.parse_args(argv)
     seeds = list(range(args.seeds))
     if args.what in ("msnbc", "all"):
-        bench_msnbc(args.msnbc, seeds)
-    if args.what in ("commits", "all"):
+        bench_msnbc(args.msnbc or shared_data_path("msnbc.jsonl.gz"), seeds)
+    if args.what in ("sample", "all"):
         prm = DPNEParams(epsilon=4.0, delta=1e-7, max_n=6, max_contributions=100, eta=0.01)
-        bench_corpus("Bundled commits sample", list(read_jsonl(args.input)), prm, seeds, Ks=(50, 100, 200))
+        bench_corpus(
+            f"Bundled sample {os.path.relpath(args.input, REPO)}",
+            list(read_jsonl(args.input)),
+            prm,
+            seeds,
+            Ks=(50, 100, 200),
+        )
     if args.what in ("beam", "all"):
         bench_beam(args.input)
     if args.what in ("synthetic", "all"):

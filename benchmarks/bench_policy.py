@@ -5,7 +5,7 @@
 
 Part 1 (utility): released counts at epsilon = 3, delta = exp(-10) (the paper's setting), for
 max_contributions (Delta_0) in {1, 10, 50, 100, 300}, on the bundled real sample
-(data/commits_sample.tsv.gz) and on synthetic Zipf data (transforms/synthetic.py), with the in-memory
+(data/debian_words.tsv.gz) and on synthetic Zipf data (transforms/synthetic.py), with the in-memory
 reference in production mode (OS entropy), mean +- std over ``--repeats`` runs (the paper: 5 user
 orders). Part 2 (speed): wall time of ``SelectPartitions('policy_gaussian')`` (and of 'basic' for
 comparison, same conditions) on the DirectRunner (in_memory), synthetic pairs generated inside the
@@ -30,12 +30,9 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from privacy.selection import (
-    SelectionParams,  # noqa: E402
-    plan_rounds,  # noqa: E402
-)
+from privacy.selection import SelectionParams, plan_rounds  # noqa: E402
 from transforms import reference  # noqa: E402
-from transforms.selection import policy_kernels
+from transforms.selection import policy_kernels  # noqa: E402
 from transforms.selection.select import SelectPartitions  # noqa: E402
 from transforms.testing.synthetic import zipf_pairs, zipf_pairs_of_chunk  # noqa: E402
 
@@ -55,8 +52,8 @@ D0S = [1, 10, 50, 100, 300]
 EPS, DELTA = 3.0, math.exp(-10)
 
 
-def commits_sets():
-    with gzip.open(os.path.join(REPO, "data", "commits_sample.tsv.gz"), "rt", encoding="utf-8") as f:
+def sample_sets():
+    with gzip.open(os.path.join(REPO, "data", "debian_words.tsv.gz"), "rt", encoding="utf-8") as f:
         next(f)
         pairs = [line.rstrip("\n").split("\t") for line in f]
     return reference.user_sets_from_pairs(pairs)
@@ -164,14 +161,22 @@ def main():
     ap.add_argument("--beam_users", type=int, default=100_000, help="users (x ~10 pairs) of the speed test")
     ap.add_argument("--skip_beam", action="store_true")
     ap.add_argument("--skip_utility", action="store_true")
+    ap.add_argument(
+        "--datasets",
+        nargs="+",
+        choices=["sample", "zipf"],
+        default=["sample", "zipf"],
+        help="utility tables to print (sample: data/debian_words.tsv.gz; zipf: synthetic)",
+    )
     args = ap.parse_args()
     logging.getLogger().setLevel(logging.ERROR)
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} at start")
     if not args.skip_utility:
-        for name, sets in (
-            ("commits_sample.tsv.gz (real)", commits_sets()),
-            ("synthetic Zipf(1.1), mean degree 10", zipf_sets(args.zipf_users)),
-        ):
+        datasets = {
+            "sample": lambda: ("debian_words.tsv.gz (real)", sample_sets()),
+            "zipf": lambda: ("synthetic Zipf(1.1), mean degree 10", zipf_sets(args.zipf_users)),
+        }
+        for name, sets in (datasets[d]() for d in args.datasets):
             best = utility_table(name, sets, args.repeats, args.alpha)
             for pol, base in (("policy_laplace", "weighted_laplace"), ("policy_gaussian", "basic")):
                 verdict = "holds" if best[pol] > best[base] else "does NOT hold"

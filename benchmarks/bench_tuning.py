@@ -4,10 +4,12 @@
     .venv/bin/python benchmarks/bench_tuning.py --only select --seeds 3
     .venv/bin/python benchmarks/bench_tuning.py --only dpne --max_n 6
 
-select: the bundled commits sample (4,000 users), epsilon = 1, delta = 1e-5: user degree quantiles,
+select: the bundled sample data/debian_words.tsv.gz (1,754 users), epsilon = 1, delta = 1e-5: user degree quantiles,
 then one parameter at a time from the defaults (Delta_0 = 100, beta = 2, d_max = 50, split 0.1,0.9):
-Delta_0 for basic/mad/mad2r, beta and d_max for mad, budget splits for mad2r and dp_sips.
-dpne: the bundled DPNE commits sample, epsilon = 4, delta = 1e-7: eta, sigma_decay and Delta_k.
+Delta_0 for basic/mad/mad2r, beta and d_max for mad, budget splits for mad2r and dp_sips (and two
+splits under the MAD paper's basic accounting).
+dpne: the bundled DPNE sample data/debian_text.jsonl.gz (1,000 users), epsilon = 4, delta = 1e-7: eta,
+sigma_decay and Delta_k.
 Runs the in-memory references (equal to the Beam transforms under a seed; tests/test_mad_beam.py,
 tests/test_dpne_beam.py) with numpy generators seeded 0..seeds-1.
 """
@@ -42,11 +44,11 @@ def select_counts(sets, algorithm, params, seeds):
 
 
 def bench_select(seeds: int):
-    sets = load_dataset("commits")
+    sets = load_dataset("debian_words")
     degrees = np.array([len(v) for v in sets.values()])
     q = np.percentile(degrees, [25, 50, 75, 90, 99])
     print(
-        f"\n## select_partitions on data/commits_sample.tsv.gz: {len(sets):,} users, {degrees.sum():,} pairs; "
+        f"\n## select_partitions on data/debian_words.tsv.gz: {len(sets):,} users, {degrees.sum():,} pairs; "
         f"epsilon=1, delta=1e-5, {seeds} seeds"
     )
     print(
@@ -67,24 +69,39 @@ def bench_select(seeds: int):
     for beta in (0.5, 1.0, 2.0, 4.0):
         row = [cell(select_counts(sets, "mad", base.replace(beta=beta, d_max=d), seeds)) for d in (4, 20, 50, 200)]
         print(f"{beta:6.1f} " + " ".join(f"{c:>16s}" for c in row), flush=True)
-    print("\n### budget split (gdp accounting), Delta_0=100")
-    print(f"{'split':>18s} {'mad2r':>16s} {'dp_sips':>16s}")
-    for split in ((0.05, 0.95), (0.1, 0.9), (0.2, 0.8), (0.3, 0.7), (0.5, 0.5), (0.05, 0.15, 0.8)):
-        p = base.replace(budget_split=split)
+    print("\n### budget split (gdp accounting unless marked), Delta_0=100")
+    print(f"{'split':>26s} {'mad2r':>16s} {'dp_sips':>16s}")
+    splits = [
+        (s, "gdp")
+        for s in (
+            (0.05, 0.95),
+            (0.1, 0.9),
+            (0.2, 0.8),
+            (0.3, 0.7),
+            (0.5, 0.5),
+            (0.6, 0.4),
+            (0.7, 0.3),
+            (0.8, 0.2),
+            (0.05, 0.15, 0.8),
+        )
+    ]
+    for split, accounting in splits + [((0.1, 0.9), "basic"), ((0.5, 0.5), "basic")]:
+        p = base.replace(budget_split=split, accounting=accounting)
         row = [
             cell(select_counts(sets, a, p, seeds)) if (a == "dp_sips" or len(split) == 2) else "-"
             for a in ("mad2r", "dp_sips")
         ]
-        print(f"{','.join(f'{x:g}' for x in split):>18s} " + " ".join(f"{c:>16s}" for c in row), flush=True)
+        label = ",".join(f"{x:g}" for x in split) + (f" ({accounting} accounting)" if accounting != "gdp" else "")
+        print(f"{label:>26s} " + " ".join(f"{c:>16s}" for c in row), flush=True)
 
 
 def bench_dpne(seeds: int, max_n: int):
-    records = list(read_jsonl(os.path.join(REPO, "data", "dpne_commits_sample.jsonl.gz")))
+    records = list(read_jsonl(os.path.join(REPO, "data", "debian_text.jsonl.gz")))
     t0 = time.time()
     ug = user_kgrams(records, max_n)
     base = DPNEParams(epsilon=4.0, delta=1e-7, max_n=max_n)
     print(
-        f"\n## extract_ngrams (DPNE) on data/dpne_commits_sample.jsonl.gz: {len({u for u, _ in records}):,} users; "
+        f"\n## extract_ngrams (DPNE) on data/debian_text.jsonl.gz: {len({u for u, _ in records}):,} users; "
         f"epsilon=4, delta=1e-7, T={max_n}, {seeds} seeds (n-gram extraction {time.time() - t0:.0f}s)"
     )
     deg = np.array([len(v) for v in ug[1].values()])
@@ -124,6 +141,9 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--max_n", type=int, default=6)
     a = ap.parse_args(argv)
+    import logging
+
+    logging.getLogger("transforms.core.randomness").setLevel(logging.ERROR)  # seeded-run warnings (as bench_mad)
     if a.only in (None, "select"):
         bench_select(a.seeds)
     if a.only in (None, "dpne"):

@@ -2,10 +2,15 @@
 
     .venv/bin/python benchmarks/run_all.py            # full run (see BENCHMARKS.md for its wall time)
     .venv/bin/python benchmarks/run_all.py --quick    # reduced sizes and seeds, a few minutes
+    .venv/bin/python benchmarks/run_all.py --utility_only --docs   # utility part only (no timing)
 
 Writes to ``--out`` (default benchmarks/results/): utility.csv, speed.csv, scaling.csv, summary.md
 (every table, the targets of issue 8 and whether this run met them), coverage.png and scaling.png;
 ``--docs`` also rewrites BENCHMARKS.md from summary.md. Prints the tables as it goes.
+``--utility_only`` re-measures only the utility part (released items and coverage; no wall times)
+and rewrites utility.csv and coverage.png; summary.md (and BENCHMARKS.md) then combine it with the
+speed and scaling tables of the last full run, read back from speed.csv and scaling.csv in ``--out``
+and labelled with that run's date and command (run_info.json).
 
 Every tool runs at the same (epsilon, delta) and per-user cap (our Delta_0 = PipelineDP's
 max_partitions_contributed), on the same Beam DirectRunner with a pinned running mode.
@@ -14,9 +19,10 @@ Utility (released items, mean and std over seeds; coverage of items held by >= K
 paper's Figure 1): our algorithms on the in-memory reference (transforms/reference.py releases
 exactly what the Beam transforms release under the same seed: tests/test_*_beam.py), PipelineDP on
 its LocalBackend (the same DPEngine code as on Beam; its noise is unseeded). Datasets: the bundled
-sample (data/commits_sample.tsv.gz), the full commits corpus if present (--corpus, default
-/work/shared/data/commits.user_words.tsv.gz: 1.5M (user, word) pairs; skipped with a note if the
-file is absent), the MAD paper's section 6.2 instance, Zipf data.
+sample (debian_words: data/debian_words.tsv.gz, Debian changelogs), the full commits corpus
+(commits_full: --corpus, default commits.user_words.tsv.gz of the shared data folder,
+benchmarks/shared_data.py; 1.5M (user, word) pairs, read at run time, never bundled; the run fails
+up front with a message naming the file if it is absent), the MAD paper's section 6.2 instance, Zipf data.
 
 Speed (wall time, pairs/s, peak RSS): Zipf data generated inside the pipeline (bench_select), one
 fresh subprocess per run so the peak RSS is that run's (max over the process and its children,
@@ -46,13 +52,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from benchmarks import bench_mad, bench_select  # noqa: E402
 from benchmarks.peers import PEER_STRATEGIES  # noqa: E402
+from benchmarks.shared_data import shared_data_path  # noqa: E402
 from privacy.selection import ALGORITHMS, SelectionParams  # noqa: E402
 from transforms import reference  # noqa: E402
 from transforms.testing.synthetic import zipf_pair_count  # noqa: E402
 
 EPSILON, DELTA = 1.0, 1e-5
 COVERAGE_K = (10, 20, 50, 100, 200)
-DEFAULT_CORPUS = "/work/shared/data/commits.user_words.tsv.gz"
+CORPUS_FILE = "commits.user_words.tsv.gz"  # commits_full, in the shared data folder
 # The parallel algorithms of the MAD paper (the l2-bounded ones the 2x-vs-PipelineDP target is about);
 # the other algorithms of privacy.params.ALGORITHMS (DPSU baselines, sequential policies) are listed too.
 PARALLEL = ("basic", "mad", "mad2r", "dp_sips")
@@ -67,7 +74,7 @@ FAILURES = []  # speed runs that failed (listed in the summary instead of aborti
 FULL = dict(
     seeds=5,
     utility=[
-        ("commits_sample", (1, 5, 20, 100)),
+        ("debian_words", (1, 5, 20, 100)),
         ("section62", (100,)),
         ("commits_full", (20, 100)),
         ("zipf_1M", (100,)),
@@ -87,7 +94,7 @@ FULL = dict(
 )
 QUICK = dict(
     seeds=2,
-    utility=[("commits_sample", (5, 100)), ("section62", (100,))],
+    utility=[("debian_words", (5, 100)), ("section62", (100,))],
     speed=[
         (1e5, "all", ("reference", "in_memory")),
         (1e5, ("basic", "pdp_gaussian"), ("multi_processing",)),
@@ -109,12 +116,10 @@ def is_parallel(algorithm):
 
 # ----------------------------------------------------------------------------------------- datasets
 def load_sets(name, corpus):
-    """dict user -> [item] (distinct), or None if the dataset is not available here."""
-    if name in ("commits_sample", "section62"):
-        return bench_mad.load_dataset("commits" if name == "commits_sample" else name)
+    """dict user -> [item] (distinct)."""
+    if name in ("debian_words", "section62"):
+        return bench_mad.load_dataset(name)
     if name == "commits_full":
-        if not corpus or not os.path.exists(corpus):
-            return None
         with gzip.open(corpus, "rt", encoding="utf-8") as f:
             next(f)  # header user<TAB>word
             return reference.user_sets_from_pairs(tuple(line.rstrip("\n").split("\t", 1)) for line in f)
@@ -158,9 +163,6 @@ def run_utility(cfg, corpus, tools, log):
     rows = []
     for name, ks in cfg["utility"]:
         sets = load_sets(name, corpus)
-        if sets is None:
-            log(f"utility: dataset {name} not available (corpus {corpus!r} missing): skipped")
-            continue
         pairs = [(u, i) for u, items in sets.items() for i in items]
         counts = user_counts(sets)
         for k in ks:
@@ -458,12 +460,27 @@ def targets(utility, speed, scaling):
     return out
 
 
-def summary_markdown(args, cfg, utility, speed, scaling, wall, started):
-    lines = [
+def run_line(args, wall, started):
+    """Who measured what: date, command, duration, machine."""
+    return (
         f"Measured {started} UTC by `{args.command_line}` in {wall / 60:.1f} min on "
-        f"{platform.platform()}, Python {platform.python_version()}, {os.cpu_count()} cores. "
-        f"epsilon = {EPSILON:g}, delta = {DELTA:g} for every tool; Delta_0 (= PipelineDP's "
-        f"max_partitions_contributed) as listed. Mode: {'quick' if args.quick else 'full'}.",
+        f"{platform.platform()}, Python {platform.python_version()}, {os.cpu_count()} cores."
+    )
+
+
+def summary_markdown(args, cfg, utility, speed, scaling, wall, started, speed_run=None):
+    """speed_run: the run_line of the run that measured ``speed`` and ``scaling`` (--utility_only), else None."""
+    mode = "quick" if args.quick else "full"
+    if speed_run is None:
+        head = run_line(args, wall, started)
+    else:
+        mode += ", utility part only"
+        head = (
+            f"Utility tables: {run_line(args, wall, started)} Speed and scaling tables (not re-measured): {speed_run}"
+        )
+    lines = [
+        f"{head} epsilon = {EPSILON:g}, delta = {DELTA:g} for every tool; Delta_0 (= PipelineDP's "
+        f"max_partitions_contributed) as listed. Mode: {mode}.",
         "",
     ]
     lines += [
@@ -566,6 +583,11 @@ def summary_markdown(args, cfg, utility, speed, scaling, wall, started):
 
 
 def plot(utility, scaling_rows, speed, out):
+    plot_coverage(utility, out)
+    plot_scaling(scaling_rows, speed, out)
+
+
+def plot_coverage(utility, out):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -597,6 +619,14 @@ def plot(utility, scaling_rows, speed, out):
         fig.tight_layout(rect=(0, 0, 1 - 2.0 / (3.6 * len(panels) + 2.2), 1))
         fig.savefig(os.path.join(out, "coverage.png"), dpi=110)
         plt.close(fig)
+
+
+def plot_scaling(scaling_rows, speed, out):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for j, s in enumerate(scaling_rows):
         rs = sorted([r for r in speed if r["tool"] == s["tool"] and r["mode"] == s["mode"]], key=lambda r: r["pairs"])
@@ -623,7 +653,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="reduced sizes and seeds (a few minutes)")
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"))
-    ap.add_argument("--corpus", default=DEFAULT_CORPUS, help="user<TAB>word .tsv.gz for the commits_full dataset")
+    ap.add_argument(
+        "--corpus",
+        help=f"user<TAB>word .tsv.gz for the commits_full dataset (default: {CORPUS_FILE} "
+        "of the shared data folder, benchmarks/shared_data.py)",
+    )
     ap.add_argument("--seeds", type=int, help="override the number of utility seeds")
     ap.add_argument("--sizes", type=float, nargs="+", help="override the speed sizes (pairs), run for every tool")
     ap.add_argument(
@@ -633,6 +667,11 @@ def main(argv=None):
     ap.add_argument("--utility", nargs="+", help="override the utility datasets (name:k1,k2 ...)")
     ap.add_argument("--no-peers", action="store_true", help="skip PipelineDP (bench extra not installed)")
     ap.add_argument("--docs", action="store_true", help="also rewrite BENCHMARKS.md from this run")
+    ap.add_argument(
+        "--utility_only",
+        action="store_true",
+        help="measure only the utility part; keep the speed/scaling results of the last run in --out",
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
@@ -652,6 +691,13 @@ def main(argv=None):
         if unknown:
             ap.error(f"--tools: unknown {unknown}; choose from {tools}")
         tools = args.tools
+    if any(name == "commits_full" for name, _ in cfg["utility"]) and not args.corpus:
+        args.corpus = shared_data_path(CORPUS_FILE)  # fails here, before any work, if it is absent
+    speed_run = None
+    if args.utility_only:
+        speed, scaling, speed_run = read_speed_results(args.out)  # fails before any work if there are none
+        with open(os.path.join(args.out, RUN_INFO), "w") as f:  # kept for the next --utility_only run
+            json.dump({"speed_run": speed_run}, f, indent=1)
     os.makedirs(args.out, exist_ok=True)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
     t0 = time.perf_counter()
@@ -663,19 +709,59 @@ def main(argv=None):
 
     logging.getLogger("transforms.core.randomness").setLevel(logging.ERROR)  # seeded-run warnings
     utility = run_utility(cfg, args.corpus, tools, log)
-    speed = run_speed(cfg, tools, log)
-    scaling = fit_scaling(speed)
     write_csv(os.path.join(args.out, "utility.csv"), utility)
-    write_csv(os.path.join(args.out, "speed.csv"), speed)
-    write_csv(os.path.join(args.out, "scaling.csv"), scaling)
-    plot(utility, scaling, speed, args.out)
-    md = summary_markdown(args, cfg, utility, speed, scaling, time.perf_counter() - t0, started)
+    if args.utility_only:
+        plot_coverage(utility, args.out)
+    else:
+        speed = run_speed(cfg, tools, log)
+        scaling = fit_scaling(speed)
+        write_csv(os.path.join(args.out, "speed.csv"), speed)
+        write_csv(os.path.join(args.out, "scaling.csv"), scaling)
+        plot(utility, scaling, speed, args.out)
+        with open(os.path.join(args.out, RUN_INFO), "w") as f:
+            json.dump({"speed_run": run_line(args, time.perf_counter() - t0, started)}, f, indent=1)
+    md = summary_markdown(args, cfg, utility, speed, scaling, time.perf_counter() - t0, started, speed_run)
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(md)
     if args.docs:
         write_benchmarks_md(md, args.out)
     print("\n" + md)
     return 1 if FAILURES else 0  # outputs are written either way; a failed run is an error
+
+
+RUN_INFO = "run_info.json"  # {"speed_run": run_line of the run that measured speed.csv and scaling.csv}
+
+
+def _cell(text):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def read_speed_results(out):
+    """(speed rows, scaling rows, run line) of the last full run in ``out``, typed as run_speed made them."""
+
+    def rows(name):
+        path = os.path.join(out, name)
+        if not os.path.exists(path):
+            raise SystemExit(f"error: --utility_only needs the speed results of an earlier full run: {path} is missing")
+        with open(path, newline="") as f:
+            return [{k: _cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+    speed, scaling = rows("speed.csv"), rows("scaling.csv")
+    info = os.path.join(out, RUN_INFO)
+    if os.path.exists(info):
+        with open(info) as f:
+            return speed, scaling, json.load(f)["speed_run"]
+    # results written before run_info.json existed: summary.md's first sentence is that run's line
+    with open(os.path.join(out, "summary.md")) as f:
+        first = f.readline()
+    if not first.startswith("Measured "):
+        raise SystemExit(f"error: cannot tell which run measured {out}/speed.csv (no {RUN_INFO})")
+    return speed, scaling, first[: first.index(" cores.") + len(" cores.")]
 
 
 def write_benchmarks_md(summary, out):

@@ -1,6 +1,6 @@
 """Offline evaluation: KL(private || released) of each mechanism vs epsilon (paper Figures 1-3).
 
-    python -m pipelines.bayesian_eval --private data/dpne_commits_sample.jsonl.gz --input_format jsonl \\
+    python -m pipelines.bayesian_eval --private data/debian_text.jsonl.gz --input_format jsonl \\
         --public data/bayesian_public_trigrams.tsv.gz [--epsilons 0.1,0.2,0.5,1,2] [--repeats 5] \\
         [--mechanisms bayesian,laplace,laplace_public] [--C 1 --W 100 --S 1 --rho 0.5 | --tune] \\
         [--distribution NAME=PATH ...] [--seed 0]

@@ -1,6 +1,6 @@
 """Release an n-gram probability distribution over a public vocabulary (Bayesian DP paper, Alg. 1-2).
 
-    python -m pipelines.bayesian_ngrams --private data/dpne_commits_sample.jsonl.gz --input_format jsonl \\
+    python -m pipelines.bayesian_ngrams --private data/debian_text.jsonl.gz --input_format jsonl \\
         --public data/bayesian_public_trigrams.tsv.gz --output out/trigram_probs --report out/bayes.json \\
         [--n 3] [--mechanism bayesian|laplace|laplace_public] [--epsilon 1] [--delta 1e-5] \\
         [--C 1] [--W 100] [--S 1 --rho 0.5 | --tune [--S_grid ...] [--rho_grid ...] \\

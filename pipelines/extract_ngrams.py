@@ -1,6 +1,6 @@
 """Release the n-grams of user-level text under user-level (epsilon, delta)-DP (DPNE and baselines).
 
-    python -m pipelines.extract_ngrams --input data/dpne_commits_sample.jsonl.gz --input_format jsonl \\
+    python -m pipelines.extract_ngrams --input data/debian_text.jsonl.gz --input_format jsonl \\
         --output out/ngrams --report out/ngrams_report.json \\
         --max_n 9 --epsilon 4 --delta 1e-7 --max_contributions 300 \\
         [--algorithm dpne|dpsu_all|dpsu_even|dpsu_single] [--weighting weighted_gaussian|mad] \\

@@ -42,21 +42,21 @@ PIPELINES: Tuple[PipelineSpec, ...] = (
     PipelineSpec(
         name="select_partitions",
         stages=("Read", "Select", "Items", "WriteItems", "CountPerRound", "BuildReport", "WriteReport"),
-        sample_input="data/commits_sample.tsv.gz",
+        sample_input="data/debian_words.tsv.gz",
         input_format="tsv",
         sample_args=("--algorithm", "mad2r", "--epsilon", "2", "--delta", "1e-4", "--max_contributions", "20"),
     ),
     PipelineSpec(
         name="extract_ngrams",
         stages=("Read", "DPNE", "Format", "WriteNgrams", "BuildReport", "WriteReport"),
-        sample_input="data/dpne_commits_sample.jsonl.gz",
+        sample_input="data/debian_text.jsonl.gz",
         input_format="jsonl",
         sample_args=("--max_n", "3", "--epsilon", "4", "--delta", "1e-6", "--max_contributions", "30"),
     ),
     PipelineSpec(
         name="bayesian_ngrams",
         stages=("ReadPrivate", "Bayesian", "Format", "WriteDistribution", "BuildReport", "WriteReport"),
-        sample_input="data/dpne_commits_sample.jsonl.gz",
+        sample_input="data/debian_text.jsonl.gz",
         input_format="jsonl",
         sample_args=(
             "--public",

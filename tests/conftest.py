@@ -1,7 +1,16 @@
 import logging
+import os
 import random
+import sys
 
 import pytest
+
+# The repository root on the path, for benchmarks.shared_data: the one place that says where the large
+# real corpora are read from (DP_SHARED_DATA, else ../shared/data); never copied into the repository.
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+from benchmarks.shared_data import shared_data_path  # noqa: E402
 
 # Beam prints an apitools warning on import in environments without the gcp extra.
 logging.getLogger("root").setLevel(logging.ERROR)
@@ -26,3 +35,10 @@ def pairs_of(user_sets):
 @pytest.fixture
 def small_sets():
     return random_user_sets(random.Random(7), 400, 120, 12)
+
+
+@pytest.fixture(scope="session")
+def shared_data():
+    """``shared_data(name)``: path of a file of the shared data folder; fails (naming the file and
+    DP_SHARED_DATA) if it is absent, never skips."""
+    return shared_data_path

@@ -28,7 +28,7 @@ def results(tmp_path_factory):
         "--seeds",
         "2",
         "--utility",
-        "commits_sample:5,100",
+        "debian_words:5,100",
         "--sizes",
         "20000",
         "40000",
@@ -53,7 +53,7 @@ def test_utility_csv(results):
     rows = _rows(out, "utility.csv")
     assert {(r["tool"], int(r["max_contributions"])) for r in rows} == {(t, k) for t in TOOLS for k in (5, 100)}
     for r in rows:
-        assert r["dataset"] == "commits_sample" and int(r["users"]) == 4000 and int(r["seeds"]) == 2
+        assert r["dataset"] == "debian_words" and int(r["users"]) == 1754 and int(r["seeds"]) == 2
         assert 0 <= float(r["released_mean"]) <= int(r["items"])
         assert float(r["released_std"]) >= 0
         covs = [float(r[f"coverage_k{k}"]) for k in (10, 20, 50, 100, 200)]
@@ -99,3 +99,45 @@ def test_markdown_and_plots(results):
         with open(os.path.join(out, png), "rb") as f:
             data = f.read()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_utility_only_keeps_the_speed_results(results, tmp_path):
+    """--utility_only re-measures the utility tables and reuses (never re-times) the last run's speed tables."""
+    import shutil
+
+    out, _ = results
+    again = tmp_path / "again"
+    shutil.copytree(out, again)
+    before = {name: (again / name).read_bytes() for name in ("speed.csv", "scaling.csv", "scaling.png")}
+    cmd = [
+        sys.executable,
+        os.path.join(REPO, "benchmarks", "run_all.py"),
+        "--utility_only",
+        "--out",
+        str(again),
+        "--seeds",
+        "1",
+        "--utility",
+        "section62:100",
+        "--tools",
+        "basic",
+        "pdp_gaussian",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {name: (again / name).read_bytes() for name in before} == before
+    rows = _rows(again, "utility.csv")
+    assert {(r["dataset"], r["tool"], r["seeds"]) for r in rows} == {
+        ("section62", "basic", "1"),
+        ("section62", "pdp_gaussian", "1"),
+    }
+    md = (again / "summary.md").read_text()
+    speed_md = open(os.path.join(out, "summary.md")).read()
+    first = speed_md.splitlines()[0]
+    assert (
+        md.startswith("Utility tables: Measured ")
+        and "Speed and scaling tables (not re-measured): " + first[: first.index(" cores.")] in md
+    )
+    # the speed and scaling tables are the earlier run's, unchanged
+    speed_part = speed_md[speed_md.index("## Speed") : speed_md.index("## Targets")]
+    assert speed_part in md and "utility part only." in md.splitlines()[0]
