@@ -27,3 +27,11 @@ def pairs_of(user_sets):
 @pytest.fixture
 def small_sets():
     return random_user_sets(random.Random(7), 400, 120, 12)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "engines: runs pipelines on real Apache Flink and Spark job servers (tests/test_engines.py); needs "
+        "Java and .ci/engines.sh (which runs them in .venv-engines)",
+    )
