@@ -24,6 +24,7 @@ from transforms.bayesian import bayesian_kernels as K
 from transforms.bayesian.bayesian_kernels import candidate_log_thetas, finalize
 from transforms.core import randomness
 from transforms.core import text as tx
+from transforms.core.dofns import WorkerRngDoFn
 
 
 class UserNgramCountsFn(beam.DoFn):
@@ -46,16 +47,12 @@ class UserNgramCountsFn(beam.DoFn):
                 yield (user, i), k
 
 
-class ClampUserFn(beam.DoFn):
+class ClampUserFn(WorkerRngDoFn):
     """(user, [(index, count)]) -> (user, (indices, counts)) clamped to C each and W in total (Alg. 1 l. 2)."""
 
     def __init__(self, C: int, W: int, seed: Optional[int]):
+        super().__init__(seed)
         self._C, self._W, self._seed = C, W, seed
-        self._rng = None
-
-    def setup(self):
-        if self._seed is None:  # OS entropy on the worker (randomness contract)
-            self._rng = randomness.worker_rng()
 
     def process(self, element):
         user, pairs = element
@@ -65,18 +62,14 @@ class ClampUserFn(beam.DoFn):
         yield user, K.clamp_user_counts(counts, self._C, self._W, user, self._seed, self._rng)
 
 
-class SplitUsersFn(beam.DoFn):
+class SplitUsersFn(WorkerRngDoFn):
     """Alg. 2's disjoint split: the scoring set goes to the ``first`` output, the release set to main."""
 
     FIRST = "first"
 
     def __init__(self, fraction: float, seed: Optional[int]):
+        super().__init__(seed)
         self._fraction, self._seed = fraction, seed
-        self._rng = None
-
-    def setup(self):
-        if self._seed is None:
-            self._rng = randomness.worker_rng()
 
     def process(self, element):
         if K.in_validation_set(element[0], self._fraction, self._seed, self._rng):
@@ -157,18 +150,14 @@ def _claim1(stats, S_values, C):
     return K.sensitivities("bound", ctx, None)
 
 
-class ReleaseFn(beam.DoFn):
+class ReleaseFn(WorkerRngDoFn):
     """One worker: the final vector math (:func:`finalize`) -> (n-gram, probability) and the info dict."""
 
     INFO = "info"
 
     def __init__(self, algorithm: str, prior: K.PublicPrior, params: BayesianParams, seed: Optional[int]):
+        super().__init__(seed)
         self._algorithm, self._prior, self._params, self._seed = algorithm, prior, params, seed
-        self._rng = None
-
-    def setup(self):
-        if self._seed is None:
-            self._rng = randomness.worker_rng()
 
     def process(self, _, stats, gammas, c1=None, set1_changes=None):
         theta, info = finalize(

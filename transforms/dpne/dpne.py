@@ -42,6 +42,7 @@ from privacy.dpne import DPNEParams, RunPlan, dpne_rho_k, plan_runs, spurious_pr
 from transforms.core import randomness
 from transforms.core import text as tx
 from transforms.core.bounding import BoundContributions
+from transforms.core.dofns import WorkerRngDoFn
 from transforms.core.joins import user_shard
 from transforms.core.noise import AddNoise
 from transforms.dpne import dpne_kernels
@@ -206,23 +207,19 @@ def level_k(_, k, sigma, max_contributions, eta, weighting, beta, s_prev_size, v
     return lvl
 
 
-class EstimateValidFn(beam.DoFn):
+class EstimateValidFn(WorkerRngDoFn):
     """Supplement Alg. 2 on the released S_1, S_{k-1} (side inputs): the estimate of |V_k| (rounded)."""
 
     def __init__(self, k, p, seed):
+        super().__init__(seed)
         self._k, self._p, self._seed = k, p, seed
-        self._rng = None
-
-    def setup(self):
-        if self._seed is None:
-            self._rng = randomness.worker_rng()
 
     def process(self, _, s_prev, s1):
         gen = randomness.keyed_generator(self._seed, "vk_estimate", self._k, 0) if self._seed is not None else self._rng
         yield int(round(dpne_kernels.valid_count_sample(sorted(s_prev), sorted(s1), self._p, gen)))
 
 
-class SpuriousPlanFn(beam.DoFn):
+class SpuriousPlanFn(WorkerRngDoFn):
     """Draws B_k ~ Bin(|V_k| - |supp H_k|, q_k) and sizes the candidate oversample.
 
     Emits one dict {'n': B_k, 'chunks': [(chunk, size)]}. |supp H_k| is private; it only sizes
@@ -230,12 +227,8 @@ class SpuriousPlanFn(beam.DoFn):
     """
 
     def __init__(self, k, seed, pruning):
+        super().__init__(seed)
         self._k, self._seed, self._pruning = k, seed, pruning
-        self._rng = None
-
-    def setup(self):
-        if self._seed is None:
-            self._rng = randomness.worker_rng()
 
     def process(self, _, level, n_supp, v_exact):
         if level["rho"] is None:
@@ -253,17 +246,13 @@ def plan_chunks(_, plan):
     return list(plan["chunks"])
 
 
-class CandidatesFn(beam.DoFn):
+class CandidatesFn(WorkerRngDoFn):
     """(chunk, size) -> candidate k-grams drawn uniformly from V_k (S_{k-1}, S_1 side inputs)."""
 
     def __init__(self, k, pruning, seed):
+        super().__init__(seed)
         self._k, self._pruning, self._seed = k, pruning, seed
-        self._rng = None
         self._sampler = None
-
-    def setup(self):
-        if self._seed is None:
-            self._rng = randomness.worker_rng()
 
     def process(self, element, s_prev, s1):
         chunk, size = element
@@ -272,16 +261,12 @@ class CandidatesFn(beam.DoFn):
         yield from dpne_kernels.candidate_chunk(self._sampler, chunk, size, self._k, self._seed, self._rng)
 
 
-class PriorityFn(beam.DoFn):
+class PriorityFn(WorkerRngDoFn):
     """g -> (priority, g): keyed uniform (seeded) or worker OS-entropy uniform."""
 
     def __init__(self, k, seed):
+        super().__init__(seed)
         self._k, self._seed = k, seed
-        self._rng = None
-
-    def setup(self):
-        if self._seed is None:
-            self._rng = randomness.worker_rng()
 
     def process(self, g):
         yield float(dpne_kernels.spurious_priorities([g], self._k, self._seed, self._rng)[0]), g
