@@ -71,6 +71,7 @@ __all__ = [
     "SelectionShare",
     "kernel_gamma",
     "check_kernel_slack",
+    "kernel_tau2",
     "discrete_sigma2",
     "discrete_gaussian_std",
     "discrete_gaussian_tail",
@@ -88,7 +89,9 @@ __all__ = [
 #: measured with benchmarks/bench_counts.py on the bundled sample and imdb).
 DEFAULT_COUNT_BUDGET = 0.25
 
-#: tau^2 of the kernel lemma: sigma_c^2 = sigma_1^2 + tau^2 (gamma < 1e-53, see kernel_gamma)
+#: largest tau^2 of the kernel lemma (sigma_c^2 = sigma_1^2 + tau^2; gamma < 1e-53): enough for every
+#: l0 <= 1e7 and delta >= 1e-30. Plans use the smallest multiple of 1/16 whose slack fits
+#: (:func:`kernel_tau2`), typically about 2.
 KERNEL_TAU2 = Fraction(25, 4)
 
 #: relative share of the GDP part's delta reserved for the kernel lemma's kappa terms
@@ -147,6 +150,22 @@ def check_kernel_slack(l0: int, delta_p: float, tau2: Fraction = KERNEL_TAU2) ->
             f"(l0={l0}): raise KERNEL_TAU2"
         )
     return kappa
+
+
+def kernel_tau2(l0: int, delta_p: float) -> Fraction:
+    """Smallest ``tau^2`` (a multiple of 1/16, at most :data:`KERNEL_TAU2`) whose kernel slack fits in
+    ``DELTA_SLACK * delta_P`` for ``l0`` coordinates (:func:`check_kernel_slack`)."""
+    gamma_target = DELTA_SLACK * delta_p / (8.0 * l0)  # 3 kappa <= 0.5 DELTA_SLACK delta_P with room
+    guess = math.log(4.0 / gamma_target) / (2.0 * math.pi**2)  # gamma ~ 4 exp(-2 pi^2 tau^2)
+    tau2 = min(Fraction(max(1, math.ceil(guess * 16)), 16), KERNEL_TAU2)
+    while tau2 < KERNEL_TAU2:
+        try:
+            check_kernel_slack(l0, delta_p, tau2)
+            return tau2
+        except ArithmeticError:
+            tau2 += Fraction(1, 16)
+    check_kernel_slack(l0, delta_p, KERNEL_TAU2)
+    return KERNEL_TAU2
 
 
 def discrete_sigma2(sigma_1: float, tau2: Fraction = KERNEL_TAU2) -> Fraction:
@@ -240,6 +259,7 @@ class CountPlan:
       std: the noise's standard deviation (``<= noise_scale``): the count's RMSE around the capped count.
       error_bound_95: an integer ``c`` with ``P[|noisy - true| <= c] >= 0.95`` (exact pmf, conservative).
       sigma_continuous: ``sigma_1``, the continuous Gaussian the noise is (nearly) a post-processing of.
+      tau2: the kernel lemma's ``tau^2 = sigma2 - sigma_1^2`` (before rounding sigma2 up).
       l0: coordinates one user can change (Delta_0, or sum of Delta_k for DPNE).
       count_budget: the fraction f.
       composition: 'gdp', 'pure' or 'basic' (module docstring).
@@ -253,6 +273,7 @@ class CountPlan:
     std: float
     error_bound_95: int
     sigma_continuous: float
+    tau2: Fraction
     l0: int
     count_budget: float
     composition: str
@@ -268,6 +289,8 @@ class CountPlan:
             "noise_std": self.std,
             "error_bound_95": self.error_bound_95,
             "sigma2": f"{self.sigma2.numerator}/{self.sigma2.denominator}",
+            "sigma_continuous": self.sigma_continuous,
+            "kernel_tau2": float(self.tau2),
             "l0_sensitivity": self.l0,
             "l2_sensitivity": math.sqrt(self.l0),
             "count_budget": self.count_budget,
@@ -277,15 +300,19 @@ class CountPlan:
         }
 
 
-def make_count_plan(sigma_1: float, l0: int, f: float, composition: str, epsilon: float, delta: float, round_=0):
+def make_count_plan(
+    sigma_1: float, tau2: Fraction, l0: int, f: float, composition: str, epsilon: float, delta: float, round_=0
+) -> CountPlan:
+    """The plan of counts whose continuous equivalent is ``sigma_1`` (``sigma_c^2 = sigma_1^2 + tau2``)."""
     check_choice("composition", composition, COMPOSITIONS)
-    s2 = discrete_sigma2(sigma_1)
+    s2 = discrete_sigma2(sigma_1, tau2)
     return CountPlan(
         sigma2=s2,
         noise_scale=math.sqrt(float(s2)),
         std=discrete_gaussian_std(s2),
         error_bound_95=discrete_gaussian_error_bound(s2, 0.95),
         sigma_continuous=float(sigma_1),
+        tau2=tau2,
         l0=int(l0),
         count_budget=float(f),
         composition=composition,
@@ -339,11 +366,11 @@ def split_gdp(epsilon: float, delta: float, count_budget: float, l0: int, round_
     delta_thr = (1.0 - f) * delta  # the thresholds use half: (1 - f) delta / 2 in total
     delta_p = _rest(delta, delta_thr / 2.0)
     sigma_total = analytic_gaussian_sigma(eps, delta_p * (1.0 - DELTA_SLACK))  # 1 / mu_total
-    check_kernel_slack(l0, delta_p)
+    tau2 = kernel_tau2(l0, delta_p)
     sigma_sel = _up(sigma_total / math.sqrt(1.0 - f))  # mu_sel^2 = (1 - f) mu_total^2
     sigma_1 = _up(math.sqrt(l0) * sigma_total / math.sqrt(f))  # l0 / sigma_1^2 = f mu_total^2
     counts = make_count_plan(
-        sigma_1, l0, f, "gdp", gaussian_epsilon(sigma_1, f * delta_p, math.sqrt(l0)), f * delta_p, round_
+        sigma_1, tau2, l0, f, "gdp", gaussian_epsilon(sigma_1, f * delta_p, math.sqrt(l0)), f * delta_p, round_
     )
     return SelectionShare("gdp", gaussian_epsilon(sigma_sel, delta_thr / 2.0), delta_thr, sigma_sel, counts)
 
@@ -383,11 +410,13 @@ def split_pure(epsilon: float, delta: float, count_budget: float, l0: int, round
     eps0 = (1.0 - f) * eps
     delta_thr = (1.0 - f) * delta
     delta_p = _rest(delta, delta_thr)
-    check_kernel_slack(l0, delta_p)
+    tau2 = kernel_tau2(l0, delta_p)
     target = math.log(delta_p * (1.0 - DELTA_SLACK))
     guess = analytic_gaussian_sigma(_rest(eps, eps0), delta_p, math.sqrt(l0))
     sigma_1 = _smallest_sigma(lambda s: _log_pure_composed(s, l0, eps, eps0), target, guess)
-    counts = make_count_plan(sigma_1, l0, f, "pure", gaussian_epsilon(sigma_1, delta_p, math.sqrt(l0)), delta_p, round_)
+    counts = make_count_plan(
+        sigma_1, tau2, l0, f, "pure", gaussian_epsilon(sigma_1, delta_p, math.sqrt(l0)), delta_p, round_
+    )
     return SelectionShare("pure", eps0, delta_thr, None, counts)
 
 
@@ -396,9 +425,9 @@ def split_basic(epsilon: float, delta: float, count_budget: float, l0: int, roun
     eps, delta, f, l0 = _check_split(epsilon, delta, count_budget, l0)
     eps_sel, delta_sel = (1.0 - f) * eps, (1.0 - f) * delta
     eps_c, delta_c = _rest(eps, eps_sel), _rest(delta, delta_sel)
-    check_kernel_slack(l0, delta_c)
+    tau2 = kernel_tau2(l0, delta_c)
     sigma_1 = analytic_gaussian_sigma(eps_c, delta_c * (1.0 - DELTA_SLACK), math.sqrt(l0))
-    counts = make_count_plan(sigma_1, l0, f, "basic", eps_c, delta_c, round_)
+    counts = make_count_plan(sigma_1, tau2, l0, f, "basic", eps_c, delta_c, round_)
     return SelectionShare("basic", eps_sel, delta_sel, None, counts)
 
 
