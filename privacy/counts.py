@@ -20,7 +20,7 @@ law of ``X`` is within a factor ``e^{+-gamma}`` (pointwise, in pmf) of a *post-p
 continuous ``N(c, sigma_1^2)`` - round a continuous draw ``y`` to an integer ``x`` with probability
 proportional to ``exp(-(x - y)^2 / (2 tau^2))`` - where, by Poisson summation,
 ``gamma = log((1 + eta) / (1 - eta))``, ``eta = 2 sum_{k>=1} exp(-2 pi^2 tau^2 k^2)``. With ``tau^2 =
-25/4``, ``gamma < 1e-53``. Hence, for ``m <= l0`` changed coordinates and any mechanism ``A`` composed
+25/4``, ``gamma < 2e-53``. Hence, for ``m <= l0`` changed coordinates and any mechanism ``A`` composed
 with the counts:
 
     H_eps(discrete) <= e^{m gamma} (H_eps(continuous) + e^{2 m gamma} - 1)
@@ -89,7 +89,7 @@ __all__ = [
 #: measured with benchmarks/bench_counts.py on the bundled sample and imdb).
 DEFAULT_COUNT_BUDGET = 0.25
 
-#: largest tau^2 of the kernel lemma (sigma_c^2 = sigma_1^2 + tau^2; gamma < 1e-53): enough for every
+#: largest tau^2 of the kernel lemma (sigma_c^2 = sigma_1^2 + tau^2; gamma < 2e-53): enough for every
 #: l0 <= 1e7 and delta >= 1e-30. Plans use the smallest multiple of 1/16 whose slack fits
 #: (:func:`kernel_tau2`), typically about 2.
 KERNEL_TAU2 = Fraction(25, 4)
@@ -155,9 +155,7 @@ def check_kernel_slack(l0: int, delta_p: float, tau2: Fraction = KERNEL_TAU2) ->
 def kernel_tau2(l0: int, delta_p: float) -> Fraction:
     """Smallest ``tau^2`` (a multiple of 1/16, at most :data:`KERNEL_TAU2`) whose kernel slack fits in
     ``DELTA_SLACK * delta_P`` for ``l0`` coordinates (:func:`check_kernel_slack`)."""
-    gamma_target = DELTA_SLACK * delta_p / (8.0 * l0)  # 3 kappa <= 0.5 DELTA_SLACK delta_P with room
-    guess = math.log(4.0 / gamma_target) / (2.0 * math.pi**2)  # gamma ~ 4 exp(-2 pi^2 tau^2)
-    tau2 = min(Fraction(max(1, math.ceil(guess * 16)), 16), KERNEL_TAU2)
+    tau2 = Fraction(1, 16)
     while tau2 < KERNEL_TAU2:
         try:
             check_kernel_slack(l0, delta_p, tau2)
