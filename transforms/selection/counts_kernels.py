@@ -44,7 +44,10 @@ def holder_counts(
 def noisy_counts(
     counts: Mapping[Hashable, int], sigma2: Fraction, seed: Optional[int], round_: int, min_users: int = 0
 ) -> Dict[Hashable, int]:
-    """``{item: count + X_item}`` with the floor ``>= min_users`` applied (same draws as the Beam transform)."""
+    """``{item: count + X_item}`` with the floor ``>= min_users`` applied if ``min_users > 0`` (0 keeps
+    every item, negative noisy counts included: they are unbiased); same draws as the Beam transform."""
     noise = CountNoise(sigma2, seed, round_)
     out = {item: noise.noisy(item, c) for item, c in counts.items()}
-    return {item: c for item, c in out.items() if c >= min_users}
+    if min_users > 0:
+        out = {item: c for item, c in out.items() if c >= min_users}
+    return out
