@@ -171,3 +171,18 @@ def _dedent(fn):
     import textwrap
 
     return textwrap.dedent(inspect.getsource(fn))
+
+
+def test_system_source_drops_its_buffer_in_a_forked_process(monkeypatch):
+    """A process forked after the buffer was filled must not replay the parent's bytes."""
+    import os
+
+    src = dg.SystemSource()
+    src.randbelow(1 << 64)
+    parent_buf, parent_pos = src._buf, src._pos
+    parent_next = parent_buf[parent_pos : parent_pos + 8]
+    real_pid = os.getpid()
+    monkeypatch.setattr(dg.os, "getpid", lambda: real_pid + 1)
+    child_next = src._bytes(8)
+    assert src._buf is not parent_buf and src._pos == 8
+    assert child_next != parent_next  # P[equal] = 2^-64

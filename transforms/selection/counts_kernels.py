@@ -14,7 +14,7 @@ COUNT_NOISE_PURPOSE = "count_noise"
 class CountNoise:
     """``noisy(item, count) = count + X_item``, X ~ N_Z(0, sigma^2) drawn exactly (an int).
 
-    Seeded: X_item is a function of (seed, 'count_noise', round, item). Unseeded: OS entropy (``secrets``).
+    Seeded: X_item is a function of (seed, 'count_noise', round, item). Unseeded: OS entropy (``os.urandom``).
     """
 
     def __init__(self, sigma2: Fraction, seed: Optional[int], round_: int):
