@@ -18,6 +18,7 @@ from privacy.selection import SelectionParams, plan_counts
 from transforms import SelectPartitions, reference
 from transforms.selection import counts_kernels
 from transforms.selection.counts import ReleaseCounts
+from transforms.testing.beam import format_tsv
 
 from beam_helpers import collect
 from conftest import pairs_of, random_user_sets
@@ -166,3 +167,18 @@ def test_min_users_floor_is_applied_to_the_noisy_counts(sets):
     floored = reference.select_counts(sets, "basic", params.replace(min_users=floor), seed=4)
     assert floored == {i: c for i, c in full.items() if c >= floor}
     assert 0 < len(floored) < len(full)
+
+
+def test_counts_in_multi_processing_mode_equal_the_reference(sets):
+    """Two worker processes (DoFns imported by module name, the sampler's source set up per worker)."""
+    params = SelectionParams(epsilon=2.0, delta=1e-5, max_contributions=5, release_counts=True, min_users=1)
+    want = reference.select_counts(sets, "mad", params, seed=21)
+    got = _parse(
+        collect(
+            lambda p: p | beam.Create(pairs_of(sets)) | SelectPartitions("mad", params, seed=21),
+            mode="multi_processing",
+            workers=2,
+            fmt=format_tsv,  # a package function: the workers import DoFns by module name
+        )
+    )
+    assert got == want and len(got) > 10
