@@ -65,6 +65,7 @@ __all__ = [
     "plan_runs",
     "plan_dpne_counts",
     "count_l0",
+    "release_privacy",
 ]
 
 DPNE_ALGORITHMS = ("dpne", "dpsu_all", "dpsu_even", "dpsu_single")
@@ -244,6 +245,19 @@ def dpne_composed_privacy(sigmas: Sequence[float], epsilon: float, delta: float)
         "total_delta": gd + delta / 2.0,
         "epsilon_at_delta": gaussian_epsilon(sc, delta / 2.0),
     }
+
+
+def release_privacy(runs: Sequence["RunPlan"], params: DPNEParams, count_plan=None) -> Dict[str, float]:
+    """:func:`dpne_composed_privacy` of a plan's runs, with the counts when released: their continuous
+    equivalent (privacy/counts.py, kernel lemma) joins the GDP composition, and the thresholds' delta
+    is ``(1 - count_budget) delta / 2``. ``total_delta`` must be <= delta (the tests check it)."""
+    sigmas = [r.sigma for r in runs]
+    if count_plan is not None:
+        sigmas.append(count_plan.sigma_continuous / math.sqrt(count_plan.l0))
+    comp = dpne_composed_privacy(sigmas, params.epsilon, params.delta)
+    if count_plan is not None:
+        comp["total_delta"] = comp["gaussian_delta"] + (1.0 - params.count_budget) * params.delta / 2.0
+    return comp
 
 
 # ---------------------------------------------------------------------------------------------

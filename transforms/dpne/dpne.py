@@ -43,6 +43,7 @@ from privacy.calibration import mad_tau
 from privacy.dpne import DPNEParams, RunPlan, dpne_rho_k, plan_dpne_counts, plan_runs, spurious_probability
 from transforms.core import randomness
 from transforms.core import text as tx
+from transforms.core.allowlist import KeepAllowlisted, check_allowlist
 from transforms.core.bounding import BoundContributions
 from transforms.core.joins import user_shard
 from transforms.core.noise import AddNoise
@@ -475,6 +476,8 @@ class DPNE(beam.PTransform):
         :func:`transforms.core.text.default_tokenize`.
       num_shards: execution option: user shards per join key in the pruning joins (spreads hot
         (k-1)-grams); changes the cost, never the output.
+      allowlist: optional PUBLIC list of candidate n-grams (words joined by single spaces; an iterable
+        or a PCollection): n-grams not in it are dropped at every level before bounding (docs/counts.md).
     """
 
     def __init__(
@@ -485,6 +488,7 @@ class DPNE(beam.PTransform):
         seed: Optional[int] = None,
         tokenizer=tx.default_tokenize,
         num_shards: int = 8,
+        allowlist=None,
         label=None,
     ):
         super().__init__(label)
@@ -495,6 +499,7 @@ class DPNE(beam.PTransform):
         self._tokenizer = tokenizer
         self._shards = max(1, int(num_shards))
         self.counts = plan_dpne_counts(algorithm, params)  # privacy.counts.CountPlan or None
+        self.allowlist = check_allowlist(allowlist)
 
     def expand(self, texts):
         randomness.warn_if_seeded(self._seed)
@@ -517,6 +522,8 @@ class DPNE(beam.PTransform):
             k = run.lengths[0]
             name = f"L{k}"
             pairs = texts | f"{name}/Grams" >> beam.FlatMap(user_grams, (k,))  # (user, kgram)
+            if self.allowlist is not None:
+                pairs = pairs | f"{name}/Allowlist" >> KeepAllowlisted(self.allowlist)  # (user, kgram) allowed
             if k == 1:
                 level = (
                     p
@@ -608,6 +615,8 @@ class DPNE(beam.PTransform):
                 | f"{name}/Level" >> beam.Map(baseline_level, run, prm.weighting, prm.beta)
             )  # {rho, ...}
             pairs = texts | f"{name}/Grams" >> beam.FlatMap(user_grams, run.lengths)  # (user, g)
+            if self.allowlist is not None:
+                pairs = pairs | f"{name}/Allowlist" >> KeepAllowlisted(self.allowlist)  # (user, g) allowed
             released, _, user_sets = pairs | f"{name}/Run" >> _NoisyRun(
                 level, run.sigma, run.max_contributions, run.round_, prm.weighting, prm.d_max, self._seed
             )  # g

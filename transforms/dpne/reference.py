@@ -29,10 +29,10 @@ from privacy.counts import CountPlan
 from privacy.dpne import (
     DPNEParams,
     RunPlan,
-    dpne_composed_privacy,
     dpne_rho_k,
     plan_dpne_counts,
     plan_runs,
+    release_privacy,
     spurious_probability,
 )
 from transforms.core import randomness
@@ -158,14 +158,7 @@ def sample_spurious(sampler: dpne_kernels.ValidSampler, supp: Set[str], q: float
 
 
 def _summary(algorithm: str, params: DPNEParams, sigma_star: float, runs: List[RunPlan], count_plan) -> Dict[str, Any]:
-    sigmas = [r.sigma for r in runs]
-    if algorithm == "dpsu_all" or algorithm == "dpsu_single":
-        sigmas = [runs[0].sigma]
-    if count_plan is not None:  # the counts as a Gaussian of sensitivity 1 (privacy/counts.py, kernel lemma)
-        sigmas = sigmas + [count_plan.sigma_continuous / math.sqrt(count_plan.l0)]
-    comp = dpne_composed_privacy(sigmas, params.epsilon, params.delta)
-    if count_plan is not None:  # the thresholds' delta is (1 - f) delta / 2
-        comp["total_delta"] = comp["gaussian_delta"] + (1 - params.count_budget) * params.delta / 2
+    comp = release_privacy(runs, params, count_plan)
     d = dataclasses.asdict(params)
     d["max_contributions"] = list(params.deltas)
     return {
@@ -189,6 +182,7 @@ def dpne_reference(
     rng: Optional[np.random.Generator] = None,
     tokenizer=tx.default_tokenize,
     user_grams: Optional[Dict[int, Dict[Any, Set[str]]]] = None,
+    allowlist: Optional[Iterable[str]] = None,
 ) -> DPNEResult:
     """Runs ``algorithm`` in memory on ``records`` (dict user -> text(s), or (user, text) pairs).
 
@@ -197,6 +191,7 @@ def dpne_reference(
       params: :class:`privacy.dpne.DPNEParams`.
       seed: reproducible mode (NOT private against anyone who knows it); else ``rng`` or OS entropy.
       user_grams: optional precomputed :func:`user_kgrams` output (benchmarks reuse it across seeds).
+      allowlist: optional PUBLIC list of candidate n-grams; the others are dropped before bounding.
     """
     sigma_star, runs = plan_runs(algorithm, params)  # validates algorithm and params before any work
     if seed is None and rng is None:
@@ -204,6 +199,13 @@ def dpne_reference(
     randomness.warn_if_seeded(seed)
     if user_grams is None:
         user_grams = user_kgrams(records, params.max_n, tokenizer)
+    if allowlist is not None:
+        if isinstance(allowlist, (str, bytes)):
+            raise ValueError("allowlist must be an iterable of n-grams (e.g. a list or set), not a single str")
+        allowed = frozenset(allowlist)
+        user_grams = {
+            k: {u: {g for g in gs if g in allowed} for u, gs in users.items()} for k, users in user_grams.items()
+        }
     count_plan = plan_dpne_counts(algorithm, params)
     summary = _summary(algorithm, params, sigma_star, runs, count_plan)
     seconds: Dict[str, float] = {}

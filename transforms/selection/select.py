@@ -18,6 +18,7 @@ import apache_beam as beam
 from privacy.selection import SelectionParams, algorithm_spec, plan_counts, plan_rounds
 from privacy.validation import check_int
 from transforms.core import randomness
+from transforms.core.allowlist import KeepAllowlisted, check_allowlist
 from transforms.core.bounding import BoundContributions, CapUserItemsFn
 from transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
 from transforms.core.noise import NoisyThreshold, only_value, tag_round
@@ -124,11 +125,6 @@ class _DPSIPS(beam.PTransform):
         return tagged, capped
 
 
-def in_allowlist(pair, allowed) -> bool:
-    """(user, item) -> whether the item is in the public allowlist (a set or a side-input dict)."""
-    return pair[1] in allowed
-
-
 def join_round(element):
     """(item, {'round': [r], 'count': [c]}) -> (r, (item, c)) for items that kept their count."""
     item, grouped = element
@@ -223,18 +219,14 @@ class SelectPartitions(beam.PTransform):
         self.params = params
         self.seed = seed
         self.output_rounds = output_rounds
-        self.allowlist = _check_allowlist(allowlist)
+        self.allowlist = check_allowlist(allowlist)
         self.rounds = plan_rounds(algorithm, params)  # calibrated before any data is read
         self.counts = plan_counts(algorithm, params)  # None without release_counts
 
     def expand(self, pairs):
         randomness.warn_if_seeded(self.seed)
         if self.allowlist is not None:
-            if isinstance(self.allowlist, beam.pvalue.PCollection):
-                allowed = beam.pvalue.AsDict(self.allowlist | "AllowlistAsDict" >> beam.Map(as_present))
-            else:
-                allowed = self.allowlist
-            pairs = pairs | "Allowlist" >> beam.Filter(in_allowlist, allowed)  # (user, item), item allowed
+            pairs = pairs | "Allowlist" >> KeepAllowlisted(self.allowlist)  # (user, item), item allowed
         runner = _RUNNERS[self.spec.shape](
             self.spec, self.rounds, self.params, self.seed, self.join_options, self.counts is not None
         )
@@ -269,21 +261,6 @@ class SelectPartitions(beam.PTransform):
 def swap(element):
     """(a, b) -> (b, a)."""
     return element[1], element[0]
-
-
-def _check_allowlist(allowlist):
-    """None, a PCollection of items, or an iterable of items (frozen into a set)."""
-    if allowlist is None or isinstance(allowlist, beam.pvalue.PCollection):
-        return allowlist
-    if isinstance(allowlist, (str, bytes)):
-        raise ValueError("allowlist must be an iterable of items (e.g. a list or set), not a single str")
-    try:
-        return frozenset(allowlist)
-    except TypeError:
-        raise ValueError(
-            f"allowlist must be None, a PCollection of items or an iterable of hashable items, got "
-            f"{type(allowlist).__name__}"
-        ) from None
 
 
 def _mad2r(spec, plans, params, seed, join_options, with_user_sets):
