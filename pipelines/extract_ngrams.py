@@ -189,9 +189,16 @@ EVALUATION = Evaluation(evaluation_pairs, evaluation_group)
 
 def summarize(report: dict, args, params) -> str:
     per_k = {d.get("k", d.get("run")): d["released"] for d in report["levels"]}
+    counts = ""
+    if report.get("counts"):
+        c = report["counts"]
+        counts = (
+            f"; {c['released_with_counts']} written with counts (noise std {c['noise_std']:.3g}, "
+            f"95% within +-{c['error_bound_95']})"
+        )
     return (
         f"released {report['released']} n-grams ({args.algorithm}, epsilon={params.epsilon:g}, "
-        f"delta={params.delta:g}) {per_k}; n-grams: {args.output}*  report: {args.report}"
+        f"delta={params.delta:g}) {per_k}{counts}; n-grams: {args.output}*  report: {args.report}"
     )
 
 
