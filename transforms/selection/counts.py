@@ -6,7 +6,7 @@ Output: ``(item, noisy_count)`` with Python ints, one per released item whose no
 ``>= min_users``.
 
 Stages:
-  AsReleased        (item, True)                     the released items
+  AsReleased        (item, True)                     the released items, materialised (GroupByKey)
   Barrier           (user, [item])                   materialised capped sets (no fusion deadlock)
   AttachReleased    (user, (S_u, [(item, True)]))    which of the user's items were released:
                                                      side-input dict when few, else the
@@ -43,8 +43,9 @@ def as_released(item):
     return item, True
 
 
-def zero_count(item):
-    return item, 0
+def zero_count(element):
+    """(item, True) -> (item, 0)."""
+    return element[0], 0
 
 
 class BundleHolderCountsFn(BundleDictFn):
@@ -109,7 +110,14 @@ class ReleaseCounts(beam.PTransform):
         self._join = dict(max_users_per_key=max_users_per_key, max_broadcast_items=max_broadcast_items)
 
     def expand(self, user_sets):
-        marked = self._released | "AsReleased" >> beam.Map(as_released)  # (item, True)
+        marked = (
+            self._released
+            | "AsReleased" >> beam.Map(as_released)  # (item, True)
+            # materialised once (a GroupByKey on the unique items): the join and the zero counts below
+            # read the same released set even if the stage that drew its noise were re-executed
+            | "CheckpointReleased" >> beam.GroupByKey()  # (item, [True])
+            | "OneMark" >> beam.MapTuple(only_value)  # (item, True)
+        )
         user_sets = (
             user_sets
             # A materialisation barrier (a GroupByKey on the unique user keys): the released items are
@@ -124,7 +132,7 @@ class ReleaseCounts(beam.PTransform):
             holders = joined | "Holders" >> beam.ParDo(BundleHolderCountsFn())  # (item, partial count)
         else:
             holders = joined | "Holders" >> beam.FlatMap(holder_ones)  # (item, 1)
-        zeros = self._released | "ZeroForReleased" >> beam.Map(zero_count)  # (item, 0)
+        zeros = marked | "ZeroForReleased" >> beam.Map(zero_count)  # (item, 0)
         noisy = (
             (holders, zeros)
             | "HoldersAndZeros" >> beam.Flatten()  # (item, partial count)
