@@ -73,6 +73,16 @@ def int_list(text: str) -> List[int]:
     return _numbers(text, int, "an integer or comma-separated integers")
 
 
+def switch_value(text: str) -> bool:
+    """The value of a boolean switch given as ``--flag=VALUE``: true/false (also 1/0, yes/no)."""
+    value = text.strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 #: The comma-separated list types (the template metadata regexes of such flags are checked as lists).
 LIST_TYPES = (float_list, int_list)
 
@@ -169,9 +179,10 @@ def add_params_args(
     """One flag ``--<field>`` per field of the parameter dataclass ``params_cls`` (minus ``exclude``).
 
     The help text is the field's ``metadata["help"]``, the choices its ``metadata["choices"]``; a field
-    without a default is a required flag, a ``bool`` field a switch, a tuple field a comma-separated
-    list. The dataclass validates the values (:func:`params_from_args`), so the CLI, the Python API and
-    the report share one definition of every parameter.
+    without a default is a required flag, a ``bool`` field a switch (that also takes ``=true|false``,
+    for template launchers), a tuple field a comma-separated list. The dataclass validates the values
+    (:func:`params_from_args`), so the CLI, the Python API and the report share one definition of every
+    parameter.
     """
     hints = typing.get_type_hints(params_cls)
     group = parser.add_argument_group(title)
@@ -185,7 +196,17 @@ def add_params_args(
         required = f.default is dataclasses.MISSING
         help_text = f.metadata["help"]
         if kind is bool:
-            group.add_argument(f"--{f.name}", action="store_true", help=help_text)
+            # a switch (--flag) that also takes a value (--flag=true|false): what a template launcher
+            # passes, since it can only pass --name=value
+            group.add_argument(
+                f"--{f.name}",
+                nargs="?",
+                const=True,
+                default=bool(f.default),
+                type=switch_value,
+                metavar="true|false",
+                help=f"{help_text} (a switch; --{f.name}=true|false also works)",
+            )
             continue
         kwargs = {"help": help_text}
         if required:

@@ -13,9 +13,11 @@ lines; ``\\n`` inside a text separates segments); ``tsv``: ``user<TAB>text``; ``
 ``dp-extract-ngrams``. The privacy flags are the fields of :class:`privacy.dpne.DPNEParams`; every
 other argument must be a Beam pipeline option: anything else stops the run. Outputs: one released
 n-gram per line, ``k<TAB>n-gram`` (words joined by single spaces), in files starting with
-``--output``; the JSON report at ``--report`` (privacy parameters, per-level sigma_k, rho_k,
-|S_{k-1}|, |V_k|, expected-spurious bound and released count - all functions of released output and
-public parameters; nothing else about the data).
+``--output`` (``k<TAB>n-gram<TAB>count`` with ``--release_counts``: the noisy count of users, an
+integer); the JSON report at ``--report`` (privacy parameters, per-level sigma_k, rho_k, |S_{k-1}|,
+|V_k|, expected-spurious bound and released count, the counts' noise scale and 95% error bound - all
+functions of released output and public parameters; nothing else about the data). ``--allowlist
+FILE``: a public list of candidate n-grams.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from typing import List, Optional
 
 import apache_beam as beam
 
-from pipelines import cli, observability, outputs
+from pipelines import cli, observability, outputs, select_partitions
 from pipelines.io import FailIfEmpty, ReadRecords
 from pipelines.reporting import Evaluation
-from privacy.dpne import DPNE_ALGORITHMS, DPNEParams, dpne_composed_privacy
+from privacy.dpne import DPNE_ALGORITHMS, DPNEParams, release_privacy
 from transforms.core import text as tx
 from transforms.dpne.dpne import DPNE
 
@@ -41,7 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
         "User-level DP n-gram extraction (DPNE; DPSU-all/-even/-single baselines) on Beam.",
     )
     cli.add_input_args(p, "text")
-    p.add_argument("--output", required=True, help="prefix of the output files (k<TAB>n-gram per line)")
+    p.add_argument(
+        "--output",
+        required=True,
+        help="prefix of the output files (k<TAB>n-gram per line; k<TAB>n-gram<TAB>count with --release_counts)",
+    )
     p.add_argument("--report", required=True, help="path of the JSON report")
     cli.add_algorithm_arg(
         p,
@@ -56,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         },
     )
     cli.add_params_args(p, DPNEParams)
+    select_partitions.add_allowlist_arg(p, "n-gram")
     p.add_argument(
         "--tokenizer", default=None, help="module:function replacing the default tokenizer (NFKC, lowercase, word runs)"
     )
@@ -72,8 +79,15 @@ def format_ngram(element) -> str:
     return f"{k}\t{gram}"
 
 
-def build_report(_, base: dict, levels: list) -> str:
+def format_ngram_count(element) -> str:
+    k, (gram, count) = element
+    return f"{k}\t{gram}\t{count}"
+
+
+def build_report(_, base: dict, levels: list, kept=None) -> str:
     report = dict(base)
+    if kept is not None:  # with counts: the n-grams written, i.e. kept by min_users (all if 0)
+        report["counts"] = dict(report["counts"], released_with_counts=int(kept))
     levels = sorted(levels, key=lambda d: (d.get("k", 0), d.get("lengths", [0])))
     report["levels"] = levels
     report["released"] = int(sum(d["released"] for d in levels))
@@ -93,12 +107,22 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
     )
     _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
     dpne = DPNE(
-        args.algorithm, params, seed=args.seed, tokenizer=cli.load_tokenizer(args.tokenizer), num_shards=args.num_shards
+        args.algorithm,
+        params,
+        seed=args.seed,
+        tokenizer=cli.load_tokenizer(args.tokenizer),
+        num_shards=args.num_shards,
+        allowlist=select_partitions.read_allowlist(pipeline, args.allowlist) if args.allowlist else None,
     )
     records = observability.mark(read.records, "Read", args)  # (user, text)
-    out = records | "DPNE" >> dpne  # {'ngrams': (k, n-gram), 'levels': dict}
-    released = observability.mark(out["ngrams"], "DPNE", args)  # (k, n-gram)
-    _ = released | "Format" >> beam.Map(format_ngram) | "WriteNgrams" >> beam.io.WriteToText(args.output)
+    out = records | "DPNE" >> dpne  # {'ngrams': (k, n-gram), 'levels': dict[, 'counts': (k, (n-gram, count))]}
+    if dpne.counts is None:
+        released = observability.mark(out["ngrams"], "DPNE", args)  # (k, n-gram)
+        lines = released | "Format" >> beam.Map(format_ngram)  # k<TAB>n-gram
+    else:
+        released = observability.mark(out["counts"], "DPNE", args)  # (k, (n-gram, count))
+        lines = released | "Format" >> beam.Map(format_ngram_count)  # k<TAB>n-gram<TAB>count
+    _ = lines | "WriteNgrams" >> beam.io.WriteToText(args.output)
     observability.attach_diagnostics(pipeline, read, args, "extract_ngrams")
     summary = {
         "params": outputs.params_report(params),  # every DPNEParams field
@@ -109,19 +133,31 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
         "input_format": args.input_format,
         "seed": args.seed,
         "private": args.seed is None,
+        "allowlist": args.allowlist,
     }
     summary["params"]["max_contributions"] = list(params.deltas)
-    # Theorem 2.1 recomputed from the noise levels actually used (GDP composition of all runs).
-    comp = dpne_composed_privacy([r.sigma for r in dpne.runs], params.epsilon, params.delta)
+    if dpne.counts is not None:  # the counts' noise scale and 95% error bound (docs/counts.md)
+        summary["counts"] = dict(
+            dpne.counts.as_report(), min_users=params.min_users, min_users_cost="none (post-processing)"
+        )
+    # Theorem 2.1 recomputed from the noise levels actually used (GDP composition of all runs and the counts).
+    comp = release_privacy(dpne.runs, params, dpne.counts)
     summary["composed_sigma"] = comp["sigma_composed"]
     summary["total_delta_bound"] = comp["total_delta"]
     report = (
         pipeline
         | "ReportSeed" >> beam.Create([None])
-        | "BuildReport" >> beam.Map(build_report, summary, beam.pvalue.AsList(out["levels"]))
+        | "BuildReport" >> beam.Map(build_report, summary, beam.pvalue.AsList(out["levels"]), *_kept_count(out, dpne))
     )
     outputs.write_single_file(report, args.report, "WriteReport")
     return dpne
+
+
+def _kept_count(out, dpne) -> list:
+    """[side input of the number of n-grams written] with counts, else []."""
+    if dpne.counts is None:
+        return []
+    return [beam.pvalue.AsSingleton(out["counts"] | "CountKept" >> beam.combiners.Count.Globally())]
 
 
 def true_ngram_lines(record, max_n: int, tokenizer):
@@ -153,9 +189,16 @@ EVALUATION = Evaluation(evaluation_pairs, evaluation_group)
 
 def summarize(report: dict, args, params) -> str:
     per_k = {d.get("k", d.get("run")): d["released"] for d in report["levels"]}
+    counts = ""
+    if report.get("counts"):
+        c = report["counts"]
+        counts = (
+            f"; {c['released_with_counts']} written with counts (noise std {c['noise_std']:.3g}, "
+            f"95% within +-{c['error_bound_95']})"
+        )
     return (
         f"released {report['released']} n-grams ({args.algorithm}, epsilon={params.epsilon:g}, "
-        f"delta={params.delta:g}) {per_k}; n-grams: {args.output}*  report: {args.report}"
+        f"delta={params.delta:g}) {per_k}{counts}; n-grams: {args.output}*  report: {args.report}"
     )
 
 

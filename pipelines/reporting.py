@@ -119,6 +119,11 @@ def _bins_json(_, bins: List, meta: dict) -> str:
     return json.dumps(out, indent=2, sort_keys=True)
 
 
+def drop_count(line: str) -> str:
+    """``item-line<TAB>count`` -> ``item-line`` (outputs of --release_counts)."""
+    return line.rsplit("\t", 1)[0]
+
+
 def evaluation_path(report_path: str) -> str:
     return report_path + ".evaluation.json"
 
@@ -129,6 +134,8 @@ def run_evaluation(evaluation: Evaluation, args, options) -> str:
     p = runner.make_pipeline(options)
     pairs = evaluation.pairs(p, args.evaluate_against, args)  # (user, line)
     released = p | "ReadReleased" >> beam.io.ReadFromText(args.output + "*")  # line
+    if getattr(args, "release_counts", False):  # item<TAB>count: the item line is what the truth has
+        released = released | "DropCounts" >> beam.Map(drop_count)  # line
     bins = pairs | "Coverage" >> CoverageByFrequency(released, evaluation.group)
     meta = {"true_data": args.evaluate_against, "released_output": args.output + "*"}
     text = p | "Seed" >> beam.Create([None]) | "ToJson" >> beam.Map(_bins_json, beam.pvalue.AsList(bins), meta)

@@ -9,9 +9,10 @@
 :class:`privacy.selection.SelectionParams`; ``--algorithm`` is a key of
 :data:`privacy.selection.ALGORITHMS`. Every other argument must be a Beam pipeline option (runner,
 Dataflow/Flink options, ``--direct_running_mode``, ``--direct_num_workers``...): anything else stops the
-run. Outputs: the released items, one per line (UTF-8), in files starting with ``--output``; the JSON
-report at ``--report`` (privacy parameters, per-round noise/threshold/released count; nothing else
-about the data).
+run. Outputs: the released items, one per line (UTF-8), in files starting with ``--output``
+(``item<TAB>count`` with ``--release_counts``: the noisy count of users, an integer); the JSON report at
+``--report`` (privacy parameters, per-round noise/threshold/released count, the counts' noise scale and
+95% error bound; nothing else about the data). ``--allowlist FILE``: a public list of candidate items.
 """
 
 from __future__ import annotations
@@ -37,12 +38,17 @@ def build_parser() -> argparse.ArgumentParser:
         "sequential PolicyGaussian/PolicyLaplace) on Beam.",
     )
     cli.add_input_args(p, "item")
-    p.add_argument("--output", required=True, help="prefix of the output files (released items, one per line)")
+    p.add_argument(
+        "--output",
+        required=True,
+        help="prefix of the output files (released items, one per line; item<TAB>count with --release_counts)",
+    )
     p.add_argument("--report", required=True, help="path of the JSON report")
     cli.add_algorithm_arg(
         p, "algorithm", tuple(ALGORITHMS), "basic", {name: spec.summary for name, spec in ALGORITHMS.items()}
     )
     cli.add_params_args(p, SelectionParams)
+    add_allowlist_arg(p, "item")
     g = p.add_argument_group("execution options (change the cost, never the output)")
     g.add_argument(
         "--max_broadcast_items",
@@ -61,6 +67,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def add_allowlist_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--allowlist",
+        default=None,
+        metavar="FILE",
+        help=f"a PUBLIC list of candidate {what}s, one per line (UTF-8 text; a file or glob, local or gs://): "
+        f"{what}s outside it are dropped before selection. It must be fixed without looking at the private "
+        "data; it changes neither the noise nor the thresholds (docs/counts.md)",
+    )
+
+
+def read_allowlist(pipeline: beam.Pipeline, path: str):
+    """The allowlist file(s) as a PCollection of items (empty lines dropped)."""
+    return (
+        pipeline
+        | "ReadAllowlist" >> beam.io.ReadFromText(path)  # line
+        | "AllowlistItems" >> beam.Filter(bool)  # item
+    )
+
+
+def format_count(element) -> str:
+    """(item, noisy_count) -> ``item<TAB>count``."""
+    item, count = element
+    return f"{item}\t{count}"
+
+
 def params_from_args(args) -> SelectionParams:
     return cli.params_from_args(SelectionParams, args)
 
@@ -77,17 +109,21 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
     )
     _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
     records = observability.mark(read.records, "Read", args)  # (user, item)
+    allowlist = read_allowlist(pipeline, args.allowlist) if args.allowlist else None
     select = SelectPartitions(
         args.algorithm,
         params,
         seed=args.seed,
         output_rounds=True,
+        allowlist=allowlist,
         max_users_per_key=args.max_users_per_key,
         max_broadcast_items=args.max_broadcast_items,
     )
-    tagged = records | "Select" >> select  # (round, item)
-    tagged = observability.mark(tagged, "Select", args)  # (round, item)
-    items = tagged | "Items" >> beam.Values()  # item
+    tagged = records | "Select" >> select  # (round, item), or (round, (item, noisy_count)) with counts
+    tagged = observability.mark(tagged, "Select", args)
+    items = tagged | "Items" >> beam.Values()  # item, or (item, noisy_count)
+    if params.release_counts:
+        items = items | "FormatCounts" >> beam.Map(format_count)  # item<TAB>count
     _ = items | "WriteItems" >> beam.io.WriteToText(args.output)
     round_counts = (
         tagged
@@ -103,7 +139,14 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
         "seed": args.seed,
         "private": args.seed is None,
         "_rounds": [r.as_report() for r in select.rounds],
+        "allowlist": args.allowlist,
     }
+    if select.counts is not None:
+        # the count release's plan: discrete Gaussian scale, std and 95% error bound (docs/counts.md);
+        # the per-round "released" numbers below are the items kept by min_users
+        base["counts"] = dict(
+            select.counts.as_report(), min_users=params.min_users, min_users_cost="none (post-processing)"
+        )
     report = (
         pipeline
         | "ReportSeed" >> beam.Create([None])
@@ -131,8 +174,12 @@ EVALUATION = Evaluation(evaluation_pairs, evaluation_group)
 
 
 def summarize(report: dict, args, params: SelectionParams) -> str:
+    counts = ""
+    if report.get("counts"):
+        c = report["counts"]
+        counts = f" with counts (noise std {c['noise_std']:.3g}, 95% within +-{c['error_bound_95']})"
     return (
-        f"released {report['released']} items ({args.algorithm}, epsilon={params.epsilon:g}, "
+        f"released {report['released']} items{counts} ({args.algorithm}, epsilon={params.epsilon:g}, "
         f"delta={params.delta:g}); items: {args.output}*  report: {args.report}"
     )
 

@@ -7,13 +7,15 @@ The public API::
 One module per family holds its validated, frozen parameter class and its calibration plan
 (``selection.py``, ``dpne.py``, ``bayesian.py``); ``calibration.py`` (analytic Gaussian mechanism,
 thresholds) and ``accounting.py`` (budget splits, Gaussian-DP composition) are shared;
-``validation.py`` holds the validators every parameter class uses; ``audit.py`` the statistics of
+``validation.py`` holds the validators every parameter class uses; ``counts.py`` the sensitivity,
+accounting and budget split of the released counts (docs/counts.md); ``audit.py`` the statistics of
 the empirical privacy audit.
 """
 
 from privacy.bayesian import BayesianParams
+from privacy.counts import CountPlan
 from privacy.dpne import DPNEParams
-from privacy.selection import ALGORITHMS, AlgorithmSpec, RoundPlan, SelectionParams, plan_rounds
+from privacy.selection import ALGORITHMS, AlgorithmSpec, RoundPlan, SelectionParams, plan_counts, plan_rounds
 from privacy.validation import PrivacyBudget
 
 __all__ = [
@@ -25,4 +27,6 @@ __all__ = [
     "AlgorithmSpec",
     "RoundPlan",
     "plan_rounds",
+    "plan_counts",
+    "CountPlan",
 ]

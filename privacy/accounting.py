@@ -135,6 +135,7 @@ def multi_round_calibration(
     accounting: str = "gdp",
     max_contributions: int = 100,
     h_per_round: Optional[Sequence[Optional[HFunction]]] = None,
+    sigma: Optional[float] = None,
 ) -> List[Calibration]:
     """Per-round Gaussian noise and thresholds of a multi-round selection (DP-SIPS, MAD2R).
 
@@ -146,6 +147,9 @@ def multi_round_calibration(
       h_per_round: one novel l_inf sensitivity bound per round (``None`` entries or ``None`` for all
         mean ``1/sqrt(t)``; MAD2R round 2 passes ``lambda t: b_max / np.sqrt(t)``, MAD paper
         Lemma 5.3).
+      sigma: 'gdp' only: the sensitivity-1 noise of the whole GDP budget, in place of
+        ``AGM(epsilon, delta / 2)`` (the selection's share when counts are released: privacy/counts.py;
+        ``delta`` is then the thresholds' delta).
 
     Returns:
       One :class:`~privacy.calibration.Calibration` per round, with ``noise='gaussian'``,
@@ -174,7 +178,10 @@ def multi_round_calibration(
             rho_r = gaussian_threshold(sigma_r, delta_r, max_contributions, h)
             out.append(Calibration("gaussian", sigma_r, rho_r, eps_r, delta_r))
     else:
-        sigma = analytic_gaussian_sigma(epsilon, delta / 2.0)
+        if sigma is None:
+            sigma = analytic_gaussian_sigma(epsilon, delta / 2.0)
+        else:
+            sigma = check_range("sigma", sigma, 0.0, math.inf, lo_open=True)
         for sigma_r, (_, delta_r), h in zip(gdp_round_sigmas(sigma, fr), budgets, hs):
             rho_r = gaussian_threshold(sigma_r, delta_r, max_contributions, h)
             eps_r = gaussian_epsilon(sigma_r, delta_r / 2.0)

@@ -45,9 +45,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from scipy import special
 
+from privacy import counts
 from privacy.accounting import gdp_compose, geometric_sigma_schedule
 from privacy.calibration import analytic_gaussian_sigma, gaussian_delta, gaussian_epsilon, gaussian_threshold
-from privacy.validation import DELTA_RANGE, EPSILON_RANGE, check_choice, check_int, check_range
+from privacy.validation import DELTA_RANGE, EPSILON_RANGE, check_bool, check_choice, check_int, check_range
 
 __all__ = [
     "DPNEParams",
@@ -62,6 +63,9 @@ __all__ = [
     "spurious_probability",
     "dpne_composed_privacy",
     "plan_runs",
+    "plan_dpne_counts",
+    "count_l0",
+    "release_privacy",
 ]
 
 DPNE_ALGORITHMS = ("dpne", "dpsu_all", "dpsu_even", "dpsu_single")
@@ -97,6 +101,9 @@ class DPNEParams:
       sample_rate: p of the sampling estimator, in (0, 1].
       dpsu_single_length: the length L of 'dpsu_single' (default T).
       beta, d_max: MAD's adaptive threshold offset (tau = rho + beta sigma) and max adaptive degree.
+      release_counts, count_budget, min_users: a DP count of users for every released n-gram (exact
+        discrete Gaussian; ``count_budget`` of epsilon and delta, composed in GDP with the levels) and
+        the floor on it (post-processing); docs/counts.md.
     """
 
     epsilon: float = _field(4.0, "total user-level epsilon, in (0, 100]")
@@ -124,6 +131,20 @@ class DPNEParams:
     dpsu_single_length: Optional[int] = _field(None, "the length L of dpsu_single (default: max_n)")
     beta: float = _field(2.0, "MAD tau_k = max(1, rho_k + beta*sigma_k), beta >= 0")
     d_max: int = _field(50, "MAD maximum adaptive degree (the proof needs d_max >= 4)")
+    release_counts: bool = _field(
+        False,
+        "also release, for every released n-gram, a DP count of the users holding it (exact discrete Gaussian "
+        "noise; spends count_budget of epsilon and delta, composed exactly; docs/counts.md)",
+    )
+    count_budget: float = _field(
+        counts.DEFAULT_COUNT_BUDGET,
+        "fraction of (epsilon, delta) spent on the released counts, in (0, 1) (only with release_counts)",
+    )
+    min_users: int = _field(
+        0,
+        "keep only released n-grams whose noisy count is >= min_users (post-processing of the noisy counts: "
+        "no privacy cost; needs release_counts); 0 keeps all",
+    )
 
     def __post_init__(self):
         s = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass setter)
@@ -158,6 +179,13 @@ class DPNEParams:
         s("beta", check_range("beta", self.beta, 0.0, math.inf))
         # MAD's privacy proof needs d_max >= 4 (Lemma 5.3); tau >= 1 is enforced by mad_tau().
         s("d_max", check_int("d_max", self.d_max, 4))
+        s("release_counts", check_bool("release_counts", self.release_counts))
+        s("count_budget", counts.check_count_budget(self.count_budget))
+        s("min_users", counts.check_min_users(self.min_users))
+        if self.min_users > 0 and not self.release_counts:
+            raise ValueError(
+                f"min_users={self.min_users} filters on the released noisy counts: it needs release_counts=True"
+            )
 
     @property
     def deltas(self) -> Tuple[int, ...]:
@@ -175,8 +203,10 @@ class DPNEParams:
 
 
 def dpne_level_sigmas(params: DPNEParams) -> Tuple[float, List[float]]:
-    """``(sigma*, [sigma_1..sigma_T])``: sigma* = AGM(eps, delta/2), geometric schedule composing to it."""
-    sigma_star = analytic_gaussian_sigma(params.epsilon, params.delta / 2.0)
+    """``(sigma*, [sigma_1..sigma_T])``: sigma* = AGM(eps, delta/2) (with ``release_counts``: the levels'
+    share, :func:`plan_runs`), geometric schedule composing to it."""
+    share = _count_share("dpne", params)
+    sigma_star = analytic_gaussian_sigma(params.epsilon, params.delta / 2.0) if share is None else share.sigma
     return sigma_star, geometric_sigma_schedule(sigma_star, params.max_n, params.sigma_decay)
 
 
@@ -217,6 +247,19 @@ def dpne_composed_privacy(sigmas: Sequence[float], epsilon: float, delta: float)
     }
 
 
+def release_privacy(runs: Sequence["RunPlan"], params: DPNEParams, count_plan=None) -> Dict[str, float]:
+    """:func:`dpne_composed_privacy` of a plan's runs, with the counts when released: their continuous
+    equivalent (privacy/counts.py, kernel lemma) joins the GDP composition, and the thresholds' delta
+    is ``(1 - count_budget) delta / 2``. ``total_delta`` must be <= delta (the tests check it)."""
+    sigmas = [r.sigma for r in runs]
+    if count_plan is not None:
+        sigmas.append(count_plan.sigma_continuous / math.sqrt(count_plan.l0))
+    comp = dpne_composed_privacy(sigmas, params.epsilon, params.delta)
+    if count_plan is not None:
+        comp["total_delta"] = comp["gaussian_delta"] + (1.0 - params.count_budget) * params.delta / 2.0
+    return comp
+
+
 # ---------------------------------------------------------------------------------------------
 # Run plans (DPNE levels and DPSU baselines)
 # ---------------------------------------------------------------------------------------------
@@ -242,20 +285,49 @@ class RunPlan:
         return dataclasses.asdict(self)
 
 
+def count_l0(algorithm: str, params: DPNEParams) -> int:
+    """Coordinates of the count vector one user can change: ``sum_k Delta_k`` over the lengths released
+    (one capped set per level, or dpsu_all's one set capped at the sum), ``Delta_L`` for dpsu_single."""
+    if algorithm == "dpsu_single":
+        return params.deltas[params.dpsu_single_length - 1]
+    return int(sum(params.deltas))
+
+
+def _count_share(algorithm: str, params: DPNEParams) -> Optional[counts.SelectionShare]:
+    if not params.release_counts:
+        return None
+    return counts.split_gdp(params.epsilon, params.delta, params.count_budget, count_l0(algorithm, params))
+
+
+def plan_dpne_counts(algorithm: str, params: DPNEParams) -> Optional[counts.CountPlan]:
+    """The count release's plan (one discrete Gaussian for every released n-gram of every length; the
+    randomness-contract round of run r's counts is ``r.round_``), or None without ``release_counts``."""
+    algorithm = check_choice("algorithm", algorithm, DPNE_ALGORITHMS)
+    share = _count_share(algorithm, params)
+    return None if share is None else share.counts
+
+
 def plan_runs(algorithm: str, params: DPNEParams) -> Tuple[float, List[RunPlan]]:
-    """``(sigma*, runs)`` of ``algorithm`` (one of :data:`DPNE_ALGORITHMS`; see the module docstring)."""
+    """``(sigma*, runs)`` of ``algorithm`` (one of :data:`DPNE_ALGORITHMS`; see the module docstring).
+
+    With ``release_counts`` the levels get the selection's share of the GDP budget (``sigma*`` is
+    ``1 / mu_sel``) and the thresholds ``(1 - count_budget)`` of ``delta`` (privacy/counts.py, 'gdp').
+    """
     algorithm = check_choice("algorithm", algorithm, DPNE_ALGORITHMS)
     if not isinstance(params, DPNEParams):
         raise TypeError(f"params must be a DPNEParams, got {type(params).__name__}")
-    sigma_star = analytic_gaussian_sigma(params.epsilon, params.delta / 2.0)
+    share = _count_share(algorithm, params)
+    if share is None:
+        sigma_star = analytic_gaussian_sigma(params.epsilon, params.delta / 2.0)
+        delta_thr = params.delta
+    else:
+        sigma_star, delta_thr = share.sigma, share.delta_threshold
     T = params.max_n
     deltas = params.deltas
     if algorithm == "dpne":
         _, sigmas = dpne_level_sigmas(params)
         runs = [
-            RunPlan(
-                "level_1", (1,), sigmas[0], deltas[0], dpne_rho_1(sigmas[0], params.delta, deltas[0]), params.delta, 1
-            )
+            RunPlan("level_1", (1,), sigmas[0], deltas[0], dpne_rho_1(sigmas[0], delta_thr, deltas[0]), delta_thr, 1)
         ]
         for k in range(2, T + 1):
             runs.append(RunPlan(f"level_{k}", (k,), sigmas[k - 1], deltas[k - 1], None, None, k))
@@ -268,14 +340,14 @@ def plan_runs(algorithm: str, params: DPNEParams) -> Tuple[float, List[RunPlan]]
                 tuple(range(1, T + 1)),
                 sigma_star,
                 d,
-                gaussian_threshold(sigma_star, params.delta, d),
-                params.delta,
+                gaussian_threshold(sigma_star, delta_thr, d),
+                delta_thr,
                 0,
             )
         ]
     if algorithm == "dpsu_even":
         sig = sigma_star * math.sqrt(T)  # GDP: T equal shares of mu^2 = 1/sigma*^2
-        dk = params.delta / T
+        dk = delta_thr / T
         return sigma_star, [
             RunPlan(f"dpsu_even_{k}", (k,), sig, deltas[k - 1], gaussian_threshold(sig, dk, deltas[k - 1]), dk, k)
             for k in range(1, T + 1)
@@ -287,8 +359,8 @@ def plan_runs(algorithm: str, params: DPNEParams) -> Tuple[float, List[RunPlan]]
             (L,),
             sigma_star,
             deltas[L - 1],
-            gaussian_threshold(sigma_star, params.delta, deltas[L - 1]),
-            params.delta,
+            gaussian_threshold(sigma_star, delta_thr, deltas[L - 1]),
+            delta_thr,
             L,
         )
     ]

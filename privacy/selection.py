@@ -34,9 +34,10 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from privacy import accounting, calibration
+from privacy import accounting, calibration, counts
 from privacy.validation import (
     PrivacyBudget,
+    check_bool,
     check_choice,
     check_fractions,
     check_int,
@@ -54,6 +55,7 @@ __all__ = [
     "SelectionParams",
     "RoundPlan",
     "plan_rounds",
+    "plan_counts",
 ]
 
 # --------------------------------------------------------------------------------------------------
@@ -266,6 +268,20 @@ class SelectionParams:
         "policy algorithms gather the user sets on one worker: fail before that if there are more "
         "(user, item) pairs after contribution bounding (about 250 bytes per pair on that worker)",
     )
+    release_counts: bool = _field(
+        False,
+        "also release, for every released item, a DP count of the users holding it (exact discrete Gaussian "
+        "noise on the capped data; spends count_budget of epsilon and delta, composed exactly; docs/counts.md)",
+    )
+    count_budget: float = _field(
+        counts.DEFAULT_COUNT_BUDGET,
+        "fraction of (epsilon, delta) spent on the released counts, in (0, 1) (only with release_counts)",
+    )
+    min_users: int = _field(
+        0,
+        "keep only released items whose noisy count is >= min_users (post-processing of the noisy counts: "
+        "no privacy cost; needs release_counts); 0 keeps all",
+    )
 
     def __post_init__(self):
         budget = PrivacyBudget(self.epsilon, self.delta)
@@ -285,7 +301,14 @@ class SelectionParams:
             alpha=check_range("alpha", self.alpha, 0.0, math.inf),
             passes=check_int("passes", self.passes, 1, 100),
             max_sequential_pairs=check_int("max_sequential_pairs", self.max_sequential_pairs, 1),
+            release_counts=check_bool("release_counts", self.release_counts),
+            count_budget=counts.check_count_budget(self.count_budget),
+            min_users=counts.check_min_users(self.min_users),
         )
+        if self.min_users > 0 and not self.release_counts:
+            raise ValueError(
+                f"min_users={self.min_users} filters on the released noisy counts: it needs release_counts=True"
+            )
 
     def replace(self, **changes) -> "SelectionParams":
         return dataclasses.replace(self, **changes)
@@ -335,16 +358,48 @@ class RoundPlan:
         return d
 
 
-def _one_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan, ...]:
+def selection_share(spec: AlgorithmSpec, params: SelectionParams) -> Optional[counts.SelectionShare]:
+    """The selection's budget when counts are released (None without counts): privacy/counts.py.
+
+    Gaussian selections compose with the counts in Gaussian DP ('gdp'), Laplace selections as a pure
+    eps_0-DP mechanism ('pure'), multi-round selections under ``accounting='basic'`` by basic composition.
+    """
+    if not params.release_counts:
+        return None
+    args = (params.epsilon, params.delta, params.count_budget, params.max_contributions)
+    if spec.shape in ("dp_sips", "mad2r"):
+        return (counts.split_gdp if params.accounting == "gdp" else counts.split_basic)(*args)
+    if spec.calibration in ("weighted_gaussian", "count_gaussian"):
+        return counts.split_gdp(*args)
+    return counts.split_pure(*args)
+
+
+def _one_round_calibration(spec: AlgorithmSpec, params: SelectionParams) -> calibration.Calibration:
     eps, delta, d0 = params.epsilon, params.delta, params.max_contributions
-    c = getattr(calibration, f"calibrate_{spec.calibration}")(eps, delta, d0)
+    share = selection_share(spec, params)
+    if share is None:
+        return getattr(calibration, f"calibrate_{spec.calibration}")(eps, delta, d0)
+    if share.composition == "pure":  # Laplace at (eps_0, (1 - f) delta): the calibration of its own budget
+        return getattr(calibration, f"calibrate_{spec.calibration}")(share.epsilon, share.delta_threshold, d0)
+    # 'gdp': the selection's share of mu^2 (sensitivity sqrt(Delta_0) for the count weighting, h = 1)
+    if spec.calibration == "count_gaussian":
+        sigma = math.sqrt(d0) * share.sigma
+        rho = calibration.gaussian_threshold(sigma, share.delta_threshold, d0, h=np.ones_like)
+    else:
+        sigma = share.sigma
+        rho = calibration.gaussian_threshold(sigma, share.delta_threshold, d0)
+    return calibration.Calibration("gaussian", sigma, rho, share.epsilon, share.delta_threshold)
+
+
+def _one_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan, ...]:
+    c = _one_round_calibration(spec, params)
     tau = calibration.mad_tau(c.threshold, c.noise_scale, params.beta) if spec.weighting == "mad" else None
     # Policy algorithms: Theorem 5.1's sigma and rho_Gauss (h(t) = 1/sqrt(t)) are those of weighted
     # Gaussian (Theorem B.2); Theorem 4.1's Lap(1/eps) and rho_Lap (h(t) = 1/t) those of weighted Laplace
     # (Theorem B.1): an item held only by a new user with t such items gets at most 1/sqrt(t)
     # (l2-descent) or 1/t (l1-descent), since those items all start at 0 and are raised equally.
     gamma = c.threshold + params.alpha * c.noise_scale if spec.sequential else None  # Alg. 4 / 6 (erratum)
-    return (RoundPlan(1, eps, delta, c.noise, c.noise_scale, c.threshold, spec.weighting, tau, spec.h, gamma),)
+    return (RoundPlan(1, c.epsilon, c.delta, c.noise, c.noise_scale, c.threshold, spec.weighting, tau, spec.h, gamma),)
 
 
 def _gaussian_rounds(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan, ...]:
@@ -358,9 +413,25 @@ def _gaussian_rounds(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[Roun
     else:  # dp_sips
         hs = [None] * len(fractions)
         hnames = ["1/sqrt(t)"] * len(fractions)
-    cals = accounting.multi_round_calibration(
-        params.epsilon, params.delta, fractions, params.accounting, params.max_contributions, h_per_round=hs
-    )
+    share = selection_share(spec, params)
+    if share is None:
+        cals = accounting.multi_round_calibration(
+            params.epsilon, params.delta, fractions, params.accounting, params.max_contributions, h_per_round=hs
+        )
+    elif share.composition == "gdp":  # the rounds split the selection's share of mu^2 and of the thresholds' delta
+        cals = accounting.multi_round_calibration(
+            params.epsilon,
+            share.delta_threshold,
+            fractions,
+            "gdp",
+            params.max_contributions,
+            h_per_round=hs,
+            sigma=share.sigma,
+        )
+    else:  # 'basic': the rounds split ((1 - f) eps, (1 - f) delta)
+        cals = accounting.multi_round_calibration(
+            share.epsilon, share.delta_threshold, fractions, "basic", params.max_contributions, h_per_round=hs
+        )
     rounds = []
     for r, c in enumerate(cals, start=1):
         tau = calibration.mad_tau(c.threshold, c.noise_scale, params.beta) if spec.weighting == "mad" else None
@@ -377,3 +448,9 @@ def plan_rounds(algorithm: str, params: SelectionParams) -> Tuple[RoundPlan, ...
     """The calibrated rounds of ``algorithm`` under ``params`` (see the module docstring)."""
     spec = algorithm_spec(algorithm)
     return _PLANNERS[spec.shape](spec, params)
+
+
+def plan_counts(algorithm: str, params: SelectionParams) -> Optional[counts.CountPlan]:
+    """The count release's plan (discrete Gaussian noise, error bound) or None without ``release_counts``."""
+    share = selection_share(algorithm_spec(algorithm), params)
+    return None if share is None else share.counts

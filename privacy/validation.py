@@ -59,6 +59,13 @@ def check_int(name: str, value: Any, lo: int = 1, hi: Optional[int] = None) -> i
     return v
 
 
+def check_bool(name: str, value: Any) -> bool:
+    """Validates a flag: ``True`` or ``False`` (not a string, not a number)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def check_choice(name: str, value: Any, choices: Sequence[str]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")

@@ -128,7 +128,7 @@ def test_metadata_parameters_are_the_cli_flags(name):
     spec.module().params_from_args(parsed)  # the launch values are valid parameters, too
 
 
-INT_FLAGS_ALLOWING_ZERO = {"max_broadcast_items"}
+INT_FLAGS_ALLOWING_ZERO = {"max_broadcast_items", "min_users"}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -158,7 +158,8 @@ def test_regexes_accept_defaults_and_examples_and_reject_bad_values(name):
                 assert not ok(bad), (p["name"], bad)
         if a.type is int:
             assert not ok("1.5"), p["name"]
-            # 0 is meaningful only where the flag allows it (0 broadcast items = always the sharded join)
+            # 0 is meaningful only where the flag allows it (0 broadcast items = always the sharded join;
+            # min_users 0 = no floor)
             assert ok("0") == (p["name"] in INT_FLAGS_ALLOWING_ZERO), p["name"]
 
 

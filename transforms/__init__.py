@@ -7,7 +7,8 @@ The public API (everything else is internal and may change)::
     items = pairs | SelectPartitions("mad2r", SelectionParams(epsilon=1, delta=1e-5))  # (user, item) -> item
 
 Building blocks for custom pipelines: :class:`BoundContributions`, :class:`UserSetWeights`,
-:class:`MADWeights`, :class:`AddNoise`, :class:`NoisyThreshold`, :class:`JoinValuesToSets`.
+:class:`MADWeights`, :class:`AddNoise`, :class:`NoisyThreshold`, :class:`JoinValuesToSets`,
+:class:`ReleaseCounts` (DP counts of released items, exact discrete Gaussian noise).
 
 Layout: one subpackage per family - ``core`` (randomness contract, exact sums, bounding, noise,
 joins, text), ``selection``, ``dpne``, ``bayesian`` - each with pure kernels (``*_kernels.py``), Beam
@@ -22,6 +23,7 @@ from transforms.core.joins import JoinValuesToSets
 from transforms.core.noise import AddNoise, NoisyThreshold
 from transforms.dpne.dpne import DPNE
 from transforms.selection.basic import UserSetWeights
+from transforms.selection.counts import ReleaseCounts
 from transforms.selection.mad import MADWeights
 from transforms.selection.select import SelectPartitions
 
@@ -37,4 +39,5 @@ __all__ = [
     "AddNoise",
     "NoisyThreshold",
     "JoinValuesToSets",
+    "ReleaseCounts",
 ]

@@ -5,6 +5,7 @@ Same parameters, same calibration plans and the same randomness contract as the 
 under a seed each function returns exactly what its transform releases:
 
   select / select_rounds      :class:`transforms.SelectPartitions`  (transforms/selection/reference.py)
+  select_counts / release     ... with ``release_counts`` (the noisy counts; the whole result)
   dpne_reference              :class:`transforms.DPNE`              (transforms/dpne/reference.py)
   bayesian_release            :class:`transforms.BayesianNgrams`    (transforms/bayesian/reference.py)
 
@@ -19,7 +20,10 @@ from transforms.selection.reference import (
     bound_contributions,
     mad_weights,
     noisy_threshold,
+    release,
+    restrict_to_allowlist,
     select,
+    select_counts,
     select_rounds,
     user_sets_from_pairs,
 )
@@ -27,6 +31,9 @@ from transforms.selection.reference import (
 __all__ = [
     "select",
     "select_rounds",
+    "select_counts",
+    "release",
+    "restrict_to_allowlist",
     "user_sets_from_pairs",
     "bound_contributions",
     "basic_weights",

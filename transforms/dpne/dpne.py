@@ -7,6 +7,7 @@ in-memory reference (:mod:`transforms.dpne.reference`): :mod:`transforms.dpne.dp
 Input: PCollection of ``(user, text)`` (a user may have many records; each line of a text is one
 segment, n-grams never cross a line break). Output (a dict of PCollections):
   ``ngrams``  ``(k, n-gram)`` released n-grams, words joined by single spaces;
+  ``counts``  with ``params.release_counts`` only: ``(k, (n-gram, noisy_count))`` (docs/counts.md);
   ``levels``  one dict per level / run with public quantities only (sigma_k, rho_k, |S_{k-1}|,
               |V_k|, spurious bound, |S_k|) - never |supp(H_k)| or any other count of private data.
 
@@ -32,21 +33,24 @@ Stages of level k >= 2 (``S_1``, ``S_{k-1}`` are released PCollections, hence pu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Optional
 
 import apache_beam as beam
 
 from privacy.calibration import mad_tau
-from privacy.dpne import DPNEParams, RunPlan, dpne_rho_k, plan_runs, spurious_probability
+from privacy.dpne import DPNEParams, RunPlan, dpne_rho_k, plan_dpne_counts, plan_runs, spurious_probability
 from transforms.core import randomness
 from transforms.core import text as tx
+from transforms.core.allowlist import KeepAllowlisted, check_allowlist
 from transforms.core.bounding import BoundContributions
 from transforms.core.dofns import WorkerRngDoFn
 from transforms.core.joins import user_shard
 from transforms.core.noise import AddNoise
 from transforms.dpne import dpne_kernels
 from transforms.selection.basic import UserSetWeights
+from transforms.selection.counts import ReleaseCounts
 from transforms.selection.mad import MADWeights
 
 # ---------------------------------------------------------------------------------------------
@@ -160,6 +164,17 @@ def tag_length(gram):
 
 def tag_k(gram, k):
     return k, gram
+
+
+def tag_count(element):
+    """(g, count) -> (len(g), (g, count))."""
+    return tx.ngram_len(element[0]), element
+
+
+def untag_count(element):
+    """(k, (g, count)) -> (k, g)."""
+    k, (g, _) = element
+    return k, g
 
 
 def with_released(count, level):
@@ -343,7 +358,8 @@ def level_tau(level):
 class _NoisyRun(beam.PTransform):
     """(user, g) valid pairs -> released g (not yet spurious) and H's support.
 
-    Returns (released, support). ``level`` is the singleton dict with rho (and tau for MAD).
+    Returns (released, support, user_sets): the capped (user, [g]) sets are what the count release
+    counts. ``level`` is the singleton dict with rho (and tau for MAD).
     """
 
     def __init__(self, level, sigma, max_contributions, round_, weighting, d_max, seed, label=None):
@@ -366,7 +382,7 @@ class _NoisyRun(beam.PTransform):
             | "Released" >> beam.Map(first)  # g
         )
         support = hist | "Support" >> beam.Map(first)  # g in supp(H)
-        return released, support
+        return released, support, user_sets
 
 
 class _Spurious(beam.PTransform):
@@ -429,6 +445,11 @@ class _Spurious(beam.PTransform):
 class DPNE(beam.PTransform):
     """(user, text) -> {'ngrams': (k, n-gram), 'levels': level dicts} for ``algorithm``.
 
+    With ``params.release_counts`` also ``'counts'``: ``(k, (n-gram, noisy_count))`` for every released
+    n-gram whose noisy count is >= ``params.min_users`` (``'ngrams'`` then holds exactly those; the
+    levels themselves run on the released sets, the floor is post-processing). ``self.counts`` is the
+    :class:`privacy.counts.CountPlan`.
+
     Args:
       algorithm: one of :data:`privacy.dpne.DPNE_ALGORITHMS`: 'dpne' (the paper's Algorithm 1) or the
         baselines 'dpsu_all', 'dpsu_even', 'dpsu_single' (paper section 3.1.2).
@@ -440,6 +461,8 @@ class DPNE(beam.PTransform):
         :func:`transforms.core.text.default_tokenize`.
       num_shards: execution option: user shards per join key in the pruning joins (spreads hot
         (k-1)-grams); changes the cost, never the output.
+      allowlist: optional PUBLIC list of candidate n-grams (words joined by single spaces; an iterable
+        or a PCollection): n-grams not in it are dropped at every level before bounding (docs/counts.md).
     """
 
     def __init__(
@@ -450,6 +473,7 @@ class DPNE(beam.PTransform):
         seed: Optional[int] = None,
         tokenizer=tx.default_tokenize,
         num_shards: int = 8,
+        allowlist=None,
         label=None,
     ):
         super().__init__(label)
@@ -459,6 +483,8 @@ class DPNE(beam.PTransform):
         self._seed = seed
         self._tokenizer = tokenizer
         self._shards = max(1, int(num_shards))
+        self.counts = plan_dpne_counts(algorithm, params)  # privacy.counts.CountPlan or None
+        self.allowlist = check_allowlist(allowlist)
 
     def expand(self, texts):
         randomness.warn_if_seeded(self._seed)
@@ -474,20 +500,22 @@ class DPNE(beam.PTransform):
     def _dpne(self, texts):
         prm = self._params
         p = texts.pipeline
-        outputs, reports = [], []
+        outputs, reports, counted = [], [], []
         s1 = s_prev = None
         s1_count = None
         for run in self.runs:
             k = run.lengths[0]
             name = f"L{k}"
             pairs = texts | f"{name}/Grams" >> beam.FlatMap(user_grams, (k,))  # (user, kgram)
+            if self.allowlist is not None:
+                pairs = pairs | f"{name}/Allowlist" >> KeepAllowlisted(self.allowlist)  # (user, kgram) allowed
             if k == 1:
                 level = (
                     p
                     | f"{name}/LevelSeed" >> beam.Create([None])
                     | f"{name}/Level" >> beam.Map(level_one, run, prm.weighting, prm.beta)
                 )  # {rho_1, ...}
-                released, _ = pairs | f"{name}/Run" >> _NoisyRun(
+                released, _, user_sets = pairs | f"{name}/Run" >> _NoisyRun(
                     level, run.sigma, run.max_contributions, k, prm.weighting, prm.d_max, self._seed
                 )  # w
                 s_k = released | f"{name}/Checkpoint" >> beam.Reshuffle()  # S_1, materialised
@@ -526,7 +554,7 @@ class DPNE(beam.PTransform):
                     )
                 )  # {rho_k, q_k, |V_k|, ...}
                 valid = pairs | f"{name}/Prune" >> PruneToValid(s_prev, s1, prm.pruning, self._shards)  # (user, w)
-                released, support = valid | f"{name}/Run" >> _NoisyRun(
+                released, support, user_sets = valid | f"{name}/Run" >> _NoisyRun(
                     level, run.sigma, run.max_contributions, k, prm.weighting, prm.d_max, self._seed
                 )  # w
                 spurious = support | f"{name}/Spurious" >> _Spurious(
@@ -539,16 +567,31 @@ class DPNE(beam.PTransform):
                 )
             outputs.append(s_k | f"{name}/TagK" >> beam.Map(tag_k, k))  # (k, w)
             reports.append(self._finish_level(name, s_k, level))
+            if self.counts is not None:
+                counted.append(self._count(name, user_sets, s_k, run))  # (k, (w, noisy_count))
             s_prev = s_k
-        return {
-            "ngrams": tuple(outputs) | "AllLevels" >> beam.Flatten(),  # (k, n-gram)
-            "levels": tuple(reports) | "AllReports" >> beam.Flatten(),  # level dict
-        }
+        return self._outputs(outputs, reports, counted, "AllLevels")
+
+    def _count(self, name, user_sets, released, run):
+        """The run's released n-grams with their noisy counts on its capped sets: (k, (g, count))."""
+        plan = dataclasses.replace(self.counts, round=run.round_)  # count noise keyed (seed, 'count_noise', round, g)
+        return (
+            user_sets
+            | f"{name}/Counts" >> ReleaseCounts(released, plan, self._seed, self._params.min_users)  # (g, count)
+            | f"{name}/TagCounts" >> beam.Map(tag_count)  # (k, (g, count))
+        )
+
+    def _outputs(self, outputs, reports, counted, label):
+        levels = tuple(reports) | "AllReports" >> beam.Flatten()  # level / run dict
+        if self.counts is None:
+            return {"ngrams": tuple(outputs) | label >> beam.Flatten(), "levels": levels}  # (k, n-gram)
+        counts = tuple(counted) | "AllCounts" >> beam.Flatten()  # (k, (n-gram, noisy_count)), >= min_users
+        return {"ngrams": counts | "KeptNgrams" >> beam.Map(untag_count), "counts": counts, "levels": levels}
 
     def _dpsu(self, texts):
         prm = self._params
         p = texts.pipeline
-        outputs, reports = [], []
+        outputs, reports, counted = [], [], []
         for run in self.runs:
             name = run.name
             level = (
@@ -557,12 +600,14 @@ class DPNE(beam.PTransform):
                 | f"{name}/Level" >> beam.Map(baseline_level, run, prm.weighting, prm.beta)
             )  # {rho, ...}
             pairs = texts | f"{name}/Grams" >> beam.FlatMap(user_grams, run.lengths)  # (user, g)
-            released, _ = pairs | f"{name}/Run" >> _NoisyRun(
+            if self.allowlist is not None:
+                pairs = pairs | f"{name}/Allowlist" >> KeepAllowlisted(self.allowlist)  # (user, g) allowed
+            released, _, user_sets = pairs | f"{name}/Run" >> _NoisyRun(
                 level, run.sigma, run.max_contributions, run.round_, prm.weighting, prm.d_max, self._seed
             )  # g
+            if self.counts is not None:
+                released = released | f"{name}/Checkpoint" >> beam.Reshuffle()  # read by output and counts
+                counted.append(self._count(name, user_sets, released, run))  # (k, (g, noisy_count))
             outputs.append(released | f"{name}/TagK" >> beam.Map(tag_length))  # (k, g)
             reports.append(self._finish_level(name, released, level))
-        return {
-            "ngrams": tuple(outputs) | "AllRuns" >> beam.Flatten(),  # (k, n-gram)
-            "levels": tuple(reports) | "AllReports" >> beam.Flatten(),  # run dict
-        }
+        return self._outputs(outputs, reports, counted, "AllRuns")

@@ -25,11 +25,21 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Uni
 import numpy as np
 
 from privacy.calibration import mad_tau
-from privacy.dpne import DPNEParams, RunPlan, dpne_composed_privacy, dpne_rho_k, plan_runs, spurious_probability
+from privacy.counts import CountPlan
+from privacy.dpne import (
+    DPNEParams,
+    RunPlan,
+    dpne_rho_k,
+    plan_dpne_counts,
+    plan_runs,
+    release_privacy,
+    spurious_probability,
+)
 from transforms.core import randomness
 from transforms.core import text as tx
 from transforms.core.combiners import exact_sum
 from transforms.dpne import dpne_kernels
+from transforms.selection import counts_kernels
 from transforms.selection.basic_kernels import per_item_weight
 from transforms.selection.mad_kernels import mad_weights
 
@@ -61,12 +71,18 @@ def user_kgrams(records: Records, max_n: int, tokenizer=tx.default_tokenize) -> 
 
 @dataclasses.dataclass
 class DPNEResult:
-    """Released n-grams per length and the (public) report."""
+    """Released n-grams per length and the (public) report.
+
+    With ``release_counts``: ``counts[k]`` maps each released k-gram kept by ``min_users`` to its noisy
+    count (an int), ``ngrams[k]`` is the set of those k-grams, and ``count_plan`` the counts' plan.
+    """
 
     ngrams: Dict[int, Set[str]]
     levels: List[Dict[str, Any]]
     summary: Dict[str, Any]
     seconds: Dict[str, float] = dataclasses.field(default_factory=dict)  # wall time per level/run
+    counts: Optional[Dict[int, Dict[str, int]]] = None
+    count_plan: Optional[CountPlan] = None
 
     def all_ngrams(self) -> Set[str]:
         return set().union(*self.ngrams.values()) if self.ngrams else set()
@@ -74,6 +90,10 @@ class DPNEResult:
     def lines(self) -> List[str]:
         """Output lines ``k<TAB>n-gram``, sorted."""
         return sorted(f"{k}\t{g}" for k, gs in self.ngrams.items() for g in gs)
+
+    def count_lines(self) -> List[str]:
+        """Output lines ``n-gram<TAB>count`` (with ``release_counts``), sorted."""
+        return sorted(f"{g}\t{c}" for per_k in (self.counts or {}).values() for g, c in per_k.items())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,11 +157,8 @@ def sample_spurious(sampler: dpne_kernels.ValidSampler, supp: Set[str], q: float
 # ---------------------------------------------------------------------------------------------
 
 
-def _summary(algorithm: str, params: DPNEParams, sigma_star: float, runs: List[RunPlan]) -> Dict[str, Any]:
-    sigmas = [r.sigma for r in runs]
-    if algorithm == "dpsu_all" or algorithm == "dpsu_single":
-        sigmas = [runs[0].sigma]
-    comp = dpne_composed_privacy(sigmas, params.epsilon, params.delta)
+def _summary(algorithm: str, params: DPNEParams, sigma_star: float, runs: List[RunPlan], count_plan) -> Dict[str, Any]:
+    comp = release_privacy(runs, params, count_plan)
     d = dataclasses.asdict(params)
     d["max_contributions"] = list(params.deltas)
     return {
@@ -153,6 +170,7 @@ def _summary(algorithm: str, params: DPNEParams, sigma_star: float, runs: List[R
         "composed_sigma": comp["sigma_composed"],
         "composed_gaussian_delta": comp["gaussian_delta"],
         "total_delta_bound": comp["total_delta"],
+        "counts": None if count_plan is None else count_plan.as_report(),
     }
 
 
@@ -164,6 +182,7 @@ def dpne_reference(
     rng: Optional[np.random.Generator] = None,
     tokenizer=tx.default_tokenize,
     user_grams: Optional[Dict[int, Dict[Any, Set[str]]]] = None,
+    allowlist: Optional[Iterable[str]] = None,
 ) -> DPNEResult:
     """Runs ``algorithm`` in memory on ``records`` (dict user -> text(s), or (user, text) pairs).
 
@@ -172,6 +191,7 @@ def dpne_reference(
       params: :class:`privacy.dpne.DPNEParams`.
       seed: reproducible mode (NOT private against anyone who knows it); else ``rng`` or OS entropy.
       user_grams: optional precomputed :func:`user_kgrams` output (benchmarks reuse it across seeds).
+      allowlist: optional PUBLIC list of candidate n-grams; the others are dropped before bounding.
     """
     sigma_star, runs = plan_runs(algorithm, params)  # validates algorithm and params before any work
     if seed is None and rng is None:
@@ -179,16 +199,38 @@ def dpne_reference(
     randomness.warn_if_seeded(seed)
     if user_grams is None:
         user_grams = user_kgrams(records, params.max_n, tokenizer)
-    summary = _summary(algorithm, params, sigma_star, runs)
+    if allowlist is not None:
+        if isinstance(allowlist, (str, bytes)):
+            raise ValueError("allowlist must be an iterable of n-grams (e.g. a list or set), not a single str")
+        allowed = frozenset(allowlist)
+        user_grams = {
+            k: {u: {g for g in gs if g in allowed} for u, gs in users.items()} for k, users in user_grams.items()
+        }
+    count_plan = plan_dpne_counts(algorithm, params)
+    summary = _summary(algorithm, params, sigma_star, runs, count_plan)
     seconds: Dict[str, float] = {}
+    counted: Optional[Dict[int, Dict[str, int]]] = {} if count_plan is not None else None
     if algorithm == "dpne":
-        out, levels = _dpne(user_grams, params, runs, seed, rng, seconds)
+        out, levels = _dpne(user_grams, params, runs, seed, rng, seconds, count_plan, counted)
     else:
-        out, levels = _dpsu(user_grams, params, runs, seed, rng, seconds)
-    return DPNEResult(out, levels, summary, seconds)
+        out, levels = _dpsu(user_grams, params, runs, seed, rng, seconds, count_plan, counted)
+    if counted is not None:  # the output is what passed min_users; the levels ran on the released sets
+        out = {k: set(counted.get(k, {})) for k in out}
+    return DPNEResult(out, levels, summary, seconds, counted, count_plan)
 
 
-def _dpne(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng, seconds):
+def _count_run(counted, count_plan, capped, released, run: RunPlan, params: DPNEParams, seed) -> None:
+    """Noisy counts of a run's released n-grams on its capped sets (round = the run's round), by length."""
+    if counted is None:
+        return
+    noisy = counts_kernels.noisy_counts(
+        counts_kernels.holder_counts(capped, released), count_plan.sigma2, seed, run.round_, params.min_users
+    )
+    for g, c in noisy.items():
+        counted.setdefault(tx.ngram_len(g), {})[g] = c
+
+
+def _dpne(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng, seconds, count_plan=None, counted=None):
     out: Dict[int, Set[str]] = {}
     levels: List[Dict[str, Any]] = []
     s1: Set[str] = set()
@@ -230,6 +272,7 @@ def _dpne(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng, second
             if k >= 2:
                 sampler = dpne_kernels.ValidSampler(s_prev, s1, params.pruning)
                 released |= set(sample_spurious(sampler, set(hist), q, k, seed, rng))
+            _count_run(counted, count_plan, capped, released, run, params, seed)
         level["released"] = len(released)
         out[k] = released
         levels.append(level)
@@ -240,7 +283,7 @@ def _dpne(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng, second
     return out, levels
 
 
-def _dpsu(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng, seconds):
+def _dpsu(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng, seconds, count_plan=None, counted=None):
     out: Dict[int, Set[str]] = {}
     levels: List[Dict[str, Any]] = []
     for run in runs:
@@ -253,6 +296,7 @@ def _dpsu(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng, second
         capped = _capped(users, run.max_contributions, run.round_, seed, rng)
         hist = histogram(capped, params.weighting, tau, params.d_max)
         released = noisy_release(hist, run.sigma, run.rho, run.round_, seed, rng)
+        _count_run(counted, count_plan, capped, released, run, params, seed)
         for k in run.lengths:
             out[k] = {g for g in released if tx.ngram_len(g) == k}
         level = {

@@ -292,7 +292,8 @@ class MAD2R(beam.PTransform):
     items inside the pipeline - they are never written out. Round 2 drops items released in round 1
     and items whose upper bound w1 + C_ub*sigma_1 < rho_2, and runs MAD with biases
     b(i) = min(1, rho_2 / max(0, w1 - C_lb*sigma_1)) and h(t) = b_max/sqrt(t). Users are subsampled
-    once (Alg. 4 line 1).
+    once (Alg. 4 line 1). With ``with_user_sets`` the output is ``((round, item), (user, [item]))``,
+    the second being those capped sets (what the count release counts).
     """
 
     def __init__(
@@ -302,9 +303,11 @@ class MAD2R(beam.PTransform):
         seed: Optional[int],
         max_users_per_key: int = 10_000,
         max_broadcast_items: int = DEFAULT_MAX_BROADCAST_ITEMS,
+        with_user_sets: bool = False,
         label=None,
     ):
         super().__init__(label)
+        self._with_user_sets = with_user_sets
         self._r1, self._r2 = rounds
         self._params, self._seed = params, seed
         self._join = dict(max_users_per_key=max_users_per_key, max_broadcast_items=max_broadcast_items)
@@ -339,10 +342,11 @@ class MAD2R(beam.PTransform):
             | "R2AddNoise" >> AddNoise(r2.noise, r2.noise_scale, self._seed, r2.index)  # (item, ~w2)
             | "R2Threshold" >> beam.FlatMap(released_item, r2.threshold)  # item in U2
         )
-        return (
+        tagged = (
             released1 | "TagR1" >> beam.Map(tag_round, 1),
             released2 | "TagR2" >> beam.Map(tag_round, 2),
         ) | "Union" >> beam.Flatten()  # (round, item)
+        return (tagged, user_sets) if self._with_user_sets else tagged
 
 
 def round2_set(element):

@@ -98,12 +98,20 @@ class SequentialPolicy(beam.PTransform):
       plan: the single :class:`privacy.selection.RoundPlan` (noise, scale, rho, cutoff Gamma).
       params: :class:`SelectionParams` (max_contributions, passes, max_sequential_pairs).
       seed: None (OS entropy) or the reproducible-mode seed.
+      with_user_sets: output ``(released items, capped (user, [item]) sets)`` (the count release's input).
     """
 
     def __init__(
-        self, algorithm: str, plan: RoundPlan, params: SelectionParams, seed: Optional[int] = None, label=None
+        self,
+        algorithm: str,
+        plan: RoundPlan,
+        params: SelectionParams,
+        seed: Optional[int] = None,
+        with_user_sets: bool = False,
+        label=None,
     ):
         super().__init__(label)
+        self._with_user_sets = with_user_sets
         self._policy = algorithm_spec(algorithm).weighting  # l1_descent | l2_descent
         self._algorithm, self._plan, self._params, self._seed = algorithm, plan, params, seed
 
@@ -117,7 +125,7 @@ class SequentialPolicy(beam.PTransform):
             | "PairsPerUser" >> beam.Map(count_items)  # int
             | "CountPairs" >> beam.CombineGlobally(sum)  # int (one element, 0 if empty)
         )
-        return (
+        released = (
             user_sets
             | "GuardAndKeyToOne"
             >> beam.ParDo(
@@ -129,3 +137,4 @@ class SequentialPolicy(beam.PTransform):
             | "NoisyThreshold"
             >> NoisyThreshold(rnd.noise, rnd.noise_scale, rnd.threshold, self._seed, rnd.index)  # item
         )
+        return (released, user_sets) if self._with_user_sets else released

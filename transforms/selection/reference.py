@@ -11,17 +11,19 @@ Everything here holds the whole dataset in memory; use the Beam transforms beyon
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from typing import Dict, Hashable, Iterable, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 
-from privacy.selection import RoundPlan, SelectionParams, algorithm_spec, plan_rounds
+from privacy.counts import CountPlan
+from privacy.selection import RoundPlan, SelectionParams, algorithm_spec, plan_counts, plan_rounds
 from privacy.validation import check_choice, check_int
 from transforms.core import randomness
+from transforms.selection import counts_kernels, policy_kernels
 from transforms.selection import mad_kernels as K
-from transforms.selection import policy_kernels
 from transforms.selection.basic_kernels import WEIGHTINGS, per_item_weight
 
 UserSets = Mapping[Hashable, Iterable[Hashable]]
@@ -102,7 +104,7 @@ def _single_round(user_sets, spec, params, plans, seed, rng):
         weights = K.mad_weights(capped, plan.tau, params.d_max)
     else:
         weights = basic_weights(capped, plan.weighting)
-    return {1: noisy_threshold(weights, plan, seed, rng)}
+    return {1: noisy_threshold(weights, plan, seed, rng)}, capped
 
 
 def _policy(user_sets, spec, params, plans, seed, rng):
@@ -114,7 +116,7 @@ def _policy(user_sets, spec, params, plans, seed, rng):
     plan = plans[0]
     capped = bound_contributions(user_sets, params.max_contributions, seed, 0, rng)
     hist = policy_kernels.policy_histogram(capped.items(), spec.weighting, plan.cutoff, params.passes, seed)
-    return {1: noisy_threshold(hist, plan, seed, rng)}
+    return {1: noisy_threshold(hist, plan, seed, rng)}, capped
 
 
 def _dp_sips(user_sets, spec, params, plans, seed, rng):
@@ -129,7 +131,8 @@ def _dp_sips(user_sets, spec, params, plans, seed, rng):
         out = noisy_threshold(basic_weights(capped, "weighted_gaussian"), plan, seed, rng)
         per_round[r] = out
         released |= out
-    return per_round
+    # The rounds re-subsample per round; the counts use one subsample of the full sets (round 0).
+    return per_round, bound_contributions(full, params.max_contributions, seed, 0, rng)
 
 
 def _mad2r(user_sets, spec, params, plans, seed, rng):
@@ -150,11 +153,73 @@ def _mad2r(user_sets, spec, params, plans, seed, rng):
     w2 = K.mad_weights(sets2, r2.tau, params.d_max, biases, params.b_min, params.b_max)  # line 15
     noisy2 = add_noise(w2, r2.noise, r2.noise_scale, seed, r2.index, rng)  # line 16
     u2 = {i for i, w in noisy2.items() if w >= r2.threshold}  # line 17
-    return {1: u1, 2: u2}
+    return {1: u1, 2: u2}, capped
 
 
 #: one runner per shape of the registry (privacy.selection.SHAPES); SelectPartitions has the same table
 _RUNNERS = {"single": _single_round, "sequential": _policy, "dp_sips": _dp_sips, "mad2r": _mad2r}
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectionResult:
+    """Everything a reference run releases, with its public plans.
+
+    Attributes:
+      rounds: the calibrated :class:`privacy.selection.RoundPlan` of each round.
+      count_plan: the :class:`privacy.counts.CountPlan`, or None without ``release_counts``.
+      per_round: ``{round: set of items released in that round}`` (before the ``min_users`` floor).
+      counts: ``{item: noisy count}`` of the released items kept by the floor, or None without counts.
+    """
+
+    rounds: Tuple[RoundPlan, ...]
+    count_plan: Optional[CountPlan]
+    per_round: Dict[int, Set[Hashable]]
+    counts: Optional[Dict[Hashable, int]]
+
+    @property
+    def items(self) -> Set[Hashable]:
+        """The released items (with counts: those whose noisy count passed ``min_users``)."""
+        if self.counts is not None:
+            return set(self.counts)
+        out: Set[Hashable] = set()
+        for items in self.per_round.values():
+            out |= items
+        return out
+
+
+def restrict_to_allowlist(user_sets: UserSets, allowlist: Optional[Iterable[Hashable]]) -> UserSets:
+    """The user sets with items outside the public ``allowlist`` dropped (users left empty removed)."""
+    if allowlist is None:
+        return user_sets
+    if isinstance(allowlist, (str, bytes)):
+        raise ValueError("allowlist must be an iterable of items (e.g. a list or set), not a single str")
+    allowed = frozenset(allowlist)
+    out = {u: [i for i in items if i in allowed] for u, items in user_sets.items()}
+    return {u: items for u, items in out.items() if items}
+
+
+def release(
+    user_sets: UserSets,
+    algorithm: str,
+    params: SelectionParams,
+    seed: Optional[int] = None,
+    allowlist: Optional[Iterable[Hashable]] = None,
+) -> SelectionResult:
+    """The whole release of ``SelectPartitions`` (same output under the same seed): items, rounds, counts."""
+    spec = algorithm_spec(algorithm)
+    plans = plan_rounds(algorithm, params)
+    count_plan = plan_counts(algorithm, params)
+    randomness.warn_if_seeded(seed)
+    rng = None if seed is not None else randomness.worker_rng()
+    user_sets = restrict_to_allowlist(user_sets, allowlist)
+    per_round, capped = _RUNNERS[spec.shape](user_sets, spec, params, plans, seed, rng)
+    counts = None
+    if count_plan is not None:
+        released = set().union(*per_round.values())
+        counts = counts_kernels.noisy_counts(
+            counts_kernels.holder_counts(capped, released), count_plan.sigma2, seed, count_plan.round, params.min_users
+        )
+    return SelectionResult(plans, count_plan, per_round, counts)
 
 
 def select_rounds(
@@ -162,14 +227,11 @@ def select_rounds(
     algorithm: str,
     params: SelectionParams,
     seed: Optional[int] = None,
+    allowlist: Optional[Iterable[Hashable]] = None,
 ) -> Tuple[Tuple[RoundPlan, ...], Dict[int, Set[Hashable]]]:
-    """The calibrated plan and the items released in each round."""
-    spec = algorithm_spec(algorithm)
-    plans = plan_rounds(algorithm, params)
-    randomness.warn_if_seeded(seed)
-    rng = None if seed is not None else randomness.worker_rng()
-    per_round = _RUNNERS[spec.shape](user_sets, spec, params, plans, seed, rng)
-    return plans, per_round
+    """The calibrated plan and the items released in each round (before any ``min_users`` floor)."""
+    result = release(user_sets, algorithm, params, seed, allowlist)
+    return result.rounds, result.per_round
 
 
 def select(
@@ -177,13 +239,26 @@ def select(
     algorithm: str,
     params: SelectionParams,
     seed: Optional[int] = None,
+    allowlist: Optional[Iterable[Hashable]] = None,
 ) -> Set[Hashable]:
-    """Released items of ``algorithm`` (same output as ``SelectPartitions`` under the same seed)."""
-    _, per_round = select_rounds(user_sets, algorithm, params, seed)
-    out: Set[Hashable] = set()
-    for items in per_round.values():
-        out |= items
-    return out
+    """Released items of ``algorithm`` (same output as ``SelectPartitions`` under the same seed).
+
+    With ``params.release_counts``: the items whose noisy count passed ``params.min_users``.
+    """
+    return release(user_sets, algorithm, params, seed, allowlist).items
+
+
+def select_counts(
+    user_sets: UserSets,
+    algorithm: str,
+    params: SelectionParams,
+    seed: Optional[int] = None,
+    allowlist: Optional[Iterable[Hashable]] = None,
+) -> Dict[Hashable, int]:
+    """``{item: noisy count}`` of ``SelectPartitions`` with ``params.release_counts`` (same seed, same output)."""
+    if not params.release_counts:
+        raise ValueError("select_counts needs params.release_counts=True")
+    return release(user_sets, algorithm, params, seed, allowlist).counts
 
 
 def user_sets_from_pairs(pairs: Iterable[Tuple[Hashable, Hashable]]) -> Dict[Hashable, List[Hashable]]:

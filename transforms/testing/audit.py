@@ -23,6 +23,10 @@ Worst cases (MAD paper section 5; DPSU paper section 3):
   dmax     MAD: the added user has degree d_max and its items sit near tau (truncation + rerouting).
   unique   the added user holds Delta_0 items nobody else has: each must be released with
            probability <= delta in total, so at delta <= 1e-6 it must never be seen.
+
+Count release (``params.release_counts``): a case with ``min_count`` has the event "the target is
+released AND its noisy count is >= min_count" (the ``basic/counts`` case: the tip shape, where the
+added user moves both the selection weight and the count by 1).
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ class AuditCase:
       holders: ``k``, the users holding each target in D.
       targets: number of target items the added user holds.
       copies_per_call: disjoint copies per reference call (1 for order-dependent algorithms).
+      min_count: with ``params.release_counts``: a target counts as released only if its noisy count
+        is >= min_count (the event is on the released count).
     """
 
     name: str
@@ -58,6 +64,7 @@ class AuditCase:
     holders: int
     targets: int = 1
     copies_per_call: int = 500
+    min_count: Optional[int] = None
 
     @property
     def claimed_epsilon(self) -> float:
@@ -108,6 +115,9 @@ def _release(case: AuditCase, user_sets: UserSets) -> Set[str]:
         return set(dpne_reference(texts, "dpne", case.params).ngrams.get(1, set()))
     from transforms import reference
 
+    if case.min_count is not None:
+        counts = reference.select_counts(user_sets, case.algorithm, case.params)
+        return {item for item, c in counts.items() if c >= case.min_count}
     return reference.select(user_sets, case.algorithm, case.params)
 
 
@@ -197,6 +207,10 @@ def standard_cases() -> List[AuditCase]:
         AuditCase("count_gaussian/all", "count_gaussian", _sel(4), "all", holders=13, targets=4),
         AuditCase("count_laplace/all", "count_laplace", _sel(4), "all", holders=15, targets=4),
         AuditCase("mad/dmax", "mad", _sel(4), "dmax", holders=7, targets=4),
+        # the count release with half the budget (expected epsilon lower bound ~0.9 in 10^4 runs)
+        AuditCase(
+            "basic/counts", "basic", _sel(1, release_counts=True, count_budget=0.5), "tip", holders=7, min_count=9
+        ),
         AuditCase("dpne/tip", "dpne", _dpne_params(), "tip", holders=6),
     ]
 
