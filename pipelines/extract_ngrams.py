@@ -29,7 +29,7 @@ from typing import List, Optional
 
 import apache_beam as beam
 
-from pipelines import cli, observability, outputs, select_partitions
+from pipelines import cli, io, observability, outputs
 from pipelines.io import FailIfEmpty, ReadRecords
 from pipelines.reporting import Evaluation
 from privacy.dpne import DPNE_ALGORITHMS, DPNEParams, release_privacy
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         },
     )
     cli.add_params_args(p, DPNEParams)
-    select_partitions.add_allowlist_arg(p, "n-gram")
+    cli.add_allowlist_arg(p, "n-gram")
     p.add_argument(
         "--tokenizer", default=None, help="module:function replacing the default tokenizer (NFKC, lowercase, word runs)"
     )
@@ -112,7 +112,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
         seed=args.seed,
         tokenizer=cli.load_tokenizer(args.tokenizer),
         num_shards=args.num_shards,
-        allowlist=select_partitions.read_allowlist(pipeline, args.allowlist) if args.allowlist else None,
+        allowlist=io.read_allowlist(pipeline, args.allowlist) if args.allowlist else None,
     )
     records = observability.mark(read.records, "Read", args)  # (user, text)
     out = records | "DPNE" >> dpne  # {'ngrams': (k, n-gram), 'levels': dict[, 'counts': (k, (n-gram, count))]}

@@ -361,3 +361,12 @@ def load_public_counts(path: str, n: int) -> PublicPrior:
     if not counts:
         raise ValueError(f"--public {path}: no n-grams (the public vocabulary must not be empty)")
     return PublicPrior.from_counts(counts)
+
+
+def read_allowlist(pipeline: beam.Pipeline, path: str):
+    """The allowlist file(s) as a PCollection of items (empty lines dropped)."""
+    return (
+        pipeline
+        | "ReadAllowlist" >> beam.io.ReadFromText(path)  # line
+        | "AllowlistItems" >> beam.Filter(bool)  # item
+    )

@@ -23,7 +23,7 @@ from typing import List, Optional
 
 import apache_beam as beam
 
-from pipelines import cli, observability, outputs
+from pipelines import cli, io, observability, outputs
 from pipelines.io import FailIfEmpty, ReadRecords
 from pipelines.reporting import Evaluation
 from privacy.selection import ALGORITHMS, SelectionParams
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         p, "algorithm", tuple(ALGORITHMS), "basic", {name: spec.summary for name, spec in ALGORITHMS.items()}
     )
     cli.add_params_args(p, SelectionParams)
-    add_allowlist_arg(p, "item")
+    cli.add_allowlist_arg(p, "item")
     g = p.add_argument_group("execution options (change the cost, never the output)")
     g.add_argument(
         "--max_broadcast_items",
@@ -65,26 +65,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="mad/mad2r sharded join: users per join key for hot items (default %(default)s)",
     )
     return p
-
-
-def add_allowlist_arg(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument(
-        "--allowlist",
-        default=None,
-        metavar="FILE",
-        help=f"a PUBLIC list of candidate {what}s, one per line (UTF-8 text; a file or glob, local or gs://): "
-        f"{what}s outside it are dropped before selection. It must be fixed without looking at the private "
-        "data; it changes neither the noise nor the thresholds (docs/counts.md)",
-    )
-
-
-def read_allowlist(pipeline: beam.Pipeline, path: str):
-    """The allowlist file(s) as a PCollection of items (empty lines dropped)."""
-    return (
-        pipeline
-        | "ReadAllowlist" >> beam.io.ReadFromText(path)  # line
-        | "AllowlistItems" >> beam.Filter(bool)  # item
-    )
 
 
 def format_count(element) -> str:
@@ -109,7 +89,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
     )
     _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
     records = observability.mark(read.records, "Read", args)  # (user, item)
-    allowlist = read_allowlist(pipeline, args.allowlist) if args.allowlist else None
+    allowlist = io.read_allowlist(pipeline, args.allowlist) if args.allowlist else None
     select = SelectPartitions(
         args.algorithm,
         params,
