@@ -47,7 +47,7 @@ from scipy import special
 
 from privacy import counts
 from privacy.accounting import gdp_compose, geometric_sigma_schedule
-from privacy.calibration import analytic_gaussian_sigma, gaussian_delta, gaussian_epsilon, gaussian_threshold
+from privacy.calibration import analytic_gaussian_sigma, gaussian_delta, gaussian_epsilon, gaussian_threshold, mad_tau
 from privacy.validation import DELTA_RANGE, EPSILON_RANGE, check_bool, check_choice, check_int, check_range
 
 __all__ = [
@@ -364,3 +364,52 @@ def plan_runs(algorithm: str, params: DPNEParams) -> Tuple[float, List[RunPlan]]
             L,
         )
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Level reports (the public parameters of each run; the Beam transform and the reference share them)
+# ---------------------------------------------------------------------------------------------
+
+
+def _with_tau(level: Dict[str, Any], rho: Optional[float], sigma: float, weighting: str, beta: float):
+    if weighting == "mad":
+        level["tau"] = mad_tau(rho, sigma, beta) if rho is not None and math.isfinite(rho) else None
+    return level
+
+
+def level_one_report(plan: RunPlan, weighting: str, beta: float) -> Dict[str, Any]:
+    """DPNE's level 1 (fixed rho_1): k, sigma, rho, max_contributions and MAD's tau."""
+    level = {"k": 1, "sigma": plan.sigma, "rho": plan.rho, "max_contributions": plan.max_contributions}
+    return _with_tau(level, plan.rho, plan.sigma, weighting, beta)
+
+
+def baseline_run_report(plan: RunPlan, weighting: str, beta: float) -> Dict[str, Any]:
+    """A DPSU baseline run (fixed rho over its lengths): run, lengths, sigma, rho, max_contributions, tau."""
+    level = {
+        "run": plan.name,
+        "lengths": list(plan.lengths),
+        "sigma": plan.sigma,
+        "rho": plan.rho,
+        "max_contributions": plan.max_contributions,
+    }
+    return _with_tau(level, plan.rho, plan.sigma, weighting, beta)
+
+
+def level_k_report(
+    k: int, sigma: float, max_contributions: int, eta: float, weighting: str, beta: float, s_prev_size: int, v_size: int
+) -> Dict[str, Any]:
+    """DPNE's level k >= 2, from the released |S_{k-1}| and |V_k| (public): rho_k, q_k and the bound
+    on the expected number of spurious k-grams (rho None when V_k is empty)."""
+    rho = dpne_rho_k(sigma, eta, s_prev_size, v_size)
+    q = spurious_probability(eta, s_prev_size, v_size)
+    level = {
+        "k": k,
+        "sigma": sigma,
+        "max_contributions": max_contributions,
+        "s_prev": int(s_prev_size),
+        "v_k": int(v_size),
+        "spurious_prob": q,
+        "expected_spurious_bound": v_size * q,
+        "rho": rho if math.isfinite(rho) else None,
+    }
+    return _with_tau(level, level["rho"], sigma, weighting, beta)

@@ -34,13 +34,19 @@ Stages of level k >= 2 (``S_1``, ``S_{k-1}`` are released PCollections, hence pu
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional
 
 import apache_beam as beam
 
-from privacy.calibration import mad_tau
-from privacy.dpne import DPNEParams, RunPlan, dpne_rho_k, plan_dpne_counts, plan_runs, spurious_probability
+from privacy.dpne import (
+    DPNEParams,
+    RunPlan,
+    baseline_run_report,
+    level_k_report,
+    level_one_report,
+    plan_dpne_counts,
+    plan_runs,
+)
 from transforms.core import randomness
 from transforms.core import text as tx
 from transforms.core.allowlist import KeepAllowlisted, check_allowlist
@@ -184,42 +190,16 @@ def with_released(count, level):
 
 
 def level_one(_, plan: RunPlan, weighting, beta):
-    lvl = {"k": 1, "sigma": plan.sigma, "rho": plan.rho, "max_contributions": plan.max_contributions}
-    if weighting == "mad":
-        lvl["tau"] = mad_tau(plan.rho, plan.sigma, beta)
-    return lvl
+    return level_one_report(plan, weighting, beta)
 
 
 def baseline_level(_, plan: RunPlan, weighting, beta):
-    lvl = {
-        "run": plan.name,
-        "lengths": list(plan.lengths),
-        "sigma": plan.sigma,
-        "rho": plan.rho,
-        "max_contributions": plan.max_contributions,
-    }
-    if weighting == "mad":
-        lvl["tau"] = mad_tau(plan.rho, plan.sigma, beta)
-    return lvl
+    return baseline_run_report(plan, weighting, beta)
 
 
 def level_k(_, k, sigma, max_contributions, eta, weighting, beta, s_prev_size, v_size):
     """The public parameters of level k >= 2, from the released |S_{k-1}| and |V_k|."""
-    rho = dpne_rho_k(sigma, eta, s_prev_size, v_size)
-    q = spurious_probability(eta, s_prev_size, v_size)
-    lvl = {
-        "k": k,
-        "sigma": sigma,
-        "max_contributions": max_contributions,
-        "s_prev": int(s_prev_size),
-        "v_k": int(v_size),
-        "spurious_prob": q,
-        "expected_spurious_bound": v_size * q,
-        "rho": rho if math.isfinite(rho) else None,
-    }
-    if weighting == "mad":
-        lvl["tau"] = mad_tau(rho, sigma, beta) if math.isfinite(rho) else None
-    return lvl
+    return level_k_report(k, sigma, max_contributions, eta, weighting, beta, s_prev_size, v_size)
 
 
 class EstimateValidFn(WorkerRngDoFn):

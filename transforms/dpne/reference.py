@@ -29,19 +29,20 @@ from privacy.counts import CountPlan
 from privacy.dpne import (
     DPNEParams,
     RunPlan,
+    baseline_run_report,
     dpne_rho_k,
+    level_k_report,
+    level_one_report,
     plan_dpne_counts,
     plan_runs,
     release_privacy,
-    spurious_probability,
 )
 from transforms.core import randomness
 from transforms.core import text as tx
-from transforms.core.combiners import exact_sum
 from transforms.dpne import dpne_kernels
 from transforms.selection import counts_kernels
-from transforms.selection.basic_kernels import per_item_weight
 from transforms.selection.mad_kernels import mad_weights
+from transforms.selection.reference import add_noise, basic_weights, bound_contributions
 
 Records = Union[Mapping[Any, Union[str, Iterable[str]]], Iterable[Tuple[Any, str]]]
 
@@ -102,32 +103,23 @@ class DPNEResult:
 
 
 def _capped(user_sets: Mapping[Any, Iterable[str]], cap: int, round_: int, seed, rng) -> Dict[Any, List[str]]:
-    return {
-        u: randomness.subsample(sorted(items), cap, u, round_, seed, rng)
-        for u, items in sorted(user_sets.items(), key=lambda kv: randomness.sort_key(kv[0]))
-        if items
-    }
+    """Each user's distinct n-grams, uniformly subsampled to ``cap`` (selection's bounding, round ``round_``)."""
+    return bound_contributions(user_sets, cap, seed, round_, rng)
 
 
 def histogram(capped: Mapping[Any, List[str]], weighting: str, tau: float, d_max: int) -> Dict[str, float]:
     """H (the weighted histogram) over supp: weighted Gaussian 1/sqrt(d) (exact sums) or MAD."""
     if weighting == "mad":
         return mad_weights(capped, tau, d_max)
-    parts: Dict[str, List[float]] = defaultdict(list)
-    for items in capped.values():
-        w = per_item_weight("weighted_gaussian", len(items))
-        for g in items:
-            parts[g].append(w)
-    return {g: exact_sum(ws) for g, ws in parts.items()}
+    return basic_weights(capped, "weighted_gaussian")
 
 
 def noisy_release(hist: Mapping[str, float], sigma: float, rho: float, round_: int, seed, rng) -> Set[str]:
-    """Items with ``H[g] + sigma * Z_g >= rho``; Z_g keyed by (seed, 'noise', round, g) if seeded."""
+    """Items with ``H[g] + sigma * Z_g >= rho``; Z_g keyed by (seed, 'noise', round, g) if seeded
+    (selection's in-memory noise: :func:`transforms.selection.reference.add_noise`)."""
     if not hist or not math.isfinite(rho):
         return set()
-    items = sorted(hist)
-    z = randomness.standard_noise("gaussian", items, "noise", round_, seed, rng)
-    return {g for g, zi in zip(items, z) if float(hist[g]) + sigma * float(zi) >= rho}
+    return {g for g, w in add_noise(hist, "gaussian", sigma, seed, round_, rng).items() if w >= rho}
 
 
 def sample_spurious(sampler: dpne_kernels.ValidSampler, supp: Set[str], q: float, k: int, seed, rng) -> List[str]:
@@ -238,8 +230,8 @@ def _dpne(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng, second
     for run in runs:
         t0 = time.perf_counter()
         k = run.lengths[0]
-        level: Dict[str, Any] = {"k": k, "sigma": run.sigma, "max_contributions": run.max_contributions}
         if k == 1:
+            level = level_one_report(run, params.weighting, params.beta)
             rho = run.rho
             users = user_grams[1]
         else:
@@ -251,19 +243,16 @@ def _dpne(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng, second
                 v_used = int(round(v_est))
             else:
                 v_used = v_exact
-            rho = dpne_rho_k(run.sigma, params.eta, len(s_prev), v_used)
-            q = spurious_probability(params.eta, len(s_prev), v_used)
-            level.update(
-                {"s_prev": len(s_prev), "v_k": v_used, "spurious_prob": q, "expected_spurious_bound": v_used * q}
+            level = level_k_report(
+                k, run.sigma, run.max_contributions, params.eta, params.weighting, params.beta, len(s_prev), v_used
             )
+            rho = dpne_rho_k(run.sigma, params.eta, len(s_prev), v_used)
+            q = level["spurious_prob"]
             users = {
                 u: {g for g in gs if dpne_kernels.is_valid(g, s_prev, s1, params.pruning)}
                 for u, gs in user_grams[k].items()
             }
-        level["rho"] = rho if math.isfinite(rho) else None
         tau = mad_tau(rho, run.sigma, params.beta) if params.weighting == "mad" else None
-        if params.weighting == "mad":
-            level["tau"] = tau if math.isfinite(rho) else None
         released: Set[str] = set()
         if math.isfinite(rho):
             capped = _capped(users, run.max_contributions, k, seed, rng)
@@ -299,16 +288,8 @@ def _dpsu(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng, second
         _count_run(counted, count_plan, capped, released, run, params, seed)
         for k in run.lengths:
             out[k] = {g for g in released if tx.ngram_len(g) == k}
-        level = {
-            "run": run.name,
-            "lengths": list(run.lengths),
-            "sigma": run.sigma,
-            "rho": run.rho,
-            "max_contributions": run.max_contributions,
-            "released": len(released),
-        }
-        if tau is not None:
-            level["tau"] = tau
+        level = baseline_run_report(run, params.weighting, params.beta)
+        level["released"] = len(released)
         levels.append(level)
         seconds[run.name] = time.perf_counter() - t0
     return out, levels
