@@ -131,7 +131,7 @@ def main():
             pool.stop()
     print(f"\n{os.cpu_count()} cores; apache-beam {beam.__version__}; epsilon=1, delta=1e-5, Delta_0=100, "
           f"seed={args.seed}; median of {args.reps}; load average at the end {os.getloadavg()[0]:.1f}")
-    print(f"| algorithm | pairs | engine | median wall s | runs (s) | pairs/s | x DirectRunner | released |")
+    print("| algorithm | pairs | engine | median wall s | runs (s) | pairs/s | x DirectRunner | released |")
     print("|---|---:|---|---:|---|---:|---:|---:|")
     base = {(a, n): t for a, n, e, t, _, _ in rows if e == "direct"}
     for a, n, e, t, times, k in rows:
