@@ -3,7 +3,8 @@
 Run with ``.ci/engines.sh test`` (``./run_local.sh test`` does, after the main suite): it fetches the
 job servers from Maven Central and runs this module in ``.venv-engines``, whose apache-beam is the job
 servers' Beam version. One Flink job server (embedded Flink cluster, parallelism 2) and one Spark job
-server (``local[2,4]``: 2 cores, a failed task is tried up to 4 times) are started for the whole run.
+server (``local[2,100]``: 2 cores) are started for the whole run, both told to retry failed tasks up to
+100 times (see engines.JobServer: neither retries at all by default in local mode).
 
 What is checked, per engine:
 * Seeded output identical to the DirectRunner's (same SDK, same inputs, byte for byte: released
@@ -19,19 +20,23 @@ What is checked, per engine:
   round's noisy weights for its second consumer would release some items in two rounds.
 * A run whose every package DoFn fails the first attempt of every bundle (after doing its work, so
   the attempt's noise is thrown away) still gives the seeded output: Flink restarts the failed tasks
-  (``--number_of_execution_retries``), Spark retries the failed task. LOOPBACK makes the SDK worker a
-  thread of this process, so patching the DoFn classes here reaches it.
+  (restart strategy in the job server's Flink configuration), Spark retries the failed task. Each
+  attempt of a task fails at the next DoFn of its fused stage, so a task needs one attempt per fused
+  DoFn: hence 100 allowed failures, not the engines' cluster defaults. LOOPBACK makes the SDK worker
+  a thread of this process, so patching the DoFn classes here reaches it.
 """
 
 from __future__ import annotations
 
 import glob
+import gzip
 import importlib
 import inspect
 import json
 import math
 import os
 import pkgutil
+import socket
 import subprocess
 import sys
 import time
@@ -117,8 +122,6 @@ def inputs(tmp_path_factory):
     d = tmp_path_factory.mktemp("inputs")
     out = {}
     for name, spec in SPECS.items():
-        import gzip
-
         src = os.path.join(REPO, spec.sample_input)
         dst = d / f"{name}.{spec.input_format}"
         opener = gzip.open if src.endswith(".gz") else open
@@ -265,8 +268,6 @@ def worker_pool(tmp_path):
         while True:
             assert proc.poll() is None, (tmp_path / "worker-pool.log").read_text()
             try:
-                import socket
-
                 with socket.create_connection(("localhost", port), timeout=1):
                     break
             except OSError:
