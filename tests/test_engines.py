@@ -1,6 +1,6 @@
 """Every pipeline on real Apache Flink and Apache Spark (issue 18), through Beam's portable job servers.
 
-Run with ``.ci/engines.sh test`` (``./run_local.sh test`` does, after the main suite): it fetches the
+Run with ``.ci/engines.sh test`` (not yet in ``./run_local.sh test``: a fault-injection case is flaky): it fetches the
 job servers from Maven Central and runs this module in ``.venv-engines``, whose apache-beam is the job
 servers' Beam version. One Flink job server (embedded Flink cluster, parallelism 2) and one Spark job
 server (``local[2,100]``: 2 cores) are started for the whole run, both told to retry failed tasks up to
