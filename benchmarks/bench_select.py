@@ -21,7 +21,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from privacy.selection import SelectionParams  # noqa: E402
 from transforms import reference  # noqa: E402
 from transforms.selection.select import SelectPartitions  # noqa: E402
-from transforms.testing.synthetic import zipf_pair_count, zipf_pairs, zipf_pairs_of_chunk  # noqa: E402
+from transforms.testing.synthetic import (  # noqa: E402
+    zipf_pair_count,
+    zipf_pairs,
+    zipf_pairs_of_chunk,
+    zipf_table_of_chunk,
+)
 
 USERS_PER_CHUNK = 10_000  # ~100k pairs per chunk
 
@@ -49,8 +54,17 @@ def run_beam(algorithm, n_chunks, mode, params, seed):
     return run_beam_transform(SelectPartitions(algorithm, params, seed=seed), n_chunks, mode)
 
 
-def run_beam_transform(select, n_chunks, mode, users_per_chunk=USERS_PER_CHUNK):
-    """Wall time and released items of ``select`` ((user, item) -> item) on Zipf chunks 0..n_chunks-1."""
+def run_beam_transform(select, n_chunks, mode, users_per_chunk=USERS_PER_CHUNK, batched=False):
+    """Wall time and released items of ``select`` ((user, item) -> item) on Zipf chunks 0..n_chunks-1.
+
+    ``batched``: each chunk arrives as one Arrow Table(user, item) (what the batched readers give)
+    instead of one element per pair; the same rows either way.
+    """
+    expand = (
+        beam.Map(zipf_table_of_chunk, users_per_chunk)
+        if batched
+        else beam.FlatMap(zipf_pairs_of_chunk, users_per_chunk)
+    )
     args = ["--runner=DirectRunner", f"--direct_running_mode={mode}"]
     if mode == "multi_processing":
         args.append("--direct_num_workers=2")
@@ -62,7 +76,7 @@ def run_beam_transform(select, n_chunks, mode, users_per_chunk=USERS_PER_CHUNK):
                 p
                 | beam.Create(list(range(n_chunks)))
                 | beam.Reshuffle()
-                | beam.FlatMap(zipf_pairs_of_chunk, users_per_chunk)  # (user, item)
+                | expand  # (user, item) or Table(user, item)
                 | select  # item
                 | beam.io.WriteToText(prefix)
             )

@@ -64,7 +64,8 @@ def test_beam_counts_equal_the_reference_under_a_seed(sets, algorithm, kw):
     )
     assert got == want
     assert len(want) > 10
-    assert all(c >= params.min_users for c in got.values())
+    if params.min_users > 0:  # min_users = 0 keeps every item, negative noisy counts included (unbiased)
+        assert all(c >= params.min_users for c in got.values())
 
 
 def test_rounds_allowlist_and_join_mode_equal_the_reference(sets):

@@ -37,6 +37,7 @@ from transforms.core.bounding import CapUserItemsFn
 from transforms.core.noise import AddNoiseFn
 from transforms.dpne.dpne import DPNE
 from transforms.dpne.reference import dpne_reference
+from transforms.selection.columnar import CapFn
 from transforms.selection.select import SelectPartitions
 from transforms.testing import beam as testing
 
@@ -113,7 +114,7 @@ def test_bundle_retries_do_not_change_seeded_dpne(tmp_path):
 def test_fnapi_direct_runner_does_not_retry(tmp_path):
     markers = tmp_path / "m"
     markers.mkdir()
-    undo = testing.inject_bundle_failures(CapUserItemsFn, str(markers))
+    undo = testing.inject_bundle_failures(CapFn, str(markers))  # the columnar path's capping
     try:
         with pytest.raises(Exception, match="injected failure"):
             _run(

@@ -122,8 +122,8 @@ def test_subsample_rejects_bad_k_and_missing_rng():
 
 
 def test_keyed_noise_draw_is_bitwise_standard_noise():
-    """AddNoiseFn's per-item KeyedNoise == the array path the reference uses, and keyed_uniform's
-    prefix-hash loop == the plain digest of (seed, purpose, round, key)."""
+    """AddNoiseFn's per-item KeyedNoise == the array path the reference uses, and keyed_uniform
+    == the plain formula (draw64 of the draw key and the key's fingerprint)."""
     import random as _random
 
     from transforms.core import randomness as R
@@ -136,7 +136,8 @@ def test_keyed_noise_draw_is_bitwise_standard_noise():
             want = R.standard_noise(kind, keys, "noise", rnd, seed, None).tolist()
             assert [noise.draw(k) for k in keys] == want
     u = R.keyed_uniform(5, "noise", 2, keys)
-    plain = [((int.from_bytes(R._digest(5, "noise", 2, k, 8), "big") >> 11) + 0.5) / 2.0**53 for k in keys]
+    k = R.draw_key(5, "noise", 2)
+    plain = [((R.draw64_of(k, R.key_fingerprint(key)) >> 11) + 0.5) / 2.0**53 for key in keys]
     assert u.tolist() == plain
 
 

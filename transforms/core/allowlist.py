@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import apache_beam as beam
 
-__all__ = ["check_allowlist", "in_allowlist", "KeepAllowlisted"]
+__all__ = ["check_allowlist", "in_allowlist", "KeepAllowlisted", "KeepAllowlistedRows"]
 
 
 def check_allowlist(allowlist):
@@ -49,3 +49,43 @@ class KeepAllowlisted(beam.PTransform):
         if isinstance(allowed, beam.pvalue.PCollection):
             allowed = beam.pvalue.AsDict(allowed | "AllowlistAsDict" >> beam.Map(as_present))  # item -> True
         return pairs | "InAllowlist" >> beam.Filter(in_allowlist, allowed)  # (user, item), item allowed
+
+
+def item_key_bytes(item) -> bytes:
+    """An allowlisted item's key bytes (:mod:`transforms.core.fingerprint`)."""
+    from transforms.core.fingerprint import to_key_bytes
+
+    return to_key_bytes(item)
+
+
+class KeepAllowlistedRowsFn(beam.DoFn):
+    """Table(user, item) -> the rows whose item is in the allowlist (key bytes; a list or a side-input list)."""
+
+    def __init__(self):
+        self._cache = (None, None)  # (id of the allowlist list, its Arrow array)
+
+    def process(self, table, allowed):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if self._cache[0] is not allowed:
+            self._cache = (allowed, pa.array(list(allowed), type=pa.binary()))
+        kept = table.filter(pc.is_in(table.column("item"), value_set=self._cache[1]))
+        if kept.num_rows:
+            yield kept
+
+
+class KeepAllowlistedRows(beam.PTransform):
+    """Table(user, item) batches -> the rows whose item is in the allowlist (the columnar KeepAllowlisted)."""
+
+    def __init__(self, allowlist, label=None):
+        super().__init__(label)
+        self._allowlist = check_allowlist(allowlist)
+
+    def expand(self, tables):
+        allowed = self._allowlist
+        if isinstance(allowed, beam.pvalue.PCollection):
+            allowed = beam.pvalue.AsList(allowed | "AllowlistKeyBytes" >> beam.Map(item_key_bytes))  # bytes
+        else:
+            allowed = sorted(item_key_bytes(i) for i in allowed)
+        return tables | "InAllowlist" >> beam.ParDo(KeepAllowlistedRowsFn(), allowed)  # Table, items allowed

@@ -13,8 +13,16 @@ Two modes, chosen by ``seed``:
 Keys are encoded canonically (:func:`encode_key`): ``str``, ``bytes``, ``int``, ``float``, ``bool``,
 ``None`` and (nested) tuples/lists of those are supported; anything else falls back to ``repr``.
 
-Seeded Gaussian and Laplace draws are inverse-CDF transforms of a 53-bit uniform taken from a
-BLAKE2b hash of the key, so they resolve tails down to about 1e-16 (|z| <= 8.3): ample for tests and
+How a seeded draw is made (so that the columnar path can make it vectorised over Arrow columns):
+``draw_key(seed, purpose, round)`` is a 128-bit BLAKE2b digest (once per family of draws); a key's
+64-bit fingerprint is :func:`transforms.core.fingerprint.fingerprint_of` of its key bytes (UTF-8 for a
+``str``); the draw is ``draw64(draw_key, fingerprint(key))`` (MurmurHash3's finaliser keyed by the
+digest), and for a (user, item) pair ``draw64(draw_key, fingerprint(user), fingerprint(item))``.
+The scalar functions here and the vectorised ones give the same bits (tests/test_fingerprint.py).
+These draws are for reproducibility, not secrecy: the seeded mode is not private anyway.
+
+Seeded Gaussian and Laplace draws are inverse-CDF transforms of a 53-bit uniform taken from the
+64-bit draw, so they resolve tails down to about 1e-16 (|z| <= 8.3): ample for tests and
 reproducible demos. Production noise uses numpy's generator (full-precision tails).
 """
 
@@ -23,38 +31,50 @@ from __future__ import annotations
 import hashlib
 import heapq
 import logging
-import struct
-from typing import Any, Iterable, List, Optional, Sequence
+from typing import Any, Iterable, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 from scipy import special
 
+from transforms.core import fingerprint as fp
+from transforms.core.fingerprint import encode_key
+
+__all__ = [
+    "DrawKey",
+    "encode_key",
+    "draw_key",
+    "random_draw_key",
+    "draw64",
+    "draw64_of",
+    "uniform_of_bits",
+    "uniforms_of_fingerprints",
+    "noise_of_uniform",
+    "key_fingerprint",
+    "keyed_bytes",
+    "keyed_uniform",
+    "keyed_normal",
+    "keyed_laplace",
+    "keyed_generator",
+    "KeyedNoise",
+    "worker_rng",
+    "standard_noise",
+    "sort_key",
+    "subsample",
+    "pair_priorities",
+    "warn_if_seeded",
+]
+
 _LOG = logging.getLogger(__name__)
 
 _TWO_POW_53 = float(2**53)
+_M64 = (1 << 64) - 1
 
 
-def encode_key(value: Any) -> bytes:
-    """Canonical, type-tagged byte encoding of a key (item, user, n-gram tuple, ...)."""
-    if isinstance(value, str):
-        data = value.encode("utf-8")
-        return b"s" + struct.pack(">Q", len(data)) + data
-    if isinstance(value, bytes):
-        return b"b" + struct.pack(">Q", len(value)) + value
-    if isinstance(value, bool):
-        return b"B1" if value else b"B0"
-    if isinstance(value, int):
-        data = str(value).encode("ascii")
-        return b"i" + struct.pack(">Q", len(data)) + data
-    if isinstance(value, float):
-        return b"f" + struct.pack(">d", value)
-    if value is None:
-        return b"n"
-    if isinstance(value, (tuple, list)):
-        parts = [encode_key(v) for v in value]
-        return b"t" + struct.pack(">Q", len(parts)) + b"".join(parts)
-    data = repr(value).encode("utf-8")
-    return b"r" + struct.pack(">Q", len(data)) + data
+class DrawKey(NamedTuple):
+    """The 128-bit key of a family of draws: ``draw_key(seed, purpose, round)`` or a random one."""
+
+    k0: int
+    k1: int
 
 
 def _prefix_hasher(seed: int, purpose: str, round_: int, size: int = 8):
@@ -73,11 +93,6 @@ def _digest(seed: int, purpose: str, round_: int, key: Any, size: int = 16) -> b
     return h.digest()
 
 
-def _uniform_of(digest8: bytes) -> float:
-    """The uniform in (0, 1) of an 8-byte digest: its top 53 bits, centred in their cell."""
-    return ((int.from_bytes(digest8, "big") >> 11) + 0.5) / _TWO_POW_53
-
-
 def _laplace_of(centred):
     """Inverse CDF of the standard Laplace at ``u - 0.5`` (array or scalar; never 0 for our uniforms)."""
     return -np.sign(centred) * np.log1p(-2.0 * np.abs(centred))
@@ -88,36 +103,97 @@ def keyed_bytes(seed: int, purpose: str, round_: int, key: Any, size: int = 16) 
     return _digest(seed, purpose, round_, key, size)
 
 
+def draw_key(seed: int, purpose: str, round_: int) -> DrawKey:
+    """The 128-bit key of the draws of (seed, purpose, round): a BLAKE2b digest, computed once."""
+    d = _digest_of_prefix(seed, purpose, round_)
+    return DrawKey(int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little"))
+
+
+def _digest_of_prefix(seed: int, purpose: str, round_: int) -> bytes:
+    h = hashlib.blake2b(digest_size=16, person=b"dp-part-beam-v2")
+    h.update(encode_key((int(seed), str(purpose), int(round_))))
+    return h.digest()
+
+
+def random_draw_key(rng: np.random.Generator) -> DrawKey:
+    """A draw key from a generator (unseeded mode: OS entropy on the worker)."""
+    k0, k1 = (int(v) for v in rng.integers(0, 2**64, size=2, dtype=np.uint64))
+    return DrawKey(k0, k1)
+
+
+def draw64_of(key: DrawKey, *fingerprints: int) -> int:
+    """The 64-bit draw of a key and one or more fingerprints (pure Python; oracle of :func:`draw64`)."""
+    x = key.k0
+    for f in fingerprints:
+        x = (fp._fmix64_int(x ^ f) * fp.C_MUL + fp.C_ADD) & _M64
+    return fp._fmix64_int(x ^ key.k1)
+
+
+def draw64(key: DrawKey, *fingerprints: np.ndarray) -> np.ndarray:
+    """Vectorised :func:`draw64_of` over uint64 fingerprint arrays (broadcast together)."""
+    x = np.uint64(key.k0)
+    for f in fingerprints:
+        x = fp.fmix64(np.asarray(x ^ f, dtype=np.uint64))
+        x *= np.uint64(fp.C_MUL)
+        x += np.uint64(fp.C_ADD)
+    return fp.fmix64(np.asarray(x ^ np.uint64(key.k1), dtype=np.uint64))
+
+
+def uniform_of_bits(bits):
+    """The uniform in (0, 1) of 64 random bits: the top 53 bits, centred in their cell (array or int)."""
+    if isinstance(bits, np.ndarray):
+        return ((bits >> np.uint64(11)).astype(np.float64) + 0.5) / _TWO_POW_53
+    return ((bits >> 11) + 0.5) / _TWO_POW_53
+
+
+def key_fingerprint(key: Any) -> int:
+    """The fingerprint of a Python key's key bytes (:mod:`transforms.core.fingerprint`; any key type)."""
+    return fp.fingerprint_of(fp.to_key_bytes(key, strict=False))
+
+
 def keyed_uniform(seed: int, purpose: str, round_: int, keys: Sequence[Any]) -> np.ndarray:
-    """Uniforms in the open interval (0, 1), one per key, each a function of (seed, purpose, round, key)."""
-    prefix = _prefix_hasher(seed, purpose, round_)
+    """Uniforms in the open interval (0, 1), one per key, each a function of (seed, purpose, round, key).
+
+    ``u = uniform_of_bits(draw64(draw_key(seed, purpose, round), fingerprint(key)))``: the columnar path
+    computes the same numbers vectorised from its key-bytes columns (:func:`uniforms_of_columns`).
+    """
+    k = draw_key(seed, purpose, round_)
     out = np.empty(len(keys), dtype=np.float64)
     for j, key in enumerate(keys):
-        h = prefix.copy()
-        h.update(encode_key(key))
-        out[j] = _uniform_of(h.digest())
+        out[j] = uniform_of_bits(draw64_of(k, key_fingerprint(key)))
     return out
+
+
+def uniforms_of_fingerprints(key: DrawKey, *fingerprints: np.ndarray) -> np.ndarray:
+    """Vectorised uniforms of (key, fingerprints...): equal to the scalar draws of the same keys."""
+    return uniform_of_bits(draw64(key, *fingerprints))
+
+
+def noise_of_uniform(kind: str, u):
+    """Standard Gaussian or Laplace by the inverse CDF of uniforms ``u`` (array or scalar)."""
+    if kind == "gaussian":
+        return special.ndtri(u)
+    if kind == "laplace":
+        return _laplace_of(u - 0.5)
+    raise ValueError(f"noise kind must be 'gaussian' or 'laplace', got {kind!r}")
 
 
 class KeyedNoise:
     """Per-key seeded noise, one key at a time: ``draw(key)`` == ``standard_noise(kind, [key], ...)[0]``.
 
-    The hash state of (seed, purpose, round) is built once, and the inverse CDF is applied to a
-    scalar (same scipy/numpy ufunc loops as the array path), so the per-item cost in Beam's noise
-    step is one BLAKE2b update instead of re-encoding the whole key tuple (tests/test_params_randomness.py
-    checks bitwise equality with :func:`standard_noise`).
+    The draw key of (seed, purpose, round) is derived once; the inverse CDF is applied to a scalar
+    (same scipy/numpy ufunc loops as the array path; tests/test_params_randomness.py checks bitwise
+    equality with :func:`standard_noise`).
     """
 
     def __init__(self, kind: str, seed: int, purpose: str, round_: int):
         if kind not in ("gaussian", "laplace"):
             raise ValueError(f"noise kind must be 'gaussian' or 'laplace', got {kind!r}")
         self._gaussian = kind == "gaussian"
-        self._prefix = _prefix_hasher(seed, purpose, round_)
+        self._key = draw_key(seed, purpose, round_)
 
     def draw(self, key: Any) -> float:
-        h = self._prefix.copy()
-        h.update(encode_key(key))
-        u = _uniform_of(h.digest())
+        u = uniform_of_bits(draw64_of(self._key, key_fingerprint(key)))
         if self._gaussian:
             return float(special.ndtri(u))
         return float(_laplace_of(u - 0.5))
@@ -172,18 +248,6 @@ def sort_key(item: Any) -> bytes:
     return encode_key(item)
 
 
-def _pair_prefix_hasher(seed: int, purpose: str, round_: int, user: Any):
-    """BLAKE2b state after hashing ``(seed, purpose, round)`` and the ``(user, ...`` prefix of the key.
-
-    ``encode_key((user, item))`` is ``b"t" + len 2 + encode_key(user) + encode_key(item)``, so
-    ``prefix.copy().update(encode_key(item))`` gives exactly ``_digest(seed, purpose, round_,
-    (user, item), 8)`` while encoding the seed, purpose, round and user once per user, not per item.
-    """
-    h = _prefix_hasher(seed, purpose, round_)
-    h.update(b"t" + struct.pack(">Q", 2) + encode_key(user))
-    return h
-
-
 def subsample(
     items: Iterable[Any],
     k: int,
@@ -201,11 +265,12 @@ def subsample(
     allowed and count once: the priority of an item is a function of the item (below), so a repeat
     either is already in the sample or loses again (so BoundContributions needs no Distinct step).
 
-    Seeded: the priority of ``item`` is ``keyed_uniform(seed, purpose, round, (user, item))``, so the
-    subset does not depend on input order or bundling. Unseeded: the same keyed hash under a fresh
-    128-bit key drawn from ``rng`` (OS entropy on the worker) for this call, i.e. independent uniform
-    priorities that are consistent across a user's duplicates. The result is in canonical order
-    (sorted by :func:`sort_key`).
+    Seeded: the priority of ``item`` is the 64-bit ``draw64(draw_key(seed, purpose, round),
+    fingerprint(user), fingerprint(item))`` (ties broken by the smaller key bytes), so the subset does
+    not depend on input order or bundling, and the columnar path (:func:`pair_priorities`) picks the
+    same subset. Unseeded: the same under a fresh 128-bit key drawn from ``rng`` (OS entropy on the
+    worker) for this call, i.e. independent uniform priorities that are consistent across a user's
+    duplicates. The result is in canonical order (sorted by :func:`sort_key`).
     """
     if k < 1:
         raise ValueError(f"max_contributions must be >= 1, got {k!r}")
@@ -221,31 +286,55 @@ def subsample(
                 break
     else:  # at most k distinct items: all are kept whatever their priorities (no hashing needed)
         return _canonical_order(distinct)
-    # more than k distinct: from here on every key is the encoded item (hashed below)
+    # more than k distinct: from here on every key is the encoded item (for the canonical order)
     distinct = {(key if type(key) is bytes else _encode_item(item)): item for key, item in distinct.items()}
-    if seed is None:
-        seed = int.from_bytes(rng.bytes(16), "big")  # a fresh hash key for this call (see above)
-    prefix = _pair_prefix_hasher(seed, purpose, round_, user)
+    draw = draw_key(seed, purpose, round_) if seed is not None else random_draw_key(rng)
+    user_fp = key_fingerprint(user)
 
     def entry(key, item):
-        h = prefix.copy()
-        h.update(key)
-        return -_uniform_of(h.digest()), key, item
+        kb = fp.to_key_bytes(item, strict=False)
+        return -draw64_of(draw, user_fp, fp.fingerprint_of(kb)), _neg_bytes(kb), key, item
 
-    # max-heap on priority via negation: (-priority, sort_key, item), of the k smallest priorities
+    # max-heap on (priority, key bytes) via negation, of the k smallest: :func:`pair_priorities`' order
     heap: List[tuple] = sorted(entry(key, item) for key, item in distinct.items())[-k:]
     heapq.heapify(heap)
-    in_heap = {e[1] for e in heap}
+    in_heap = {e[2] for e in heap}
     for item in it:
         key = _encode_item(item)
         if key in in_heap:
             continue  # a repeat of a sampled item; a repeat of a dropped item has the same priority
         e = entry(key, item)
         if e > heap[0]:
-            in_heap.discard(heapq.heapreplace(heap, e)[1])
+            in_heap.discard(heapq.heapreplace(heap, e)[2])
             in_heap.add(key)
-    heap.sort(key=lambda e: e[1])
-    return [e[2] for e in heap]
+    heap.sort(key=lambda e: e[2])
+    return [e[3] for e in heap]
+
+
+class _neg_bytes:
+    """Reverses the order of bytes (the max-heap above keeps the smallest key bytes on ties)."""
+
+    __slots__ = ("b",)
+
+    def __init__(self, b: bytes):
+        self.b = b
+
+    def __lt__(self, other):
+        return self.b > other.b
+
+    def __gt__(self, other):
+        return self.b < other.b
+
+    def __eq__(self, other):
+        return self.b == other.b
+
+
+def pair_priorities(key: DrawKey, user_fps: np.ndarray, item_fps: np.ndarray) -> np.ndarray:
+    """The uint64 bottom-k priorities of (user, item) pairs, vectorised (same as :func:`subsample`'s).
+
+    A user keeps its ``k`` items of smallest priority, ties broken by the smaller key bytes.
+    """
+    return draw64(key, user_fps, item_fps)
 
 
 def _utf8_order(s: str):

@@ -36,7 +36,7 @@ from transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS, JoinValuesToSets
 from transforms.core.noise import only_value
 from transforms.selection.counts_kernels import CountNoise, at_least
 
-__all__ = ["ReleaseCounts", "AddCountNoiseFn"]
+__all__ = ["ReleaseCounts", "NoisyCounts", "AddCountNoiseFn"]
 
 
 def as_released(item):
@@ -133,10 +133,28 @@ class ReleaseCounts(beam.PTransform):
         else:
             holders = joined | "Holders" >> beam.FlatMap(holder_ones)  # (item, 1)
         zeros = marked | "ZeroForReleased" >> beam.Map(zero_count)  # (item, 0)
-        noisy = (
+        return (
             (holders, zeros)
             | "HoldersAndZeros" >> beam.Flatten()  # (item, partial count)
             | "SumCounts" >> beam.CombinePerKey(sum)  # (item, count) for released items only
+            | "Noise" >> NoisyCounts(self._plan, self._seed, self._min_users)  # (item, noisy_count >= M)
+        )
+
+
+class NoisyCounts(beam.PTransform):
+    """(item, exact capped count) of released items -> (item, noisy_count) with noisy_count >= min_users.
+
+    Stages: CountNoise (exact discrete Gaussian, :class:`AddCountNoiseFn`), Checkpoint (materialised:
+    one draw per item whatever retries), MinUsers (post-processing floor; 0 keeps all).
+    """
+
+    def __init__(self, plan: CountPlan, seed: Optional[int] = None, min_users: int = 0, label=None):
+        super().__init__(label)
+        self._plan, self._seed, self._min_users = plan, seed, check_min_users(min_users)
+
+    def expand(self, counts):
+        noisy = (
+            counts
             | "CountNoise" >> beam.ParDo(AddCountNoiseFn(self._plan.sigma2, self._seed, self._plan.round))
             # (item, count + X)
             | "Checkpoint" >> beam.GroupByKey()  # (item, [noisy]) materialised: drawn once

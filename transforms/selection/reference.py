@@ -3,8 +3,9 @@
 Operates on ``dict[user, iterable[item]]`` with the same parameters
 (:class:`privacy.params.SelectionParams`), the same calibration plan (:mod:`privacy.selection`) and the
 same randomness contract (:mod:`transforms.core.randomness`) as the Beam transforms, so under a seed
-``select(...)`` returns exactly what ``SelectPartitions`` releases. Float sums are correctly rounded
-(``math.fsum``), like the Beam combiners, so the comparison is exact.
+``select(...)`` returns exactly what ``SelectPartitions`` releases. Float sums are exact and order
+independent like the Beam path's (:mod:`transforms.core.fixed64` for the columnar weights, ``math.fsum``
+in the MAD kernels), so the comparison is exact.
 
 Everything here holds the whole dataset in memory; use the Beam transforms beyond a few million pairs.
 """
@@ -12,7 +13,6 @@ Everything here holds the whole dataset in memory; use the Beam transforms beyon
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import defaultdict
 from typing import Dict, Hashable, Iterable, List, Mapping, Optional, Set, Tuple
 
@@ -22,6 +22,7 @@ from privacy.counts import CountPlan
 from privacy.selection import RoundPlan, SelectionParams, algorithm_spec, plan_counts, plan_rounds
 from privacy.validation import check_choice, check_int
 from transforms.core import randomness
+from transforms.core.fixed64 import exact_sum64
 from transforms.selection import counts_kernels, policy_kernels
 from transforms.selection import mad_kernels as K
 from transforms.selection.basic_kernels import WEIGHTINGS, per_item_weight
@@ -56,7 +57,8 @@ def bound_contributions(
 
 
 def basic_weights(user_sets: UserSets, weighting: str = "weighted_gaussian") -> Dict[Hashable, float]:
-    """Per-item sum of the users' weights (no capping: pass capped sets).
+    """Per-item sum of the users' weights (no capping: pass capped sets), exact at 2^-64 like the
+    columnar path (:func:`transforms.core.fixed64.exact_sum64`; equal to ``math.fsum`` for these weights).
 
     weighting: 'weighted_gaussian' (1/sqrt(d)), 'weighted_laplace' (1/d) or 'count' (1).
     """
@@ -67,7 +69,7 @@ def basic_weights(user_sets: UserSets, weighting: str = "weighted_gaussian") -> 
         w = per_item_weight(weighting, len(items))
         for item in items:
             parts[item].append(w)
-    return {item: math.fsum(ws) for item, ws in parts.items()}
+    return {item: exact_sum64(ws) for item, ws in parts.items()}
 
 
 def add_noise(

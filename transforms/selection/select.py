@@ -14,41 +14,25 @@ from __future__ import annotations
 from typing import Optional
 
 import apache_beam as beam
+import pyarrow as pa
 
 from privacy.selection import SelectionParams, algorithm_spec, plan_counts, plan_rounds
 from privacy.validation import check_int
 from transforms.core import randomness
-from transforms.core.allowlist import KeepAllowlisted, check_allowlist
-from transforms.core.bounding import BoundContributions, CapUserItemsFn
+from transforms.core.allowlist import KeepAllowlisted, KeepAllowlistedRows, check_allowlist
+from transforms.core.batches import DEFAULT_BATCH_ROWS, DEFAULT_ROWS_PER_SHARD, ITEM, USER, ToBatches, normalise_batch
+from transforms.core.bounding import BoundContributions
+from transforms.core.fingerprint import from_key_bytes
 from transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
 from transforms.core.noise import NoisyThreshold, only_value, tag_round
-from transforms.selection.basic import UserSetWeights
+from transforms.selection.columnar import ColumnarDPSIPS, ColumnarSingleRound
 from transforms.selection.counts import ReleaseCounts
 from transforms.selection.mad import MAD2R, MADWeights
 from transforms.selection.policy import SequentialPolicy
 
 
-def drop_released_items(element, released):
-    """(user, [item]) -> (user, [item not in released]) (DP-SIPS: post-processing of earlier rounds)."""
-    user, items = element
-    return user, [i for i in items if i not in released]
-
-
-def materialise(user, items):
-    """(user, iterable[item]) -> (user, [distinct item]) (repeats dropped: no separate Distinct shuffle)."""
-    return user, list(dict.fromkeys(items))
-
-
-def as_present(item):
-    return item, True
-
-
-def has_items(element):
-    return len(element[1]) > 0
-
-
-class _SingleRound(beam.PTransform):
-    """Bound contributions, weigh, add noise, threshold: one round of the template (MAD paper Alg. 1).
+class _MADRound(beam.PTransform):
+    """MAD (one round, per element): bound contributions, MAD weights, noise, threshold (MAD paper Alg. 1, 3).
 
     Every runner returns ``((round, item), capped user sets or None)``: the capped sets (what the count
     release counts) only with ``with_user_sets``.
@@ -65,12 +49,7 @@ class _SingleRound(beam.PTransform):
         user_sets = pairs | "BoundContributions" >> BoundContributions(
             self._params.max_contributions, self._seed, round_=0
         )  # (user, [item]) |.| <= D0
-        if rnd.weighting == "mad":
-            weights = user_sets | "MADWeights" >> MADWeights(
-                rnd.tau, self._params.d_max, **self._join_options
-            )  # (item, w)
-        else:
-            weights = user_sets | "Weights" >> UserSetWeights(rnd.weighting)  # (item, w)
+        weights = user_sets | "MADWeights" >> MADWeights(rnd.tau, self._params.d_max, **self._join_options)  # (item, w)
         tagged = (
             weights
             | "NoisyThreshold"
@@ -80,51 +59,6 @@ class _SingleRound(beam.PTransform):
         return tagged, (user_sets if self._with_user_sets else None)
 
 
-class _DPSIPS(beam.PTransform):
-    """DP-SIPS: rounds of Basic; items released earlier are removed and sets re-subsampled each round.
-
-    Privacy: round r runs Basic (l2 sensitivity 1, novel-item bound 1/sqrt(t)) on a dataset that is
-    a function of the raw user sets and of the *released* output of rounds < r only; removing
-    released items is post-processing, and re-subsampling to Delta_0 keeps each user's round-r
-    contribution within Basic's sensitivity. The rounds compose adaptively under the accounting of
-    ``params.accounting`` (privacy/accounting.py).
-    """
-
-    def __init__(self, spec, plans, params: SelectionParams, seed: Optional[int], join_options: dict, with_user_sets):
-        super().__init__()
-        self._plans, self._params, self._seed = plans, params, seed
-        self._with_user_sets = with_user_sets
-
-    def expand(self, pairs):
-        full_sets = (
-            pairs
-            | "GroupByUser" >> beam.GroupByKey()  # (user, [item]) with repeats
-            | "Materialise" >> beam.MapTuple(materialise)  # (user, [item]) all distinct items
-        )
-        outputs = []
-        released_so_far = None  # item, released in rounds < r
-        for rnd in self._plans:
-            last = rnd.index == len(self._plans)
-            released_r = full_sets | f"Round{rnd.index}" >> _DPSIPSRound(
-                rnd, released_so_far, self._params.max_contributions, self._seed, checkpoint=not last
-            )  # item released in round r
-            outputs.append(released_r | f"Tag{rnd.index}" >> beam.Map(tag_round, rnd.index))  # (r, item)
-            if not last:
-                released_so_far = (
-                    released_r
-                    if released_so_far is None
-                    else (released_so_far, released_r) | f"Union{rnd.index}" >> beam.Flatten()
-                )  # item, released in rounds <= r
-        tagged = tuple(outputs) | "AllRounds" >> beam.Flatten()  # (round, item)
-        if not self._with_user_sets:
-            return tagged, None
-        # The rounds re-subsample per round; the counts use one subsample of the full sets (round 0).
-        capped = full_sets | "CapForCounts" >> beam.ParDo(
-            CapUserItemsFn(self._params.max_contributions, self._seed, 0)
-        )  # (user, [item]) |.| <= D0
-        return tagged, capped
-
-
 def join_round(element):
     """(item, {'round': [r], 'count': [c]}) -> (r, (item, c)) for items that kept their count."""
     item, grouped = element
@@ -132,40 +66,6 @@ def join_round(element):
     if counts:
         (r,) = grouped["round"]
         yield r, (item, counts[0])
-
-
-class _DPSIPSRound(beam.PTransform):
-    """One DP-SIPS round r: (user, [all distinct items]) -> items released in round r.
-
-    Stages:
-      DropReleased   (user, [item not in U_<r])   post-processing of earlier rounds (side input)
-      NonEmpty       (user, [item])               users with items left
-      CapToDelta0    (user, [item])               fresh uniform subsample to Delta_0 (round r's draw)
-      Weights        (item, w)                    Basic's 1/sqrt(d) weights, exact sums
-      NoisyThreshold item                         checkpointed when a later round reads it
-    """
-
-    def __init__(self, plan, released_before, max_contributions: int, seed: Optional[int], checkpoint: bool):
-        super().__init__()
-        self._plan, self._released_before = plan, released_before
-        self._k, self._seed, self._checkpoint = max_contributions, seed, checkpoint
-
-    def expand(self, full_sets):
-        rnd, sets = self._plan, full_sets
-        if self._released_before is not None:
-            released_si = beam.pvalue.AsDict(self._released_before | "AsPresent" >> beam.Map(as_present))
-            sets = (
-                full_sets
-                | "DropReleased" >> beam.Map(drop_released_items, released_si)  # (user, [item \ U_<r])
-                | "NonEmpty" >> beam.Filter(has_items)  # (user, [item]) non-empty
-            )
-        return (
-            sets
-            | "CapToDelta0" >> beam.ParDo(CapUserItemsFn(self._k, self._seed, rnd.index))  # (user, [item]) <= D0
-            | "Weights" >> UserSetWeights("weighted_gaussian")  # (item, w)
-            | "NoisyThreshold"
-            >> NoisyThreshold(rnd.noise, rnd.noise_scale, rnd.threshold, self._seed, rnd.index, self._checkpoint)
-        )  # item; checkpointed: the output and the next round's removal see the same draw
 
 
 class SelectPartitions(beam.PTransform):
@@ -205,9 +105,13 @@ class SelectPartitions(beam.PTransform):
         allowlist=None,
         max_users_per_key: int = 10_000,
         max_broadcast_items: int = DEFAULT_MAX_BROADCAST_ITEMS,
+        batch_rows: int = DEFAULT_BATCH_ROWS,
+        rows_per_shard: int = DEFAULT_ROWS_PER_SHARD,
         label=None,
     ):
         super().__init__(label)
+        self.batch_rows = check_int("batch_rows", batch_rows, 1)
+        self.rows_per_shard = check_int("rows_per_shard", rows_per_shard, 1)
         self.join_options = dict(
             max_users_per_key=check_int("max_users_per_key", max_users_per_key, 1),
             max_broadcast_items=check_int("max_broadcast_items", max_broadcast_items, 0),
@@ -223,19 +127,29 @@ class SelectPartitions(beam.PTransform):
         self.rounds = plan_rounds(algorithm, params)  # calibrated before any data is read
         self.counts = plan_counts(algorithm, params)  # None without release_counts
 
-    def expand(self, pairs):
+    def expand(self, pcoll):
         randomness.warn_if_seeded(self.seed)
-        if self.allowlist is not None:
-            pairs = pairs | "Allowlist" >> KeepAllowlisted(self.allowlist)  # (user, item), item allowed
-        runner = _RUNNERS[self.spec.shape](
-            self.spec, self.rounds, self.params, self.seed, self.join_options, self.counts is not None
-        )
-        tagged, user_sets = pairs | self.algorithm.upper() >> runner  # (round, item), (user, [item]) or None
+        columnar = _COLUMNAR.get(self.spec.shape)
+        if columnar is not None and self.rounds[0].weighting != "mad":
+            batches = pcoll | "Batch" >> ToBatches(self.batch_rows)  # Table(user, item)
+            if self.allowlist is not None:
+                batches = batches | "Allowlist" >> KeepAllowlistedRows(self.allowlist)  # Table, items allowed
+            runner = columnar(self.rounds, self.params, self.seed, self.counts, self.rows_per_shard)
+            tagged, counted = batches | self.algorithm.upper() >> runner  # (round, item), (item, count) or None
+        else:
+            pairs = pcoll | "Pairs" >> beam.ParDo(AsPairsFn())  # (user, item)
+            if self.allowlist is not None:
+                pairs = pairs | "Allowlist" >> KeepAllowlisted(self.allowlist)  # (user, item), item allowed
+            runner = _RUNNERS[self.spec.shape](
+                self.spec, self.rounds, self.params, self.seed, self.join_options, self.counts is not None
+            )
+            tagged, user_sets = pairs | self.algorithm.upper() >> runner  # (round, item), (user, [item]) or None
+            counted = None
         if self.counts is None:
             if self.output_rounds:
                 return tagged  # (round, item)
             return tagged | "Items" >> beam.Values()  # item
-        if self.output_rounds:
+        if counted is None:
             # The released items feed both the counts and the round tags: materialise them once.
             rounds_by_item = (
                 tagged
@@ -244,11 +158,11 @@ class SelectPartitions(beam.PTransform):
                 | "OneRound" >> beam.MapTuple(only_value)  # (item, round)
             )
             released = rounds_by_item | "Released" >> beam.Keys()  # item
+            counted = user_sets | "ReleaseCounts" >> ReleaseCounts(
+                released, self.counts, self.seed, self.params.min_users, **self.join_options
+            )  # (item, noisy_count), noisy_count >= min_users
         else:
-            released = tagged | "Released" >> beam.Values()  # item
-        counted = user_sets | "ReleaseCounts" >> ReleaseCounts(
-            released, self.counts, self.seed, self.params.min_users, **self.join_options
-        )  # (item, noisy_count), noisy_count >= min_users
+            rounds_by_item = tagged | "ItemRound" >> beam.Map(swap)  # (item, round)
         if not self.output_rounds:
             return counted  # (item, noisy_count)
         return (
@@ -256,6 +170,20 @@ class SelectPartitions(beam.PTransform):
             | "JoinRounds" >> beam.CoGroupByKey()  # (item, {round: [r], count: [c]})
             | "TagCounts" >> beam.FlatMap(join_round)  # (round, (item, noisy_count))
         )
+
+
+class AsPairsFn(beam.DoFn):
+    """(user, item) pairs pass through; Arrow batches (columns user, item) become pairs (the per-element
+    algorithms: MAD, MAD2R, the sequential policies)."""
+
+    def process(self, element):
+        if isinstance(element, (pa.RecordBatch, pa.Table)):
+            table = normalise_batch(element)
+            yield from zip(
+                map(from_key_bytes, table.column(USER).to_pylist()), map(from_key_bytes, table.column(ITEM).to_pylist())
+            )
+        else:
+            yield element
 
 
 def swap(element):
@@ -282,4 +210,12 @@ class _Sequential(beam.PTransform):
 
 
 #: one Beam runner per shape of the registry (privacy.selection.SHAPES); the reference has the same table
-_RUNNERS = {"single": _SingleRound, "dp_sips": _DPSIPS, "mad2r": _mad2r, "sequential": _Sequential}
+_RUNNERS = {"single": _MADRound, "mad2r": _mad2r, "sequential": _Sequential}
+
+
+def _columnar_single(plans, params, seed, counts_plan, rows_per_shard):
+    return ColumnarSingleRound(plans[0], params, seed, counts_plan, rows_per_shard)
+
+
+#: the columnar runners (batches of rows; MAD's weighting still runs per element, see _RUNNERS)
+_COLUMNAR = {"single": _columnar_single, "dp_sips": ColumnarDPSIPS}

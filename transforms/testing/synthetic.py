@@ -26,6 +26,18 @@ def zipf_pairs_of_chunk(
     duplicate draws are kept (BoundContributions removes them), so the number of pairs is exact:
     ``users_per_chunk * mean_degree`` on average.
     """
+    degrees, ranks = _chunk_draws(chunk, users_per_chunk, mean_degree, n_items, exponent, seed)
+    pos = 0
+    base = chunk * users_per_chunk
+    for j, d in enumerate(degrees):
+        user = f"u{base + j}"
+        for r in ranks[pos : pos + d]:
+            yield user, f"w{r}"
+        pos += d
+
+
+def _chunk_draws(chunk, users_per_chunk, mean_degree, n_items, exponent, seed):
+    """(degree per user, item rank per pair) of one chunk."""
     rng = np.random.default_rng([seed, chunk])
     degrees = _chunk_degrees(rng, users_per_chunk, mean_degree)
     total = int(degrees.sum())
@@ -34,13 +46,29 @@ def zipf_pairs_of_chunk(
     while len(ranks) < total:  # extremely rare top-up
         extra = rng.zipf(exponent, size=total)
         ranks = np.concatenate([ranks, extra[extra <= n_items]])[:total]
-    pos = 0
-    base = chunk * users_per_chunk
-    for j, d in enumerate(degrees):
-        user = f"u{base + j}"
-        for r in ranks[pos : pos + d]:
-            yield user, f"w{r}"
-        pos += d
+    return degrees, ranks
+
+
+def zipf_table_of_chunk(
+    chunk: int,
+    users_per_chunk: int,
+    mean_degree: float = 10.0,
+    n_items: int = 1_000_000,
+    exponent: float = 1.1,
+    seed: int = 0,
+):
+    """The pairs of :func:`zipf_pairs_of_chunk` (same chunk, same rows) as one Arrow Table(user, item)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    degrees, ranks = _chunk_draws(chunk, users_per_chunk, mean_degree, n_items, exponent, seed)
+    users = np.repeat(np.arange(chunk * users_per_chunk, (chunk + 1) * users_per_chunk), degrees)
+    return pa.table(
+        {
+            "user": pc.binary_join_element_wise("u", pc.cast(pa.array(users), pa.string()), ""),
+            "item": pc.binary_join_element_wise("w", pc.cast(pa.array(ranks), pa.string()), ""),
+        }
+    )
 
 
 def _chunk_degrees(rng: np.random.Generator, users_per_chunk: int, mean_degree: float) -> np.ndarray:

@@ -1,0 +1,241 @@
+"""Arrow batches as Beam elements: the entry of the columnar path, shard keys, run-time shard counts.
+
+The columnar path moves ``pyarrow.Table`` elements of (user, item) rows instead of one element per
+pair. Users and items are *key bytes* (:mod:`transforms.core.fingerprint`): Arrow ``binary`` columns,
+UTF-8 for ``str`` keys, so grouping is exact (no fingerprint collision can merge two users or two
+items). 64-bit fingerprints only choose shards and feed seeded draws.
+
+Shapes used by the transforms (docstrings spell them out):
+  batch        Table(user: binary, item: binary)         <= ``batch_rows`` rows, owns its buffers
+  (shard, T)   a table whose rows all hash to ``shard``  per-user steps see every row of their users
+
+Shard count: ``S = max(1, ceil(rows / rows_per_shard))``, computed at run time from the number of input
+rows (:class:`ShardCount`, a singleton side input), so a shard holds about ``rows_per_shard`` rows
+whatever the data size (10^9 users: S grows with the data, each shard stays bounded). Rows are
+assigned by ``fingerprint64(key) mod S``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Iterator, List, Optional, Tuple
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from privacy.validation import check_int
+from transforms.core.dofns import in_global_window, is_batch
+from transforms.core.fingerprint import fingerprint64, to_key_bytes
+
+__all__ = [
+    "USER",
+    "ITEM",
+    "DEFAULT_BATCH_ROWS",
+    "DEFAULT_ROWS_PER_SHARD",
+    "pairs_table",
+    "normalise_batch",
+    "owned",
+    "split_by_shard",
+    "shard_ids",
+    "concat",
+    "ToBatches",
+    "ShardCount",
+    "require_global_window",
+]
+
+USER = "user"
+ITEM = "item"
+DEFAULT_BATCH_ROWS = 65_536
+DEFAULT_ROWS_PER_SHARD = 2_000_000
+_BINARY = pa.binary()
+
+
+def key_bytes_column(keys: List) -> pa.Array:
+    """A binary column of the key bytes of Python keys; all-``str`` lists are converted by Arrow in C."""
+    if all(type(k) is str for k in keys):  # (Arrow would also take bytes and None: not here)
+        return pa.array(keys, type=pa.string()).cast(_BINARY)  # str -> UTF-8: the key bytes of a str
+    return pa.array([to_key_bytes(k) for k in keys], type=_BINARY)
+
+
+def pairs_table(users: Iterable, items: Iterable) -> pa.Table:
+    """Table(user, item) of key bytes from Python keys (TypeError for keys with no exact encoding)."""
+    return pa.table({USER: key_bytes_column(list(users)), ITEM: key_bytes_column(list(items))})
+
+
+def _key_column(batch, name: str) -> pa.Array:
+    if name not in batch.schema.names:
+        raise ValueError(f"a batch needs columns {USER!r} and {ITEM!r}; got {batch.schema.names}")
+    col = batch.column(name)
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    t = col.type
+    if not (
+        pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
+    ):
+        raise TypeError(f"batch column {name!r} must be string or binary (key bytes), got {t}")
+    if col.null_count:
+        raise ValueError(
+            f"batch column {name!r} has {col.null_count} null value(s): every row needs a user and an item"
+        )
+    return col.cast(_BINARY)
+
+
+def normalise_batch(batch) -> pa.Table:
+    """A RecordBatch/Table with string or binary ``user`` and ``item`` columns -> Table(user, item) of
+    binary key bytes (other columns dropped). ``str`` values keep their UTF-8 bytes, so a string column
+    and the element API give the same key bytes."""
+    if not isinstance(batch, (pa.RecordBatch, pa.Table)):
+        raise TypeError(f"expected a pyarrow RecordBatch or Table, got {type(batch).__name__}")
+    return pa.table({USER: _key_column(batch, USER), ITEM: _key_column(batch, ITEM)})
+
+
+def owned(table: pa.Table) -> pa.Table:
+    """A copy of ``table`` that owns exactly its buffers (a slice would pickle its parent's buffers)."""
+    return table.take(pa.array(np.arange(table.num_rows)))
+
+
+def shard_ids(column, num_shards: int) -> np.ndarray:
+    """``fingerprint64(key) mod num_shards`` per row (int64)."""
+    return (fingerprint64(column) % np.uint64(num_shards)).astype(np.int64)
+
+
+def split_by_shard(table: pa.Table, shards: np.ndarray, num_shards: int) -> Iterator[Tuple[int, pa.Table]]:
+    """``(shard, rows of that shard)`` for every non-empty shard; every table owns its buffers."""
+    if table.num_rows == 0:
+        return
+    if num_shards == 1:
+        yield 0, table
+        return
+    order = np.argsort(shards, kind="stable")
+    bounds = np.searchsorted(shards[order], np.arange(num_shards + 1))
+    for s in range(num_shards):
+        lo, hi = int(bounds[s]), int(bounds[s + 1])
+        if hi > lo:
+            yield s, table.take(pa.array(order[lo:hi]))  # take() copies: no parent buffers
+
+
+def concat(tables: Iterable[pa.Table]) -> pa.Table:
+    """One table of all ``tables`` (same schema), chunks combined."""
+    tables = list(tables)
+    if len(tables) == 1:
+        return tables[0].combine_chunks()
+    return pa.concat_tables(tables).combine_chunks()
+
+
+class _ToBatchesFn(beam.DoFn):
+    """(user, item) elements or Arrow batches -> Table(user, item) batches of <= ``batch_rows`` rows."""
+
+    def __init__(self, batch_rows: int):
+        self._batch_rows = batch_rows
+        self._users: List = []
+        self._items: List = []
+
+    def start_bundle(self):
+        self._users, self._items = [], []
+
+    def _flush(self) -> Optional[pa.Table]:
+        if not self._users:
+            return None
+        table = pairs_table(self._users, self._items)
+        self._users, self._items = [], []
+        return table
+
+    def process(self, element):
+        if type(element) is tuple and len(element) == 2:  # the hot path: one (user, item) pair
+            self._users.append(element[0])
+            self._items.append(element[1])
+            if len(self._users) >= self._batch_rows:
+                yield self._flush()
+            return
+        if isinstance(element, (pa.RecordBatch, pa.Table)):
+            table = normalise_batch(element)
+            for start in range(0, table.num_rows, self._batch_rows):
+                yield owned(table.slice(start, self._batch_rows))
+            return
+        try:
+            user, item = element
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"SelectPartitions input must be (user, item) pairs or Arrow batches, got {type(element).__name__}"
+            ) from None
+        self._users.append(user)
+        self._items.append(item)
+        if len(self._users) >= self._batch_rows:
+            yield self._flush()
+
+    def finish_bundle(self):
+        table = self._flush()
+        if table is not None:
+            yield in_global_window(table)
+
+
+def require_global_window(pcoll, what: str) -> None:
+    if not is_batch(pcoll):
+        raise ValueError(
+            f"{what} is a batch transform: apply it to a PCollection in the global window "
+            "(e.g. beam.WindowInto(window.GlobalWindows()))"
+        )
+
+
+class ToBatches(beam.PTransform):
+    """(user, item) elements and/or Arrow batches -> Table(user: binary, item: binary) batches.
+
+    Pairs are gathered per bundle into tables of at most ``batch_rows`` rows; RecordBatch/Table
+    elements (columns ``user`` and ``item``, string or binary) are normalised and cut to ``batch_rows``.
+    Global window only (the columnar path is a batch computation).
+    """
+
+    def __init__(self, batch_rows: int = DEFAULT_BATCH_ROWS, label=None):
+        super().__init__(label)
+        self._batch_rows = check_int("batch_rows", batch_rows, 1)
+
+    def expand(self, pcoll):
+        require_global_window(pcoll, "SelectPartitions")
+        return pcoll | "Batch" >> beam.ParDo(_ToBatchesFn(self._batch_rows))  # Table(user, item)
+
+
+def _num_rows(table) -> int:
+    return table.num_rows
+
+
+def shard_count_of(rows: int, rows_per_shard: int) -> int:
+    """``max(1, ceil(rows / rows_per_shard))``."""
+    return max(1, math.ceil(rows / rows_per_shard))
+
+
+class ShardCount(beam.PTransform):
+    """Tables -> a singleton PCollection: the number of shards, ``max(1, ceil(rows / rows_per_shard))``."""
+
+    def __init__(self, rows_per_shard: int = DEFAULT_ROWS_PER_SHARD, label=None):
+        super().__init__(label)
+        self._rows_per_shard = check_int("rows_per_shard", rows_per_shard, 1)
+
+    def expand(self, tables):
+        return (
+            tables
+            | "Rows" >> beam.Map(_num_rows)  # int
+            | "Total" >> beam.CombineGlobally(sum)  # int, 0 for empty input
+            | "Shards" >> beam.Map(shard_count_of, self._rows_per_shard)  # S >= 1
+        )
+
+
+def item_array_to_keys(column) -> List:
+    """Python keys of a key-bytes column (decoded: str for UTF-8 bytes)."""
+    from transforms.core.fingerprint import from_key_bytes
+
+    return [from_key_bytes(b) for b in column.to_pylist()]
+
+
+def take_rows(table: pa.Table, mask: np.ndarray) -> pa.Table:
+    """The rows of ``table`` where ``mask`` holds (a copy)."""
+    return table.filter(pa.array(mask)) if mask.dtype == bool else table.take(pa.array(mask))
+
+
+def dictionary_codes(column) -> Tuple[np.ndarray, pa.Array]:
+    """(int64 code per row, distinct values) of a key column (codes index the distinct values)."""
+    enc = pc.dictionary_encode(column)
+    if isinstance(enc, pa.ChunkedArray):
+        enc = enc.combine_chunks()
+    return enc.indices.to_numpy(zero_copy_only=False).astype(np.int64), enc.dictionary

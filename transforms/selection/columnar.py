@@ -1,0 +1,362 @@
+"""The columnar Beam path: Arrow tables of (user, item) rows through sharded per-user and per-item steps.
+
+One Beam element carries up to ``batch_rows`` pairs (or a whole shard), so Beam's per-element cost is
+paid per batch, not per pair; the arithmetic is the vectorised kernels of
+:mod:`transforms.selection.columnar_kernels`. Stages of one Basic round (shapes after each step):
+
+  Batch          Table(user, item)                        element API gathered per bundle, or batches
+  ShardCount     S                                        ceil(rows / rows_per_shard), singleton
+  ShardUsers     (user shard, Table(user, item))          fingerprint(user) mod S; users with more than
+                                                          Delta_0 rows in a batch pre-capped there
+  GroupUsers     (user shard, [Table])                    every row of a user in one element
+  Cap            (user shard, Table(user, item, degree))  distinct, bottom-k to Delta_0 (Alg. 1 l.4-5)
+  Partials       (item shard, Table(item, hi, mid, lo, holders))  per-item exact partial sums of the
+                                                          weights of this user shard, fingerprint(item) mod S
+  GroupItems     (item shard, [Table])                    one row per (user shard, item): a hot item is
+                                                          S rows, never a hot key
+  NoisyThreshold (round, item key bytes)                  weight + noise >= rho (Alg. 1 l.7-8)
+
+Memory: a user shard holds ~rows_per_shard rows (default 2M, ~60-100 MB of Arrow) plus, for a user
+with huge degree, at most Delta_0 rows per input batch (pre-capping); an item shard holds at most
+S rows per item. At 10^9 users the shard count grows with the rows, not the shard size.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from transforms.core.batches import (
+    DEFAULT_ROWS_PER_SHARD,
+    ITEM,
+    USER,
+    ShardCount,
+    concat,
+    dictionary_codes,
+    shard_ids,
+    split_by_shard,
+)
+from transforms.core.dofns import WorkerRngDoFn
+from transforms.core.fingerprint import from_key_bytes
+from transforms.core.noise import only_value
+from transforms.selection import columnar_kernels as C
+
+__all__ = ["ShardedUsers", "RunSeed", "BasicRound", "decode_tagged"]
+
+
+def fresh_run_seed(_):
+    """A 128-bit seed from OS entropy, drawn on a worker (unseeded runs: the subsampling priorities)."""
+    return int.from_bytes(os.urandom(16), "big")
+
+
+class RunSeed(beam.PTransform):
+    """A singleton PCollection: ``seed`` if given, else a fresh 128-bit seed from OS entropy on a worker.
+
+    Unseeded runs key only their bottom-k subsampling priorities with it (so every batch and shard of a
+    run agrees on a user's priorities); noise is drawn from each worker's own OS-entropy generator.
+    """
+
+    def __init__(self, seed: Optional[int], label=None):
+        super().__init__(label)
+        self._seed = seed
+
+    def expand(self, pbegin):
+        start = pbegin | "One" >> beam.Create([None])  # None
+        if self._seed is not None:
+            return start | "Given" >> beam.Map(lambda _, s: s, self._seed)  # seed
+        return start | "Draw" >> beam.Map(fresh_run_seed)  # seed from os.urandom
+
+
+class ShardUsersFn(beam.DoFn):
+    """Table(user, item) -> (user shard, Table(user, item)); pre-caps users with > k rows in the batch."""
+
+    def __init__(self, k: Optional[int], round_: int):
+        self._k, self._round = k, round_
+
+    def process(self, table, num_shards, seed):
+        if table.num_rows == 0:
+            return
+        if self._k is not None:
+            codes, _ = dictionary_codes(table.column(USER))
+            if int(np.bincount(codes).max()) > self._k:
+                # a subset's bottom-k keeps a superset of the final bottom-k (same priorities): exact
+                table = C.cap_pairs(table, self._k, seed, self._round).select([USER, ITEM])
+        yield from split_by_shard(table, shard_ids(table.column(USER), num_shards), num_shards)
+
+
+def concat_shard(shard, tables):
+    """(shard, [Table]) -> (shard, Table)."""
+    return shard, concat(tables)
+
+
+class ShardedUsers(beam.PTransform):
+    """Table(user, item) batches -> (user shard, Table(user, item)): all rows of a user in one element.
+
+    Args:
+      seed: singleton side input (``beam.pvalue.AsSingleton``) of the run's seed (:class:`RunSeed`).
+      precap_k: Delta_0 to pre-cap heavy users per batch (exact for one bottom-k of the full sets), or
+        None to keep every row (DP-SIPS re-subsamples each round from the remaining items).
+      rows_per_shard: the target shard size (rows); S = ceil(input rows / rows_per_shard).
+    Returns ``(sharded, num_shards)`` where ``num_shards`` is the singleton PCollection S.
+    """
+
+    def __init__(self, seed, precap_k: Optional[int], rows_per_shard: int = DEFAULT_ROWS_PER_SHARD, label=None):
+        super().__init__(label)
+        self._seed, self._k, self._rows_per_shard = seed, precap_k, rows_per_shard
+
+    def expand(self, batches):
+        num_shards = batches | "ShardCount" >> ShardCount(self._rows_per_shard)  # S
+        sharded = (
+            batches
+            | "ShardUsers" >> beam.ParDo(ShardUsersFn(self._k, 0), beam.pvalue.AsSingleton(num_shards), self._seed)
+            # (user shard, Table(user, item))
+            | "GroupUsers" >> beam.GroupByKey()  # (user shard, [Table])
+            | "Concat" >> beam.MapTuple(concat_shard)  # (user shard, Table(user, item))
+        )
+        return sharded, num_shards
+
+
+class CapFn(beam.DoFn):
+    """(user shard, Table(user, item)) -> (user shard, Table(user, item, degree)) capped to Delta_0."""
+
+    def __init__(self, k: int, round_: int):
+        self._k, self._round = k, round_
+
+    def process(self, element, seed, released=None):
+        shard, table = element
+        if released:
+            table = C.drop_items(table, pa.array(released, type=pa.binary()))  # DP-SIPS: post-processing
+        capped = C.cap_pairs(table, self._k, seed, self._round)
+        if capped.num_rows:
+            yield shard, capped
+
+
+class BasicPartialsFn(beam.DoFn):
+    """(user shard, capped) -> (item shard, Table(item, hi, mid, lo, holders)) of Basic's weights."""
+
+    def __init__(self, weighting: str):
+        self._weighting = weighting
+
+    def process(self, element, num_shards):
+        _, capped = element
+        partials = C.basic_partials(capped, self._weighting)
+        yield from split_by_shard(partials, shard_ids(partials.column(ITEM), num_shards), num_shards)
+
+
+class NoisyThresholdFn(WorkerRngDoFn):
+    """(item shard, [partials]) -> (round, item key bytes) for noisy weight >= rho; with ``with_holders``
+    also ``holders`` output (item key bytes, number of capped holders) of each released item."""
+
+    HOLDERS = "holders"
+
+    def __init__(self, plan, seed: Optional[int], with_holders: bool):
+        super().__init__(seed)
+        self._plan, self._with_holders = plan, with_holders
+
+    def process(self, element):
+        _, partials = element
+        w = C.merge_partials(partials)
+        p = self._plan
+        noisy = C.noisy_weights(
+            w.column(ITEM), w.column("weight").to_numpy(), p.noise, p.noise_scale, self._seed, p.index, self._rng
+        )
+        idx = np.flatnonzero(noisy >= p.threshold)  # Alg. 1 line 8
+        items = w.column(ITEM).take(idx).to_pylist()
+        for item in items:
+            yield p.index, item
+        if self._with_holders:
+            for item, h in zip(items, w.column("holders").take(idx).to_pylist()):
+                yield beam.pvalue.TaggedOutput(self.HOLDERS, (item, h))
+
+
+class BasicRound(beam.PTransform):
+    """(user shard, capped) -> (round, item key bytes) released by one Basic round (DPSU weightings).
+
+    With ``with_holders`` returns ``(released, holders)`` where holders is (item key bytes, count).
+    """
+
+    def __init__(self, plan, seed: Optional[int], num_shards, with_holders: bool = False, label=None):
+        super().__init__(label)
+        self._plan, self._seed, self._num_shards, self._with_holders = plan, seed, num_shards, with_holders
+
+    def expand(self, capped):
+        out = (
+            capped
+            | "Partials" >> beam.ParDo(BasicPartialsFn(self._plan.weighting), self._num_shards)
+            # (item shard, Table(item, hi, mid, lo, holders))
+            | "GroupItems" >> beam.GroupByKey()  # (item shard, [partials])
+            | "NoisyThreshold"
+            >> beam.ParDo(NoisyThresholdFn(self._plan, self._seed, self._with_holders)).with_outputs(
+                NoisyThresholdFn.HOLDERS, main="released"
+            )  # (round, item bytes); holders: (item bytes, count)
+        )
+        if self._with_holders:
+            return out.released, out[NoisyThresholdFn.HOLDERS]
+        return out.released
+
+
+def decode_tagged(element):
+    """(round, item key bytes) -> (round, item)."""
+    r, item = element
+    return r, from_key_bytes(item)
+
+
+def decode_key_value(element):
+    """(item key bytes, value) -> (item, value)."""
+    item, value = element
+    return from_key_bytes(item), value
+
+
+def checkpoint(pcoll, label: str):
+    """(key, value) with unique keys, materialised by a GroupByKey (one draw, whatever retries)."""
+    return (
+        pcoll
+        | f"{label}" >> beam.GroupByKey()  # (key, [value])
+        | f"{label}One" >> beam.MapTuple(only_value)  # (key, value)
+    )
+
+
+class HoldersOfReleasedFn(beam.DoFn):
+    """(item shard, [partials]) -> (item key bytes, holders) for the released items (side-input list)."""
+
+    def __init__(self):
+        self._cache = (None, None)
+
+    def process(self, element, released):
+        if not released:
+            return
+        if self._cache[0] is not released:
+            self._cache = (released, pa.array(list(released), type=pa.binary()))
+        w = C.merge_partials(element[1])
+        kept = C.keep_items(w, self._cache[1])
+        yield from zip(kept.column(ITEM).to_pylist(), kept.column("holders").to_pylist())
+
+
+def zero_holders_of_tagged(element):
+    """(round, item key bytes) -> (item key bytes, 0)."""
+    return element[1], 0
+
+
+def released_bytes(element):
+    """(round, item key bytes) -> item key bytes."""
+    return element[1]
+
+
+def _seed_arg(pipeline_input, seed: Optional[int], label: str):
+    """The seed argument of the capping DoFns: the int, or the run's OS-entropy seed as a side input."""
+    if seed is not None:
+        return seed
+    return beam.pvalue.AsSingleton(pipeline_input.pipeline | label >> RunSeed(None))
+
+
+def _counts(holders, counts_plan, seed, min_users):
+    """(item bytes, holders) of released items -> (item, noisy_count) (the count release's tail)."""
+    from transforms.selection.counts import NoisyCounts
+
+    return (
+        holders
+        | "DecodeHolders" >> beam.Map(decode_key_value)  # (item, holders)
+        | "NoisyCounts" >> NoisyCounts(counts_plan, seed, min_users)  # (item, noisy_count >= M)
+    )
+
+
+class ColumnarSingleRound(beam.PTransform):
+    """One Basic round (weighted_gaussian, weighted_laplace, count_*): batches -> ((round, item), counts).
+
+    ``counts`` is ``(item, noisy_count)`` of the released items when ``counts_plan`` is given, else None.
+    """
+
+    def __init__(self, plan, params, seed, counts_plan=None, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):
+        super().__init__(label)
+        self._plan, self._params, self._seed = plan, params, seed
+        self._counts_plan, self._rows_per_shard = counts_plan, rows_per_shard
+
+    def expand(self, batches):
+        k = self._params.max_contributions
+        seed_arg = _seed_arg(batches, self._seed, "RunSeed")
+        sharded, num_shards = batches | "Users" >> ShardedUsers(seed_arg, k, self._rows_per_shard)
+        # (user shard, Table(user, item)), S
+        capped = sharded | "Cap" >> beam.ParDo(CapFn(k, 0), seed_arg)  # (user shard, Table(user, item, degree))
+        with_holders = self._counts_plan is not None
+        out = capped | "Round1" >> BasicRound(
+            self._plan, self._seed, beam.pvalue.AsSingleton(num_shards), with_holders
+        )  # (round, item bytes) [, (item bytes, holders)]
+        released, holders = out if with_holders else (out, None)
+        tagged = released | "Decode" >> beam.Map(decode_tagged)  # (round, item)
+        if not with_holders:
+            return tagged, None
+        return tagged, _counts(holders, self._counts_plan, self._seed, self._params.min_users)
+
+
+class ColumnarDPSIPS(beam.PTransform):
+    """DP-SIPS: rounds of Basic; items released earlier removed, sets re-subsampled each round.
+
+    Privacy: round r runs Basic (l2 sensitivity 1) on a dataset that is a function of the raw user sets
+    and of the *released* output of rounds < r only; removing released items is post-processing, and
+    re-subsampling to Delta_0 keeps each user's round-r contribution within Basic's sensitivity. The
+    rounds compose adaptively under ``params.accounting`` (privacy/accounting.py).
+
+    Stages per round r: Cap_r (drop U_<r from the full distinct sets (side input), bottom-k with round
+    r's priorities) -> Basic round r -> Checkpoint_r (materialised: the output and the next round's
+    removal see the same draw). Counts (optional) count holders in one round-0 subsample of the full sets.
+    """
+
+    def __init__(self, plans, params, seed, counts_plan=None, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):
+        super().__init__(label)
+        self._plans, self._params, self._seed = plans, params, seed
+        self._counts_plan, self._rows_per_shard = counts_plan, rows_per_shard
+
+    def expand(self, batches):
+        k = self._params.max_contributions
+        seed_arg = _seed_arg(batches, self._seed, "RunSeed")
+        full, num_shards = batches | "Users" >> ShardedUsers(seed_arg, None, self._rows_per_shard)
+        # (user shard, Table(user, item)) all rows
+        shards_si = beam.pvalue.AsSingleton(num_shards)
+        outputs, released_so_far = [], None  # (round, item bytes) of rounds < r
+        for plan in self._plans:
+            r = plan.index
+            removed = (
+                None
+                if released_so_far is None
+                else beam.pvalue.AsList(released_so_far | f"Released{r}" >> beam.Map(released_bytes))
+            )
+            capped = full | f"Cap{r}" >> beam.ParDo(CapFn(k, r), seed_arg, removed)  # (shard, capped \\ U_<r)
+            released_r = capped | f"Round{r}" >> BasicRound(plan, self._seed, shards_si)  # (r, item bytes)
+            # materialised: the output, the next round's removal and the counts see the same draw
+            released_r = checkpoint(released_r | f"ByItem{r}" >> beam.Map(swap), f"Checkpoint{r}") | (
+                f"Unswap{r}" >> beam.Map(swap)
+            )  # (r, item bytes)
+            if r < len(self._plans):
+                released_so_far = (
+                    released_r
+                    if released_so_far is None
+                    else (released_so_far, released_r) | f"Union{r}" >> beam.Flatten()
+                )
+            outputs.append(released_r)
+        released = tuple(outputs) | "AllRounds" >> beam.Flatten()  # (round, item bytes)
+        tagged = released | "Decode" >> beam.Map(decode_tagged)  # (round, item)
+        if self._counts_plan is None:
+            return tagged, None
+        released_list = beam.pvalue.AsList(released | "ReleasedBytes" >> beam.Map(released_bytes))
+        holders = (
+            full
+            | "CapForCounts" >> beam.ParDo(CapFn(k, 0), seed_arg)  # (shard, capped round 0)
+            | "CountPartials" >> beam.ParDo(BasicPartialsFn("count"), shards_si)  # (item shard, partials)
+            | "GroupCounts" >> beam.GroupByKey()  # (item shard, [partials])
+            | "Holders" >> beam.ParDo(HoldersOfReleasedFn(), released_list)  # (item bytes, holders>0)
+        )
+        zeros = released | "Zeros" >> beam.Map(zero_holders_of_tagged)  # (item bytes, 0)
+        holders = (
+            (holders, zeros)
+            | "HoldersAndZeros" >> beam.Flatten()
+            | "SumHolders" >> beam.CombinePerKey(sum)  # (item bytes, holders) every released item
+        )
+        return tagged, _counts(holders, self._counts_plan, self._seed, self._params.min_users)
+
+
+def swap(element):
+    return element[1], element[0]
