@@ -136,3 +136,33 @@ def test_dpsu_runs_equal_reference_on_batches(records):
         return out["ngrams"]
 
     assert sorted(collect(build, fmt=lambda kg: f"{kg[0]}\t{kg[1]}")) == want
+
+
+def _allowlist(records):
+    grams = sorted({g for _, t in records for k in (1, 2, 3) for g in tx.text_kgrams(t, k)})
+    return grams[::2]
+
+
+@pytest.mark.parametrize("weighting", ["weighted_gaussian", "mad"])
+def test_allowlist_and_counts_equal_reference(records, weighting):
+    params = DPNEParams(
+        epsilon=4,
+        delta=1e-5,
+        max_n=3,
+        max_contributions=12,
+        eta=0.3,
+        weighting=weighting,
+        d_max=20,
+        release_counts=True,
+    )
+    allow = _allowlist(records)
+    want = dpne_reference(records, "dpne", params, seed=SEED, allowlist=allow)
+
+    def build(p):
+        allowed = allow if weighting == "mad" else p | "Allow" >> beam.Create(allow)  # iterable and PCollection
+        return (p | beam.Create(records) | DPNE("dpne", params, seed=SEED, allowlist=allowed, num_shards=2))["counts"]
+
+    got = collect(build, fmt=lambda kgc: f"{kgc[0]}\t{kgc[1][0]}\t{kgc[1][1]}")
+    assert sorted(got) == sorted(f"{k}\t{g}\t{c}" for k, cs in want.counts.items() for g, c in cs.items())
+    # every noise-released n-gram is allowlisted (spurious k-grams are uniform over V_k, as in the reference)
+    assert len(got) > 10 and all(line.split("\t")[1] in set(allow) for line in got if line.startswith("1\t"))
