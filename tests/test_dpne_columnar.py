@@ -70,6 +70,26 @@ def test_pruned_level_equals_is_valid():
             assert got == want
 
 
+def test_chunked_capping_equals_capping_at_once():
+    recs = markov_corpus(120, vocab=10, branching=3, seed=5)
+    records = [(u, "\n".join(lines)) for u, lines in recs.items()] + [("big", "w1 w2 w3 w1 w2 " * 40)]
+    tokens = CK.tokenize_table(CK.texts_table(*zip(*records)))
+    rem = tokens.column("rem").to_numpy()
+    chunks = CK.line_chunks(rem, 25)
+    assert chunks[0][0] == 0 and chunks[-1][1] == len(rem) and all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+    assert all(
+        rem[stop - 1] == 0 and (stop - start <= 25 or rem[start:stop].max() == stop - start - 1)
+        for start, stop in chunks
+    )
+    words = CK.string_array(sorted({g for _, t in records for g in tx.text_kgrams(t, 1)}))
+    prev = CK.string_array(sorted({g for _, t in records for g in tx.text_kgrams(t, 1)}))
+    for lengths, s_prev, s1 in (([1], None, None), ([1, 2, 3], None, None), ([2], prev, words)):
+        whole = CK.capped_level(tokens, lengths, 4, SEED, 2, s_prev, s1)
+        for chunk_rows in (7, 300):
+            got = CK.capped_level(tokens, lengths, 4, SEED, 2, s_prev, s1, chunk_rows=chunk_rows)
+            assert sorted(zip(*got.to_pydict().values())) == sorted(zip(*whole.to_pydict().values()))
+
+
 def test_arrow_batch_columns_are_checked():
     with pytest.raises(ValueError, match="needs columns"):
         CK.normalise_text_batch(pa.table({"user": ["u"], "item": ["a"]}))

@@ -29,7 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from transforms.core import text as tx
-from transforms.core.batches import ITEM, USER, key_bytes_column
+from transforms.core.batches import ITEM, USER, concat, key_bytes_column
+from transforms.selection.columnar_kernels import cap_pairs
 
 __all__ = [
     "TEXT",
@@ -40,12 +41,16 @@ __all__ = [
     "tokenize_table",
     "ngrams_at",
     "level_pairs",
+    "line_chunks",
+    "capped_level",
     "string_array",
+    "DEFAULT_CHUNK_ROWS",
 ]
 
 TEXT = "text"
 TOKEN = "token"
 REM = "rem"
+DEFAULT_CHUNK_ROWS = 1_000_000  # tokens whose n-grams are built at once (bounds a level's transient memory)
 _BINARY = pa.binary()
 _STRING = pa.string()
 
@@ -246,3 +251,46 @@ def level_pairs(
     if isinstance(users, pa.ChunkedArray):
         users = users.combine_chunks()
     return pa.table({USER: users.take(pa.array(row)), ITEM: gram.cast(_BINARY)})
+
+
+def line_chunks(rem: np.ndarray, max_rows: int) -> List[tuple]:
+    """``[(start, stop)]`` row ranges covering a token table, cut only at line ends (``rem == 0``), each
+    of at most ``max_rows`` rows unless one line is longer (then that line alone)."""
+    n = len(rem)
+    ends = np.flatnonzero(rem == 0) + 1  # exclusive end of every line
+    out, start = [], 0
+    while start < n:
+        j = int(np.searchsorted(ends, start + max_rows, side="right")) - 1
+        stop = int(ends[j]) if j >= 0 and ends[j] > start else int(ends[np.searchsorted(ends, start, side="right")])
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+def capped_level(
+    tokens: pa.Table,
+    lengths: Sequence[int],
+    max_contributions: int,
+    seed: int,
+    round_: int,
+    s_prev: Optional[pa.Array] = None,
+    s1: Optional[pa.Array] = None,
+    pruning: str = "both",
+    allowlist: Optional[pa.Array] = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+) -> pa.Table:
+    """Table(user, item, degree): every user's distinct (valid, allowlisted) n-grams of the run
+    (:func:`level_pairs`), bottom-k subsampled to ``max_contributions`` with round ``round_``'s priorities.
+
+    Tables of more than ``chunk_rows`` tokens are processed a chunk of whole lines at a time, each chunk
+    pre-capped (a bottom-k of a subset keeps a superset of the final bottom-k: exact), so the n-grams of
+    at most ``chunk_rows`` tokens exist at once.
+    """
+    args = (s_prev, s1, pruning, allowlist)
+    if tokens.num_rows <= chunk_rows:
+        return cap_pairs(level_pairs(tokens, lengths, *args), max_contributions, seed, round_)
+    parts = []
+    for start, stop in line_chunks(tokens.column(REM).to_numpy(), chunk_rows):
+        pairs = level_pairs(tokens.slice(start, stop - start), lengths, *args)
+        parts.append(cap_pairs(pairs, max_contributions, seed, round_).select([USER, ITEM]))
+    return cap_pairs(concat(parts), max_contributions, seed, round_)

@@ -219,12 +219,15 @@ class LevelCapFn(beam.DoFn):
     user, allowlisted, distinct, bottom-k subsampled to ``max_contributions`` (round ``round_``).
 
     Side inputs: ``seed`` (the run seed), ``s_prev``/``s1`` (lists of released n-grams; None without
-    pruning), ``allowlist`` (list of n-grams or None).
+    pruning), ``allowlist`` (list of n-grams or None). A shard of more than ``chunk_rows`` tokens is
+    capped a chunk of lines at a time (:func:`transforms.dpne.columnar_kernels.capped_level`).
     """
 
-    def __init__(self, lengths, pruning: Optional[str], max_contributions: int, round_: int):
+    def __init__(
+        self, lengths, pruning: Optional[str], max_contributions: int, round_: int, chunk_rows=CK.DEFAULT_CHUNK_ROWS
+    ):
         self._lengths, self._pruning = tuple(lengths), pruning
-        self._cap, self._round = max_contributions, round_
+        self._cap, self._round, self._chunk_rows = max_contributions, round_, chunk_rows
         self._caches = None
 
     def setup(self):
@@ -235,15 +238,18 @@ class LevelCapFn(beam.DoFn):
             self.setup()
         shard, tokens = element
         prev_c, s1_c, allow_c = self._caches
-        pairs = CK.level_pairs(
+        capped = CK.capped_level(
             tokens,
             self._lengths,
+            self._cap,
+            seed,
+            self._round,
             prev_c.get(s_prev) if self._pruning else None,
             s1_c.get(s1) if self._pruning else None,
             self._pruning or "both",
             allow_c.get(allowlist),
-        )  # Table(user, item) with repeats
-        capped = C.cap_pairs(pairs, self._cap, seed, self._round)
+            self._chunk_rows,
+        )  # Table(user, item, degree), <= max_contributions per user
         if capped.num_rows:
             yield shard, capped
 
