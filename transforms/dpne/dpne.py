@@ -155,6 +155,7 @@ class TokenizeFn(beam.DoFn):
 
 
 def with_min_shards(count, minimum):
+    """The shard count: at least ``minimum`` (the ``num_shards`` option)."""
     return max(int(minimum), int(count))
 
 
@@ -280,6 +281,7 @@ class NoisyKeepFn(WorkerRngDoFn):
 
 
 def shard_support_size(element) -> int:
+    """(item shard, Table(item, weight, holders)) -> its number of n-grams in supp(H)."""
     return element[1].num_rows
 
 
@@ -297,6 +299,7 @@ class InSupportFn(beam.DoFn):
 
 
 def in_candidates(g, candidates) -> bool:
+    """Whether a support n-gram was drawn as a candidate (``candidates``: side-input dict)."""
     return g in candidates
 
 
@@ -307,6 +310,7 @@ def decode_holders(element):
 
 
 def with_zero_holders(g):
+    """g -> (g, 0) (a spurious or MAD-released n-gram: holders are not carried)."""
     return g, 0
 
 
