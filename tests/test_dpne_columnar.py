@@ -186,3 +186,16 @@ def test_allowlist_and_counts_equal_reference(records, weighting):
     assert sorted(got) == sorted(f"{k}\t{g}\t{c}" for k, cs in want.counts.items() for g, c in cs.items())
     # every noise-released n-gram is allowlisted (spurious k-grams are uniform over V_k, as in the reference)
     assert len(got) > 10 and all(line.split("\t")[1] in set(allow) for line in got if line.startswith("1\t"))
+
+
+def test_entry_batches_are_bounded_in_rows_and_characters():
+    from transforms.dpne.dpne import ToTextBatchesFn
+
+    fn = ToTextBatchesFn(4)
+    fn.MAX_BATCH_CHARS = 10
+    fn.start_bundle()
+    out = [t for i in range(9) for t in fn.process((f"u{i}", "abcd"))]  # 4 chars each: flush every 3 records
+    assert [t.num_rows for t in out] == [3, 3, 3]
+    big = pa.table({"user": [f"u{i}" for i in range(10)], "text": ["x y"] * 10, "other": list(range(10))})
+    cut = list(fn.process(big))
+    assert [t.num_rows for t in cut] == [4, 4, 2] and all(t.schema.names == ["user", "text"] for t in cut)

@@ -102,28 +102,31 @@ from transforms.selection.mad import MADWeights
 
 class ToTextBatchesFn(beam.DoFn):
     """(user, text) elements or Arrow batches (user, text) -> Table(user: binary, text: string) of
-    <= ``batch_rows`` records."""
+    <= ``batch_rows`` records and about <= ``MAX_BATCH_CHARS`` characters of text (Arrow string offsets
+    are 32-bit)."""
+
+    MAX_BATCH_CHARS = 1 << 26
 
     def __init__(self, batch_rows: int):
         self._batch_rows = batch_rows
         self._users: List = []
         self._texts: List = []
+        self._chars = 0
 
     def start_bundle(self):
-        self._users, self._texts = [], []
+        self._users, self._texts, self._chars = [], [], 0
 
     def _flush(self) -> Optional[pa.Table]:
         if not self._users:
             return None
         table = CK.texts_table(self._users, self._texts)
-        self._users, self._texts = [], []
+        self._users, self._texts, self._chars = [], [], 0
         return table
 
     def process(self, element):
         if isinstance(element, (pa.RecordBatch, pa.Table)):
-            table = CK.normalise_text_batch(element)
-            for start in range(0, table.num_rows, self._batch_rows):
-                yield owned(table.slice(start, self._batch_rows))
+            for start in range(0, element.num_rows, self._batch_rows):
+                yield owned(CK.normalise_text_batch(element.slice(start, self._batch_rows)))
             return
         try:
             user, text = element
@@ -133,7 +136,8 @@ class ToTextBatchesFn(beam.DoFn):
             ) from None
         self._users.append(user)
         self._texts.append(text)
-        if len(self._users) >= self._batch_rows:
+        self._chars += len(text) if type(text) is str else 0
+        if len(self._users) >= self._batch_rows or self._chars >= self.MAX_BATCH_CHARS:
             yield self._flush()
 
     def finish_bundle(self):
