@@ -27,6 +27,7 @@ from typing import Any, Dict, Hashable, Iterable, List, Mapping, NamedTuple, Opt
 import numpy as np
 
 from privacy.validation import check_range
+from transforms.core.fixed64 import exact_sum64
 from transforms.core.randomness import encode_key
 
 __all__ = [
@@ -284,7 +285,7 @@ def user_excess(r_values: Union[Sequence[float], np.ndarray]) -> float:
     r = np.asarray(r_values, dtype=np.float64).ravel()
     if r.size == 0:
         return 0.0
-    return math.fsum(r.tolist()) / r.size  # Alg. 3 line 10 (correctly rounded: order independent)
+    return exact_sum64(r.tolist()) / r.size  # Alg. 3 line 10 (exact sum at 2^-64: order independent)
 
 
 def reroute_weight(e_u: float, alpha: float, d_max: float) -> float:
@@ -365,7 +366,7 @@ def unbiased_user_contribution(degree: int, excess_sum: float, d_max: float, b_m
     Scalar fast path of :func:`mad_user_contributions` with ``biases=None`` (Alg. 3 lines 10-17),
     bit-identical to it: ``w_b = 1/sqrt(d)`` for every item (Alg. 2 with b = 1), so an adaptive user
     adds ``alpha * e_u / d_max + (1/sqrt(d) - 1/d)`` (lines 11, 15) and a non-adaptive user
-    ``1/sqrt(d)`` (line 17). ``excess_sum`` is the correctly rounded sum (``math.fsum``) of r(i) over
+    ``1/sqrt(d)`` (line 17). ``excess_sum`` is the exact sum (:func:`exact_sum64`) of r(i) over
     the user's items (0 for items that are not hot), so ``e_u = excess_sum / d`` (line 10) exactly
     as :func:`user_excess` computes it. Parameters are not validated here (hot path: the caller
     checks them once with :func:`check_mad_params`).
@@ -437,8 +438,8 @@ def mad_weight_components(
     union_keys = sorted({i for _, items in sets for i in items}, key=encode_key)
     pos = {item: k for k, item in enumerate(union_keys)}
 
-    # Float sums below are correctly rounded (math.fsum over all parts), so the result does not
-    # depend on the order of users: the Beam version (ExactSumFn combiners) gives the same bits.
+    # Float sums below are exact at 2^-64 (exact_sum64 over all parts), so the result does not depend
+    # on the order of users: the Beam versions (fixed64 limbs, ExactSumFn) give the same bits.
     # Alg. 3 lines 1, 3-5: w_init(i) += 1/|S_u| for adaptive users u (line 3: I_adapt).
     init_parts: List[List[float]] = [[] for _ in union_keys]
     for _, items in sets:
@@ -446,7 +447,7 @@ def mad_weight_components(
             w0 = initial_weight(len(items))  # Alg. 3 line 5
             for i in items:
                 init_parts[pos[i]].append(w0)
-    w_init = np.array([math.fsum(p) for p in init_parts], dtype=np.float64)
+    w_init = np.array([exact_sum64(p) for p in init_parts], dtype=np.float64)
     r = excess_fraction(w_init, tau_f)  # Alg. 3 line 6 (erratum: max)
     w_trunc = truncate(w_init, tau_f)  # Alg. 3 line 8
 
@@ -466,8 +467,8 @@ def mad_weight_components(
             if adaptive:
                 reroute_parts[j].append(reroute)  # Alg. 3 line 11
             w_parts[j].append(float(contrib[k]))
-    w_reroute = np.array([math.fsum(p) for p in reroute_parts], dtype=np.float64)
-    w = np.array([math.fsum(p) for p in w_parts], dtype=np.float64)
+    w_reroute = np.array([exact_sum64(p) for p in reroute_parts], dtype=np.float64)
+    w = np.array([exact_sum64(p) for p in w_parts], dtype=np.float64)
 
     as_dict = lambda v: {item: float(x) for item, x in zip(union_keys, v)}  # noqa: E731
     return MadComponents(as_dict(w_init), as_dict(r), as_dict(w_trunc), as_dict(w_reroute), as_dict(w))

@@ -21,42 +21,12 @@ from privacy.validation import check_int
 from transforms.core import randomness
 from transforms.core.allowlist import KeepAllowlisted, KeepAllowlistedRows, check_allowlist
 from transforms.core.batches import DEFAULT_BATCH_ROWS, DEFAULT_ROWS_PER_SHARD, ITEM, USER, ToBatches, normalise_batch
-from transforms.core.bounding import BoundContributions
 from transforms.core.fingerprint import from_key_bytes
 from transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
-from transforms.core.noise import NoisyThreshold, only_value, tag_round
-from transforms.selection.columnar import ColumnarDPSIPS, ColumnarSingleRound
+from transforms.core.noise import only_value, tag_round
+from transforms.selection.columnar import ColumnarDPSIPS, ColumnarMAD, ColumnarMAD2R, ColumnarSingleRound
 from transforms.selection.counts import ReleaseCounts
-from transforms.selection.mad import MAD2R, MADWeights
 from transforms.selection.policy import SequentialPolicy
-
-
-class _MADRound(beam.PTransform):
-    """MAD (one round, per element): bound contributions, MAD weights, noise, threshold (MAD paper Alg. 1, 3).
-
-    Every runner returns ``((round, item), capped user sets or None)``: the capped sets (what the count
-    release counts) only with ``with_user_sets``.
-    """
-
-    def __init__(self, spec, plans, params: SelectionParams, seed: Optional[int], join_options: dict, with_user_sets):
-        super().__init__()
-        self._plan, self._params, self._seed = plans[0], params, seed
-        self._join_options = join_options
-        self._with_user_sets = with_user_sets
-
-    def expand(self, pairs):
-        rnd = self._plan
-        user_sets = pairs | "BoundContributions" >> BoundContributions(
-            self._params.max_contributions, self._seed, round_=0
-        )  # (user, [item]) |.| <= D0
-        weights = user_sets | "MADWeights" >> MADWeights(rnd.tau, self._params.d_max, **self._join_options)  # (item, w)
-        tagged = (
-            weights
-            | "NoisyThreshold"
-            >> NoisyThreshold(rnd.noise, rnd.noise_scale, rnd.threshold, self._seed, rnd.index)  # item
-            | "TagRound" >> beam.Map(tag_round, rnd.index)  # (1, item)
-        )
-        return tagged, (user_sets if self._with_user_sets else None)
 
 
 def join_round(element):
@@ -130,7 +100,7 @@ class SelectPartitions(beam.PTransform):
     def expand(self, pcoll):
         randomness.warn_if_seeded(self.seed)
         columnar = _COLUMNAR.get(self.spec.shape)
-        if columnar is not None and self.rounds[0].weighting != "mad":
+        if columnar is not None:
             batches = pcoll | "Batch" >> ToBatches(self.batch_rows)  # Table(user, item)
             if self.allowlist is not None:
                 batches = batches | "Allowlist" >> KeepAllowlistedRows(self.allowlist)  # Table, items allowed
@@ -191,10 +161,6 @@ def swap(element):
     return element[1], element[0]
 
 
-def _mad2r(spec, plans, params, seed, join_options, with_user_sets):
-    return MAD2R(plans, params, seed, with_user_sets=True, **join_options)  # (round, item), (user, [item])
-
-
 class _Sequential(beam.PTransform):
     """The single-worker policy algorithms (DPSU paper Alg. 4 and 6), tagged with their one round."""
 
@@ -210,12 +176,14 @@ class _Sequential(beam.PTransform):
 
 
 #: one Beam runner per shape of the registry (privacy.selection.SHAPES); the reference has the same table
-_RUNNERS = {"single": _MADRound, "mad2r": _mad2r, "sequential": _Sequential}
+_RUNNERS = {"sequential": _Sequential}
 
 
 def _columnar_single(plans, params, seed, counts_plan, rows_per_shard):
+    if plans[0].weighting == "mad":
+        return ColumnarMAD(plans, params, seed, counts_plan, rows_per_shard)
     return ColumnarSingleRound(plans[0], params, seed, counts_plan, rows_per_shard)
 
 
 #: the columnar runners (batches of rows; MAD's weighting still runs per element, see _RUNNERS)
-_COLUMNAR = {"single": _columnar_single, "dp_sips": ColumnarDPSIPS}
+_COLUMNAR = {"single": _columnar_single, "dp_sips": ColumnarDPSIPS, "mad2r": ColumnarMAD2R}
