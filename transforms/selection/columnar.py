@@ -29,6 +29,7 @@ from typing import Optional
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from transforms.core.batches import (
     DEFAULT_ROWS_PER_SHARD,
@@ -508,51 +509,56 @@ class ColumnarMAD(beam.PTransform):
 
 
 class Round1StatusFn(WorkerRngDoFn):
-    """(item shard, [partials]) -> (item bytes, status): ("released", holders) for noisy w1 >= rho_1
-    (Alg. 4 line 7), ("bias", b) for the items round 2 keeps (lines 10-14); others dropped."""
+    """(item shard, [partials]) -> (item shard, Table(item, released, holders, bias)) of the items that
+    are released in round 1 (noisy w1 >= rho_1, Alg. 4 line 7) or kept for round 2 with their bias
+    (lines 10-14); the other items (hopeless) are dropped. One draw per item for both uses."""
 
     def __init__(self, r1, r2, params, seed):
         super().__init__(seed)
         self._r1, self._r2, self._params = r1, r2, params
 
     def process(self, element):
-        w = C.merge_partials(element[1])
+        shard, partials = element
+        w = C.merge_partials(partials)
         r1, r2, p = self._r1, self._r2, self._params
         noisy = C.noisy_weights(
             w.column(ITEM), w.column("weight").to_numpy(), r1.noise, r1.noise_scale, self._seed, r1.index, self._rng
         )  # Alg. 4 line 6
         released = noisy >= r1.threshold  # line 7
         kept, b = C.round2_biases(noisy, r2.threshold, r1.noise_scale, p.c_lb, p.c_ub)  # lines 10-14
-        items = w.column(ITEM).to_pylist()
-        holders = w.column("holders").to_pylist()
-        for j in np.flatnonzero(released | kept):
-            if released[j]:
-                yield items[j], ("released", holders[j])
-            else:
-                yield items[j], ("bias", float(b[j]))
+        rows = np.flatnonzero(released | kept)
+        if len(rows):
+            yield (
+                shard,
+                pa.table(
+                    {
+                        ITEM: w.column(ITEM).take(rows),
+                        "released": released[rows],
+                        "holders": w.column("holders").take(rows),
+                        "bias": b[rows],
+                    }
+                ),
+            )
 
 
-def is_released1(element):
-    return element[1][0] == "released"
-
-
-def is_biased(element):
-    return element[1][0] == "bias"
-
-
-def released1_tagged(element):
-    """(item bytes, ("released", holders)) -> (1, item bytes)."""
-    return 1, element[0]
+def released1_rows(element):
+    """(item shard, status) -> (1, item bytes) for the items released in round 1."""
+    table = element[1]
+    for item in table.filter(table.column("released")).column(ITEM).to_pylist():
+        yield 1, item
 
 
 def released1_holders(element):
-    """(item bytes, ("released", holders)) -> (item bytes, holders)."""
-    return element[0], element[1][1]
+    """(item shard, status) -> (item bytes, holders) for the items released in round 1."""
+    t = element[1].filter(element[1].column("released"))
+    yield from zip(t.column(ITEM).to_pylist(), t.column("holders").to_pylist())
 
 
-def bias_row(element):
-    """(item bytes, ("bias", b)) -> (item bytes, b)."""
-    return element[0], element[1][1]
+def bias_table(element):
+    """(item shard, status) -> Table(item, bias) of the items round 2 keeps (not released)."""
+    t = element[1]
+    kept = t.filter(pc.invert(t.column("released")))
+    return kept.select([ITEM, "bias"])
 
 
 class AttachBiasesFn(beam.DoFn):
@@ -561,15 +567,11 @@ class AttachBiasesFn(beam.DoFn):
     def __init__(self):
         self._cache = (None, None)
 
-    def process(self, element, biases):
-        if not biases:
+    def process(self, element, bias_tables):
+        if self._cache[0] is not bias_tables:
+            self._cache = (bias_tables, C.concat(bias_tables) if bias_tables else None)
+        if self._cache[1] is None or self._cache[1].num_rows == 0:
             return
-        if self._cache[0] is not biases:
-            items, b = zip(*biases)
-            self._cache = (
-                biases,
-                pa.table({ITEM: pa.array(items, type=pa.binary()), "bias": pa.array(b, pa.float64())}),
-            )
         sets = C.attach_biases(element[1], self._cache[1])
         if sets.num_rows:
             yield element[0], sets
@@ -599,11 +601,11 @@ class ColumnarMAD2R(beam.PTransform):
         status = checkpoint(
             capped
             | "R1MADWeights" >> MADWeightsColumnar(r1.tau, p.d_max, 1.0, 1.0, shards_si)  # (item shard, [parts])
-            | "R1Status" >> beam.ParDo(Round1StatusFn(r1, r2, p, self._seed)),  # (item bytes, status)
+            | "R1Status" >> beam.ParDo(Round1StatusFn(r1, r2, p, self._seed)),
             "R1Checkpoint",
-        )  # (item bytes, ("released", holders) | ("bias", b)), materialised
-        released1 = status | "R1Released" >> beam.Filter(is_released1)
-        biases = status | "R2Biases" >> beam.Filter(is_biased) | "BiasRows" >> beam.Map(bias_row)  # (item, b)
+        )  # (item shard, Table(item, released, holders, bias)), materialised: one draw per item
+        released1 = status | "R1Released" >> beam.FlatMap(released1_rows)  # (1, item bytes)
+        biases = status | "R2Biases" >> beam.Map(bias_table)  # Table(item, bias)
         round2_sets = barrier(capped, "R2Barrier") | "Round2Sets" >> beam.ParDo(
             AttachBiasesFn(), beam.pvalue.AsList(biases)
         )
@@ -614,11 +616,11 @@ class ColumnarMAD2R(beam.PTransform):
         )  # (2, item bytes) [, holders]
         released2, holders2 = out2 if with_holders else (out2, None)
         tagged = (
-            (released1 | "Tag1" >> beam.Map(released1_tagged), released2)
+            (released1, released2)
             | "Union" >> beam.Flatten()  # (round, item bytes)
             | "Decode" >> beam.Map(decode_tagged)  # (round, item)
         )
         if not with_holders:
             return tagged, None
-        holders = (released1 | "Holders1" >> beam.Map(released1_holders), holders2) | "AllHolders" >> beam.Flatten()
+        holders = (status | "Holders1" >> beam.FlatMap(released1_holders), holders2) | "AllHolders" >> beam.Flatten()
         return tagged, _counts(holders, self._counts_plan, self._seed, p.min_users)

@@ -1,9 +1,13 @@
 """``SelectPartitions``: the single entry point of DP partition selection on Beam.
 
-Input: a PCollection of ``(user, item)`` pairs (duplicates allowed). Output: the released items, or
-``(round, item)`` with ``output_rounds=True`` (each item is released in exactly one round); with
-``params.release_counts`` ``(item, noisy_count)`` (or ``(round, (item, noisy_count))``), the counts
-computed by :class:`transforms.selection.counts.ReleaseCounts` on the same capped user sets.
+Input: a PCollection of ``(user, item)`` pairs (duplicates allowed) and/or Arrow batches of them.
+Output: the released items, or ``(round, item)`` with ``output_rounds=True`` (each item is released in
+exactly one round); with ``params.release_counts`` ``(item, noisy_count)`` (or ``(round, (item,
+noisy_count))``), the counts of distinct holders in the same capped user sets (docs/counts.md).
+
+Basic, the DPSU weightings, MAD, MAD2R and DP-SIPS run on the columnar path
+(:mod:`transforms.selection.columnar`: Arrow tables through user and item shards, docs/columnar.md);
+the sequential policies gather one worker's histogram per element (:mod:`transforms.selection.policy`).
 
 Every algorithm follows the calibrated plan of :func:`privacy.selection.plan_rounds`; the in-memory
 oracle with the same randomness contract is :func:`transforms.reference.select`.
@@ -54,15 +58,20 @@ class SelectPartitions(beam.PTransform):
       allowlist: optional PUBLIC list of candidate items (an iterable, or a PCollection of items for
         long lists, sent to the workers as a side input): pairs whose item is not in it are dropped
         before contribution bounding. It must not be derived from the private data (docs/counts.md).
-      max_users_per_key, max_broadcast_items: execution options of MAD/MAD2R's item-value step and of
-        the count release's join (:class:`transforms.core.joins.JoinValuesToSets`): per-item values go to
-        the workers as a side input when at most ``max_broadcast_items`` items have one, else by a join
-        sharded to about ``max_users_per_key`` users per key. They change the cost, never the output.
+      max_users_per_key, max_broadcast_items: execution options of the per-element joins of the
+        sequential policies' count release (:class:`transforms.core.joins.JoinValuesToSets`). They change
+        the cost, never the output.
+      batch_rows: rows per Arrow table when ``(user, item)`` elements are gathered (docs/columnar.md).
+      rows_per_shard: target rows per user shard; the shard count is ceil(input rows / rows_per_shard),
+        computed at run time. Neither changes the output.
 
-    Input: PCollection of ``(user, item)``; items must be hashable and deterministically encodable
-    (str, bytes, int, tuples of those). Output: released items, or ``(item, noisy_count)`` (ints) with
-    ``release_counts`` (or the round-tagged forms with ``output_rounds``). The plans are public:
-    ``self.rounds`` (the selection) and ``self.counts`` (:class:`privacy.counts.CountPlan` or None).
+    Input: PCollection of ``(user, item)`` pairs and/or Arrow ``RecordBatch``/``Table`` elements with
+    columns ``user`` and ``item`` (string or binary); keys must be str, bytes, int, float, bool, None or
+    tuples of those. Every algorithm except the sequential policies runs on the columnar path
+    (:mod:`transforms.selection.columnar`, docs/columnar.md): global window only.
+    Output: released items, or ``(item, noisy_count)`` (ints) with ``release_counts`` (or the
+    round-tagged forms with ``output_rounds``). The plans are public: ``self.rounds`` (the selection)
+    and ``self.counts`` (:class:`privacy.counts.CountPlan` or None).
     """
 
     def __init__(
