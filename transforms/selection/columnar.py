@@ -42,7 +42,7 @@ from transforms.core.batches import (
     split_by_shard,
 )
 from transforms.core.dofns import WorkerRngDoFn
-from transforms.core.fingerprint import from_key_bytes
+from transforms.core.fingerprint import fingerprint64, from_key_bytes
 from transforms.core.noise import only_value
 from transforms.selection import columnar_kernels as C
 from transforms.selection import mad_kernels as K
@@ -82,12 +82,14 @@ class ShardUsersFn(beam.DoFn):
     def process(self, table, num_shards, seed):
         if table.num_rows == 0:
             return
-        if self._k is not None:
-            codes, _ = dictionary_codes(table.column(USER))
-            if int(np.bincount(codes).max()) > self._k:
-                # a subset's bottom-k keeps a superset of the final bottom-k (same priorities): exact
-                table = C.cap_pairs(table, self._k, seed, self._round).select([USER, ITEM])
-        yield from split_by_shard(table, shard_ids(table.column(USER), num_shards), num_shards)
+        codes, users = dictionary_codes(table.column(USER))
+        if self._k is not None and int(np.bincount(codes).max()) > self._k:
+            # a subset's bottom-k keeps a superset of the final bottom-k (same priorities): exact
+            table = C.cap_pairs(table, self._k, seed, self._round).select([USER, ITEM])
+            codes, users = dictionary_codes(table.column(USER))
+        # one fingerprint per distinct user of the batch (~10 rows each), not per row
+        shards = (fingerprint64(users) % np.uint64(num_shards)).astype(np.int64)[codes]
+        yield from split_by_shard(table, shards, num_shards)
 
 
 def concat_shard(shard, tables):

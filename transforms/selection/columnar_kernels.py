@@ -44,11 +44,23 @@ SUBSAMPLE = "subsample"  # the randomness-contract purpose of the bottom-k prior
 _LIMBS = ("hi", "mid", "lo")
 
 
+def _distinct_rows(pairs: pa.Table):
+    """(row indices of the distinct (user, item) pairs sorted by (user code, item code), user codes of
+    those rows). Codes come from Arrow's dictionary encoding (one hash pass per column)."""
+    ucode, _ = dictionary_codes(pairs.column(USER))
+    icode, idict = dictionary_codes(pairs.column(ITEM))
+    key = ucode * max(1, len(idict)) + icode  # < 2^62: both codes < 2^31
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    first = np.r_[True, sk[1:] != sk[:-1]] if len(sk) else np.zeros(0, dtype=bool)
+    rows = order[first]
+    return rows, ucode[rows]
+
+
 def distinct_pairs(pairs: pa.Table) -> pa.Table:
-    """Table(user, item) without repeated rows."""
-    # group_by returns many chunks that each reference the whole hash-table buffers (pickling one would
-    # ship all of them): combine them into compact buffers
-    return pairs.select([USER, ITEM]).group_by([USER, ITEM], use_threads=False).aggregate([]).combine_chunks()
+    """Table(user, item) without repeated rows (sorted by user code, compact buffers)."""
+    rows, _ = _distinct_rows(pairs)
+    return pa.table({USER: pairs.column(USER).take(rows), ITEM: pairs.column(ITEM).take(rows)}).combine_chunks()
 
 
 def _segments(sorted_codes: np.ndarray):
@@ -71,9 +83,9 @@ def cap_pairs(pairs: pa.Table, k: int, seed: int, round_: int = 0, purpose: str 
     Returns Table(user, item, degree) with degree = the user's number of kept items.
     """
     check_int("max_contributions", k, 1)
-    t = distinct_pairs(pairs)
+    rows, ucode = _distinct_rows(pairs)
+    t = pa.table({USER: pairs.column(USER).take(rows), ITEM: pairs.column(ITEM).take(rows)}).combine_chunks()
     n = t.num_rows
-    ucode, _ = dictionary_codes(t.column(USER))
     counts = np.bincount(ucode) if n else np.zeros(0, np.int64)
     deg = counts[ucode] if n else np.zeros(0, np.int64)
     heavy = np.flatnonzero(deg > k)
@@ -117,10 +129,28 @@ def _limb_table(items: pa.Array, weights: np.ndarray, holders: Optional[np.ndarr
     return pa.table(cols)
 
 
+_EXACT_FLOAT_SUM = float(2**52)
+
+
 def _sum_by_item(table: pa.Table) -> pa.Table:
-    """Table(item, hi, mid, lo, holders) summed per item (int64 sums: exact, see transforms.core.fixed64)."""
-    out = table.group_by(ITEM, use_threads=False).aggregate([(c, "sum") for c in (*_LIMBS, "holders")]).combine_chunks()
-    return out.select([ITEM, "hi_sum", "mid_sum", "lo_sum", "holders_sum"]).rename_columns([ITEM, *_LIMBS, "holders"])
+    """Table(item, hi, mid, lo, holders) summed per item: exact int64 totals.
+
+    Per-item sums by ``np.bincount`` (float64 accumulation) are exact while the sum of absolute values
+    stays below 2^52 (limbs < 2^21 and ``hi`` ~ w * 2^22: any shard of fewer than 2^30 rows of weights
+    <= 1); otherwise Arrow's int64 hash aggregation is used. Either way the result is exact.
+    """
+    if table.num_rows == 0:
+        return pa.table(
+            {ITEM: pa.array([], pa.binary()), **{c: pa.array([], pa.int64()) for c in (*_LIMBS, "holders")}}
+        )
+    cols = {c: table.column(c).to_numpy() for c in (*_LIMBS, "holders")}
+    bound = max(float(np.abs(v).sum(dtype=np.float64)) for v in cols.values())
+    if bound >= _EXACT_FLOAT_SUM:
+        out = table.group_by(ITEM, use_threads=False).aggregate([(c, "sum") for c in cols]).combine_chunks()
+        return out.select([ITEM, "hi_sum", "mid_sum", "lo_sum", "holders_sum"]).rename_columns([ITEM, *cols])
+    codes, items = dictionary_codes(table.column(ITEM))
+    sums = {c: np.bincount(codes, weights=v, minlength=len(items)).astype(np.int64) for c, v in cols.items()}
+    return pa.table({ITEM: items, **sums})
 
 
 def basic_partials(capped: pa.Table, weighting: str) -> pa.Table:
