@@ -253,14 +253,17 @@ def mad_item_excess(w: pa.Table, tau: float):
 
 
 def _per_user_sum(codes: np.ndarray, values: np.ndarray, n_users: int) -> np.ndarray:
-    """Exact (fixed64) sum of ``values`` per user code."""
-    hi, mid, lo = limbs_of(values)
-    out = []
-    for limb in (hi, mid, lo):
-        acc = np.zeros(n_users, dtype=np.int64)
-        np.add.at(acc, codes, limb)
-        out.append(acc)
-    return value_of_limbs(*out)
+    """Exact (fixed64) sum of ``values`` per user code (bincount of the limbs: exact below 2^52)."""
+    limbs = limbs_of(values)
+    if max(float(np.abs(limb).sum(dtype=np.float64)) for limb in limbs) < _EXACT_FLOAT_SUM:
+        sums = [np.bincount(codes, weights=limb, minlength=n_users).astype(np.int64) for limb in limbs]
+    else:
+        sums = []
+        for limb in limbs:
+            acc = np.zeros(n_users, dtype=np.int64)
+            np.add.at(acc, codes, limb)
+            sums.append(acc)
+    return value_of_limbs(*sums)
 
 
 def mad_contribution_partials(
