@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings, target
 from hypothesis import strategies as st
 
+from transforms.core.fixed64 import exact_sum64
 from transforms.selection.mad_kernels import (
     adaptive_degree_range,
     excess_fraction,
@@ -676,7 +677,7 @@ def test_unbiased_user_contribution_is_bitwise_the_vector_kernel(r, d_max, b_min
     """The scalar kernel of the Beam path (one value per unbiased user) == mad_user_contributions."""
     items = [f"i{k}" for k in range(len(r))]
     want = mad_user_contributions(items, r, None, 2.0, d_max, b_min, 1.0)
-    got = unbiased_user_contribution(len(r), math.fsum(x for x in r if x > 0), d_max, b_min)
+    got = unbiased_user_contribution(len(r), exact_sum64(x for x in r if x > 0), d_max, b_min)
     assert [c for _, c in want] == [got] * len(r)  # exact equality, every item
 
 
