@@ -277,9 +277,13 @@ def mad_contribution_partials(
     """Alg. 3 lines 9-17: every user's contribution to its items, summed per item (partials table).
 
     ``capped`` is Table(user, item, degree) or, for MAD2R's round 2, Table(user, item, degree, bias).
-    ``hot`` is Table(item, r) of the items with r > 0 (others have r = 0). Unbiased users are fully
-    vectorised; users with a biased item (b < 1) run Alg. 2 (UserWeights) one by one with the items in
-    canonical order, exactly as the reference (:func:`transforms.selection.mad_kernels.mad_weights`).
+    ``hot`` is Table(item, r) of the items with r > 0 (others have r = 0). Fully vectorised: users with
+    a biased item (b < 1) get Alg. 2 (UserWeights) from
+    :func:`transforms.selection.mad_kernels.user_weights_many`, bit-identical to the reference's
+    per-user :func:`transforms.selection.mad_kernels.user_weights` whatever the order of the rows
+    (its sums are exact), so each row gets the contribution that
+    :func:`transforms.selection.mad_kernels.mad_user_contributions` gives its item. ``tau`` enters only
+    through ``hot`` (r, Alg. 3 line 6).
     """
     n = capped.num_rows
     if n == 0:
@@ -300,36 +304,17 @@ def mad_contribution_partials(
     e_u = e_sum / df  # Alg. 3 line 10
     reroute = np.where(adaptive, alpha * e_u / float(d_max), 0.0)  # Alg. 3 line 11
     w_b = 1.0 / np.sqrt(df)  # Alg. 2 with b = 1
-    part = np.where(adaptive, w_b - 1.0 / df, w_b)  # Alg. 3 line 15 (adaptive) / 17
-    contrib = reroute + part  # Alg. 3 lines 12, 15, 17
     if "bias" in capped.column_names:
         bias = capped.column("bias").to_numpy()
-        biased_users = np.unique(codes[bias < 1.0])
-        if len(biased_users):
-            contrib = contrib.copy()
-            _biased_contributions(capped, codes, biased_users, r, bias, contrib, tau, d_max, b_min, b_max)
+        biased_user = np.bincount(codes, weights=bias < 1.0, minlength=n_users) > 0
+        rows = np.flatnonzero(biased_user[codes])  # every row of the users with a biased item
+        if rows.size:
+            if not np.array_equal(np.bincount(codes[rows], minlength=n_users)[codes[rows]], d[rows]):
+                raise ValueError("the degree column must be the number of rows of each user (with_degree)")
+            w_b[rows] = K.user_weights_many(codes[rows], bias[rows], b_min, b_max)  # Alg. 2 (Alg. 3 line 13)
+    part = np.where(adaptive, w_b - 1.0 / df, w_b)  # Alg. 3 line 15 (adaptive) / 17
+    contrib = reroute + part  # Alg. 3 lines 12, 15, 17
     return _sum_by_item(_limb_table(items, contrib))
-
-
-def _biased_contributions(capped, codes, users, r, bias, contrib, tau, d_max, b_min, b_max) -> None:
-    """Overwrites ``contrib`` for the rows of ``users`` with the per-user kernel (Alg. 2 + 3 lines 10-17)."""
-    from transforms.core.fingerprint import from_key_bytes
-    from transforms.core.randomness import encode_key
-
-    rows_of = np.flatnonzero(np.isin(codes, users))
-    order = rows_of[np.argsort(codes[rows_of], kind="stable")]
-    starts = np.flatnonzero(np.r_[True, codes[order][1:] != codes[order][:-1]])
-    ends = np.r_[starts[1:], len(order)]
-    item_bytes = capped.column(ITEM).take(order).to_pylist()
-    for s, e in zip(starts, ends):
-        rows = order[s:e]
-        keys = [from_key_bytes(b) for b in item_bytes[s:e]]
-        canon = sorted(range(len(rows)), key=lambda j: encode_key(keys[j]))  # the reference's item order
-        rows = rows[canon]
-        got = K.mad_user_contributions(
-            [keys[j] for j in canon], r[rows], bias[rows], tau, d_max, b_min, b_max, require_proof_conditions=False
-        )
-        contrib[rows] = [c for _, c in got]
 
 
 def round2_biases(w1: np.ndarray, rho2: float, sigma1: float, c_lb: float, c_ub: float):
