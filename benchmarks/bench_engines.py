@@ -37,7 +37,7 @@ import engines  # noqa: E402  (tests/engines.py: starts the job servers)
 
 from privacy.selection import SelectionParams  # noqa: E402
 from transforms.selection.select import SelectPartitions  # noqa: E402
-from transforms.testing.synthetic import zipf_pair_count, zipf_pairs_of_chunk  # noqa: E402
+from transforms.testing.synthetic import zipf_pair_count, zipf_table_of_chunk  # noqa: E402
 
 USERS_PER_CHUNK = 10_000  # ~100k pairs per chunk, as bench_select.py
 
@@ -51,7 +51,7 @@ def run_once(algorithm, n_chunks, options, params, seed):
                 p
                 | beam.Create(list(range(n_chunks)))
                 | beam.Reshuffle()
-                | beam.FlatMap(zipf_pairs_of_chunk, USERS_PER_CHUNK)  # (user, item)
+                | beam.Map(zipf_table_of_chunk, USERS_PER_CHUNK)  # Table(user, item), as the batched readers give
                 | SelectPartitions(algorithm, params, seed=seed)  # item
                 | beam.io.WriteToText(prefix)
             )

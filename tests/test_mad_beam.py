@@ -162,23 +162,25 @@ def test_mad_weights_broadcast_and_join_modes_are_identical(biased):
     assert got[0] == got[10**6] == reference.mad_weights(capped, 3.0, 6, biases, b_min, b_max)
 
 
-def test_mad2r_join_mode_equals_reference():
-    """MAD2R with both of its item-value joins (round-1 excess, round-2 biases) forced to the sharded join."""
-    from transforms.selection.mad import MAD2R
-
+@pytest.mark.parametrize("algorithm", ["mad", "mad2r"])
+@pytest.mark.parametrize("rows_per_shard,batch_rows", [(10**9, 65_536), (700, 50), (3000, 1)])
+def test_mad_family_output_does_not_depend_on_shards_or_batches(algorithm, rows_per_shard, batch_rows):
+    """The columnar MAD/MAD2R under a seed: one shard, many user/item shards, tiny batches: same rounds."""
     sets = random_user_sets(random.Random(4), 1500, 300, 15)
     params = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=8, d_max=6)
-    _, per_round = reference.select_rounds(sets, "mad2r", params, seed=123)
+    _, per_round = reference.select_rounds(sets, algorithm, params, seed=123)
     got = collect(
         lambda p: (
             p
             | beam.Create(pairs_of(sets))
-            | MAD2R(plan_rounds("mad2r", params), params, 123, max_broadcast_items=0)
+            | SelectPartitions(
+                algorithm, params, seed=123, output_rounds=True, rows_per_shard=rows_per_shard, batch_rows=batch_rows
+            )
             | beam.MapTuple(lambda r, i: f"{r}\t{i}")
         )
     )
     assert sorted(got) == sorted(f"{r}\t{i}" for r, items in per_round.items() for i in items)
-    assert per_round[1] and per_round[2]
+    assert per_round[1] and (algorithm == "mad" or per_round[2])
 
 
 @pytest.mark.parametrize("biased", [False, True])

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings, target
 from hypothesis import strategies as st
 
+from transforms.core.fixed64 import exact_sum64, fixed64_of
 from transforms.selection.mad_kernels import (
     adaptive_degree_range,
     excess_fraction,
@@ -37,6 +38,7 @@ from transforms.selection.mad_kernels import (
     unbiased_user_contribution,
     user_excess,
     user_weights,
+    user_weights_many,
 )
 
 PROPS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -317,6 +319,16 @@ bias_values = st.one_of(
 )
 
 
+def _check_norm_at_most_one(w):
+    """sum w^2 <= 1 exactly: the fixed-point sum of the float squares (each rounded to 2^-64) is <= 2^64,
+    and where every square is >= 2^-11 (no rounding) also the exact float sum (math.fsum) is <= 1.
+    (numpy's pairwise np.sum(w * w) may round a few ulps above 1.)"""
+    sq = (w * w).tolist()
+    assert sum(fixed64_of(x) for x in sq) <= 2**64
+    if min(sq) >= 2.0**-11:
+        assert math.fsum(sq) <= 1.0
+
+
 def _check_lemma_5_4(b, b_min, b_max, w):
     d = len(b)
     assert w.shape == (d,) and w.dtype == np.float64
@@ -326,7 +338,7 @@ def _check_lemma_5_4(b, b_min, b_max, w):
         assert np.all(w == 1 / math.sqrt(d))  # exceed 1 by a few ulps, e.g. d = 3)
         assert float(np.sum(w * w)) <= 1.0 + 1e-15
     else:
-        assert float(np.sum(w * w)) <= 1.0  # ||w_b||_2 <= 1, exactly in float
+        _check_norm_at_most_one(w)  # ||w_b||_2 <= 1, exactly
     assert np.all(w <= b_max / math.sqrt(d))  # upper bound, exactly in float
     assert np.all(w >= (b_min / math.sqrt(d)) * (1 - 1e-12))  # lower bound (to rounding)
     # The loop always fills the l2 budget (S_small is never empty while the norm is < 1).
@@ -370,30 +382,30 @@ def test_user_weights_b_max_one_undoes_biases(b, b_min):
     np.testing.assert_allclose(w, 1 / math.sqrt(len(b)), rtol=1e-9)
 
 
-@pytest.mark.parametrize(
-    "b, b_min, b_max",
-    [
-        ([0.0], 0.5, 1.0),
-        ([0.0], 0.5, 1e300),
-        ([0.0], 0.5, math.inf),
-        ([1e-300], 0.5, math.inf),
-        ([5e-324], 1e-300, math.inf),  # subnormal everything (user_weights allows b_min in (0, 1])
-        (np.zeros(2000), 0.5, math.inf),
-        (np.full(2000, 1e-300), 0.5, 1e300),
-        (np.full(2000, 1e-300), 1e-300, 1e300),
-        (np.r_[np.zeros(1999), 1.0], 0.5, 1e300),
-        (np.r_[np.zeros(1999), 1.0], 0.5, 1.0),
-        (np.linspace(0.5, 0.999, 500), 0.5, 1.0 + 1e-9),  # many passes of the cap branch
-        (np.r_[np.linspace(0.5, 0.999, 500), np.ones(3)], 0.5, 1.001),
-        (np.geomspace(1e-3, 0.999, 300), 0.5, 1.0 + 2**-52),
-    ],
-)
+ADVERSARIAL = [
+    ([0.0], 0.5, 1.0),
+    ([0.0], 0.5, 1e300),
+    ([0.0], 0.5, math.inf),
+    ([1e-300], 0.5, math.inf),
+    ([5e-324], 1e-300, math.inf),  # subnormal everything (user_weights allows b_min in (0, 1])
+    (np.zeros(2000), 0.5, math.inf),
+    (np.full(2000, 1e-300), 0.5, 1e300),
+    (np.full(2000, 1e-300), 1e-300, 1e300),
+    (np.r_[np.zeros(1999), 1.0], 0.5, 1e300),
+    (np.r_[np.zeros(1999), 1.0], 0.5, 1.0),
+    (np.linspace(0.5, 0.999, 500), 0.5, 1.0 + 1e-9),  # many passes of the cap branch
+    (np.r_[np.linspace(0.5, 0.999, 500), np.ones(3)], 0.5, 1.001),
+    (np.geomspace(1e-3, 0.999, 300), 0.5, 1.0 + 2**-52),
+]
+
+
+@pytest.mark.parametrize("b, b_min, b_max", ADVERSARIAL)
 def test_user_weights_terminates_on_adversarial_inputs(b, b_min, b_max):
     b = np.asarray(b, dtype=np.float64)
     w = user_weights(b, b_min, b_max)
     d = len(b)
     assert w.shape == (d,)
-    assert float(np.sum(w * w)) <= 1.0  # every case here has a biased item
+    _check_norm_at_most_one(w)  # every case here has a biased item
     assert np.all(w <= b_max / math.sqrt(d))
     assert np.all(w >= (b_min / math.sqrt(d)) * (1 - 1e-12))
     if b_min / math.sqrt(d) > 1e-150:  # squares representable: the budget is filled
@@ -437,6 +449,110 @@ def test_user_weights_hand_examples():
     # No loop: d = 4, biases [0.25, 1, 1, 1], b_min 0.5, b_max 1.2: 0.25, then sqrt(0.9375/3).
     w = user_weights([0.25, 1.0, 1.0, 1.0], 0.5, 1.2)
     np.testing.assert_allclose(w, [0.25] + [math.sqrt(0.3125)] * 3, rtol=1e-14)
+
+
+# --------------------------------------------------------------------------------------------------
+# 4b. UserWeights for many users at once (user_weights_many, the columnar path) == per-user user_weights
+# --------------------------------------------------------------------------------------------------
+
+# Biases with many ties and unbiased items (b = 1), plus the awkward values of bias_values.
+tied_biases = st.one_of(
+    st.sampled_from([0.0, 0.25, 0.5, 0.7, 0.9, 1.0, 1.0, 1.0, 1 - 2**-53, 1e-300]),
+    st.floats(0.0, 1.0),
+)
+b_max_values = st.one_of(st.floats(1.0, 10.0), st.floats(1.0, 1e300), st.just(math.inf), st.just(1.0))
+
+
+def _bits(x):
+    return np.asarray(x, dtype=np.float64).view(np.int64)
+
+
+def _many_vs_scalar(users, b_min, b_max, rng):
+    """user_weights_many on the users' rows, shuffled, against user_weights per user (bitwise)."""
+    codes = np.concatenate([np.full(len(b), 7 * u + 3, dtype=np.int64) for u, b in enumerate(users)])
+    biases = np.concatenate([np.asarray(b, dtype=np.float64) for b in users])
+    perm = rng.permutation(len(codes))
+    got = user_weights_many(codes[perm], biases[perm], b_min, b_max)
+    out = np.empty_like(got)
+    out[perm] = got
+    offset = 0
+    for b in users:
+        expected = user_weights(np.asarray(b, dtype=np.float64), b_min, b_max)
+        assert np.array_equal(_bits(out[offset : offset + len(b)]), _bits(expected))
+        offset += len(b)
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(
+    users=st.lists(
+        st.one_of(
+            st.lists(tied_biases, min_size=1, max_size=12),
+            st.lists(tied_biases, min_size=1, max_size=200),
+            st.lists(st.just(1.0), min_size=1, max_size=30),  # unbiased users
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    b_min=st.floats(0.5, 1.0),
+    b_max=b_max_values,
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_user_weights_many_is_bitwise_user_weights(users, b_min, b_max, seed):
+    rng = np.random.default_rng(seed)
+    out = _many_vs_scalar(users, b_min, b_max, rng)
+    offset = 0
+    for b in users:  # Lemma 5.4 on the vectorised result directly
+        _check_lemma_5_4(b, b_min, b_max, out[offset : offset + len(b)])
+        offset += len(b)
+
+
+@PROPS
+@given(b=st.lists(tied_biases, min_size=1, max_size=60), b_min=st.floats(0.5, 1.0), b_max=b_max_values)
+def test_user_weights_does_not_depend_on_item_order(b, b_min, b_max):
+    """Exact sums: permuting a user's items permutes its weights, bit for bit (what lets the columnar
+    path process a user's rows in any order, not the reference's canonical item order)."""
+    b = np.asarray(b, dtype=np.float64)
+    perm = np.random.default_rng(len(b)).permutation(len(b))
+    assert np.array_equal(_bits(user_weights(b, b_min, b_max)[perm]), _bits(user_weights(b[perm], b_min, b_max)))
+
+
+def test_user_weights_many_on_adversarial_inputs_and_edge_cases():
+    """All adversarial users of one (b_min, b_max) in one call (many passes, subnormals, d = 2000)."""
+    rng = np.random.default_rng(0)
+    groups = {}
+    for b, b_min, b_max in ADVERSARIAL:
+        groups.setdefault((b_min, b_max), []).append(list(np.asarray(b, dtype=np.float64)))
+    for (b_min, b_max), users in groups.items():
+        _many_vs_scalar(users + [[1.0] * 5, [0.3, 1.0]], b_min, b_max, rng)
+    assert user_weights_many(np.zeros(0, np.int64), np.zeros(0)).shape == (0,)
+    assert np.array_equal(user_weights_many(np.array([5, 5, 5]), np.ones(3)), np.full(3, 1 / math.sqrt(3)))
+    with pytest.raises(ValueError, match="biases"):
+        user_weights_many(np.array([0, 0]), np.array([0.5, 1.5]))
+    with pytest.raises(ValueError, match="biases"):
+        user_weights_many(np.array([0]), np.array([float("nan")]))
+    with pytest.raises(ValueError, match="equal length"):
+        user_weights_many(np.array([0, 1]), np.array([0.5]))
+    with pytest.raises(ValueError, match="integers"):
+        user_weights_many(np.array([0.0]), np.array([0.5]))
+    with pytest.raises(ValueError, match="b_max"):
+        user_weights_many(np.array([0]), np.array([0.5]), b_max=0.9)
+
+
+@PROPS
+@given(st.lists(st.floats(0.0, 2.0), max_size=60))
+def test_user_weights_sums_are_exact_sum64(values):
+    """The sums of UserWeights are exact_sum64 (order-independent), in the scalar and segment versions."""
+    from transforms.selection.mad_kernels import _exact_sum, _segment_exact_sums, _segment_sums_exceed_one
+
+    v = np.asarray(values, dtype=np.float64)
+    assert _exact_sum(v) == exact_sum64(values)
+    if values:
+        starts = np.array([0, len(v) // 2]) if len(v) > 1 else np.array([0])
+        parts = [values[: starts[1]], values[starts[1] :]] if len(starts) == 2 else [values]
+        assert _segment_exact_sums(v, starts).tolist() == [exact_sum64(p) for p in parts]
+        exceeds = [sum(fixed64_of(x) for x in p) > 2**64 for p in parts]
+        assert _segment_sums_exceed_one(v, starts).tolist() == exceeds
 
 
 # --------------------------------------------------------------------------------------------------
@@ -676,7 +792,7 @@ def test_unbiased_user_contribution_is_bitwise_the_vector_kernel(r, d_max, b_min
     """The scalar kernel of the Beam path (one value per unbiased user) == mad_user_contributions."""
     items = [f"i{k}" for k in range(len(r))]
     want = mad_user_contributions(items, r, None, 2.0, d_max, b_min, 1.0)
-    got = unbiased_user_contribution(len(r), math.fsum(x for x in r if x > 0), d_max, b_min)
+    got = unbiased_user_contribution(len(r), exact_sum64(x for x in r if x > 0), d_max, b_min)
     assert [c for _, c in want] == [got] * len(r)  # exact equality, every item
 
 

@@ -1,33 +1,30 @@
-"""Order-independent float summation.
+"""Order-independent float summation for the per-element transforms (the columnar path: fixed64 limbs).
 
 Beam sums partial results in whatever order bundles and workers produce them; plain float addition
 is not associative, so ``CombinePerKey(sum)`` can differ in the last bits between runners, worker
-counts and the in-memory reference. :class:`ExactSumFn` sums in exact integer fixed point: every
-finite double is an integer multiple of 2**-1074, so ``x * 2**1074`` is a Python int and integer
-addition is exact and associative. The output ``acc / 2**1074`` is correctly rounded (CPython's
-int/int true division rounds correctly), i.e. equal to :func:`math.fsum` of all inputs whatever
-the order: the seeded Beam output is then bit-identical to :mod:`transforms.reference`.
+counts and the in-memory reference. :class:`ExactSumFn` sums in exact integer fixed point at 2^-64:
+every input is rounded once to ``round_half_even(x * 2**64)`` (:func:`transforms.core.fixed64.fixed64_of`,
+exact for any double of magnitude >= 2^-11), the Python ints are added exactly, and the output
+``acc / 2**64`` is correctly rounded. The result is :func:`transforms.core.fixed64.exact_sum64` of the
+inputs whatever the order: the same numbers as the columnar path's int64 limbs and the in-memory reference.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Dict, Iterable
 
 import apache_beam as beam
 
-FIXED_POINT_BITS = 1074  # 2**-1074 is the smallest positive (subnormal) double
+from transforms.core.fixed64 import FRACTION_BITS, exact_sum64, fixed64_of
+
+FIXED_POINT_BITS = FRACTION_BITS  # 2**-64: see transforms/core/fixed64.py
 _SCALE = 1 << FIXED_POINT_BITS
 _CACHE_LIMIT = 65_536
 
 
 def to_fixed_point(x: float) -> int:
-    """``x * 2**1074`` as an exact integer (``x`` a finite float)."""
-    x = float(x)
-    if not math.isfinite(x):
-        raise ValueError(f"ExactSumFn inputs must be finite floats, got {x!r}")
-    num, den = x.as_integer_ratio()  # den is a power of two <= 2**1074
-    return num << (FIXED_POINT_BITS - den.bit_length() + 1)
+    """``round_half_even(x * 2**64)`` as an exact integer (``x`` a finite float, ``|x| < 2**40``)."""
+    return fixed64_of(x)
 
 
 class FixedPointCache:
@@ -48,13 +45,13 @@ class FixedPointCache:
 
 
 def from_fixed_point(acc: int) -> float:
-    """The float nearest to ``acc * 2**-1074`` (correctly rounded; OverflowError past the float range)."""
+    """The float nearest to ``acc * 2**-64`` (correctly rounded)."""
     return acc / _SCALE
 
 
 def exact_sum(values: Iterable[float]) -> float:
-    """Correctly rounded sum (alias of math.fsum), the reference's counterpart of ExactSumFn."""
-    return math.fsum(values)
+    """The reference's counterpart of ExactSumFn (:func:`transforms.core.fixed64.exact_sum64`)."""
+    return exact_sum64(values)
 
 
 class ExactSumFn(beam.CombineFn):

@@ -16,7 +16,7 @@ privacy analysis (done in real arithmetic, like every float implementation's) is
 
 Limbs: ``q = hi * 2^42 + mid * 2^21 + lo`` with ``0 <= mid, lo < 2^21`` (``lo`` may be 2^21 after
 rounding) and ``hi = floor(w * 2^22)``. Sums of ``mid`` and ``lo`` are exact in int64 for up to 2^42
-terms, sums of ``hi`` while ``sum |w| < 2^40``: both far beyond any user count. Weights must be finite
+terms, sums of ``hi`` while ``sum |w| < 2^41``: both far beyond any user count. Weights must be finite
 with ``|w| < 2^40``.
 """
 
@@ -63,19 +63,22 @@ def value_of_limbs(hi, mid, lo) -> np.ndarray:
     Carries are normalised so that ``0 <= mid, lo < 2^21``; then ``hi * 2^-22`` and
     ``(mid * 2^21 + lo) * 2^-64`` are exact floats and their float sum is the correctly rounded total.
     """
-    hi = np.asarray(hi, dtype=np.int64).copy()
-    mid = np.asarray(mid, dtype=np.int64).copy()
-    lo = np.asarray(lo, dtype=np.int64).copy()
+    hi = np.atleast_1d(np.asarray(hi, dtype=np.int64)).copy()
+    mid = np.atleast_1d(np.asarray(mid, dtype=np.int64)).copy()
+    lo = np.atleast_1d(np.asarray(lo, dtype=np.int64)).copy()
     carry = lo >> _LIMB  # floor division (arithmetic shift), also for negative values
     lo -= carry << _LIMB
     mid += carry
     carry = mid >> _LIMB
     mid -= carry << _LIMB
     hi += carry
-    if hi.size and int(np.abs(hi).max()) >= 1 << 53:
-        raise OverflowError("fixed-point sum out of range (|sum| >= 2^31)")
     low = (mid << _LIMB) + lo  # < 2^42: exact in float64
-    return hi.astype(np.float64) / _TWO_22 + low.astype(np.float64) / float(2**64)
+    out = hi.astype(np.float64) / _TWO_22 + low.astype(np.float64) / float(2**64)
+    big = np.abs(hi) >= 1 << 53  # |sum| >= 2^31: hi is not exact in float64; exact Python ints instead
+    if big.any():
+        for j in np.flatnonzero(big):
+            out[j] = ((int(hi[j]) << 42) + (int(mid[j]) << 21) + int(lo[j])) / (1 << FRACTION_BITS)
+    return out
 
 
 def fixed64_of(w: float) -> int:

@@ -29,6 +29,7 @@ from typing import Optional
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from transforms.core.batches import (
     DEFAULT_ROWS_PER_SHARD,
@@ -41,9 +42,10 @@ from transforms.core.batches import (
     split_by_shard,
 )
 from transforms.core.dofns import WorkerRngDoFn
-from transforms.core.fingerprint import from_key_bytes
+from transforms.core.fingerprint import fingerprint64, from_key_bytes
 from transforms.core.noise import only_value
 from transforms.selection import columnar_kernels as C
+from transforms.selection import mad_kernels as K
 
 __all__ = ["ShardedUsers", "RunSeed", "BasicRound", "decode_tagged"]
 
@@ -80,12 +82,14 @@ class ShardUsersFn(beam.DoFn):
     def process(self, table, num_shards, seed):
         if table.num_rows == 0:
             return
-        if self._k is not None:
-            codes, _ = dictionary_codes(table.column(USER))
-            if int(np.bincount(codes).max()) > self._k:
-                # a subset's bottom-k keeps a superset of the final bottom-k (same priorities): exact
-                table = C.cap_pairs(table, self._k, seed, self._round).select([USER, ITEM])
-        yield from split_by_shard(table, shard_ids(table.column(USER), num_shards), num_shards)
+        codes, users = dictionary_codes(table.column(USER))
+        if self._k is not None and int(np.bincount(codes).max()) > self._k:
+            # a subset's bottom-k keeps a superset of the final bottom-k (same priorities): exact
+            table = C.cap_pairs(table, self._k, seed, self._round).select([USER, ITEM])
+            codes, users = dictionary_codes(table.column(USER))
+        # one fingerprint per distinct user of the batch (~10 rows each), not per row
+        shards = (fingerprint64(users) % np.uint64(num_shards)).astype(np.int64)[codes]
+        yield from split_by_shard(table, shards, num_shards)
 
 
 def concat_shard(shard, tables):
@@ -209,6 +213,15 @@ def decode_key_value(element):
     """(item key bytes, value) -> (item, value)."""
     item, value = element
     return from_key_bytes(item), value
+
+
+def barrier(pcoll, label: str):
+    """(shard, table) materialised (a GroupByKey on the unique shard keys: a few elements).
+
+    A consumer that reads a side input computed from ``pcoll`` itself must not be fused into the stage
+    that produces ``pcoll`` (the FnApiRunner would wait for its own output); this break prevents it.
+    """
+    return checkpoint(pcoll, label)
 
 
 def checkpoint(pcoll, label: str):
@@ -360,3 +373,256 @@ class ColumnarDPSIPS(beam.PTransform):
 
 def swap(element):
     return element[1], element[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# MAD and MAD2R (MAD paper Alg. 3 and 4)
+# --------------------------------------------------------------------------------------------------
+
+
+class MADInitPartialsFn(beam.DoFn):
+    """(user shard, capped) -> (item shard, partials of w_init)  (Alg. 3 lines 3-5)."""
+
+    def __init__(self, b_min: float, d_max: float):
+        self._b_min, self._d_max = b_min, d_max
+
+    def process(self, element, num_shards):
+        partials = C.mad_init_partials(element[1], self._b_min, self._d_max)
+        yield from split_by_shard(partials, shard_ids(partials.column(ITEM), num_shards), num_shards)
+
+
+class MADExcessFn(beam.DoFn):
+    """(item shard, [w_init partials]) -> Table(item, r) of the hot items (r > 0, Alg. 3 line 6); and
+    ``trunc`` output (item shard, partials of w_trunc = min(w_init, tau)) (line 8)."""
+
+    TRUNC = "trunc"
+
+    def __init__(self, tau: float):
+        self._tau = tau
+
+    def process(self, element):
+        shard, partials = element
+        hot, trunc = C.mad_item_excess(C.merge_partials(partials), self._tau)
+        if hot.num_rows:
+            yield hot
+        yield beam.pvalue.TaggedOutput(self.TRUNC, (shard, trunc))
+
+
+class MADContributionFn(beam.DoFn):
+    """(user shard, capped[+bias]) -> (item shard, partials of the users' contributions) (Alg. 3 l.9-17).
+
+    The hot items' r(i) arrive as a side-input list of tables (one per item shard that has any).
+    """
+
+    def __init__(self, tau, d_max, b_min, b_max):
+        self._params = (tau, d_max, b_min, b_max)
+        self._cache = (None, None)
+
+    def process(self, element, hot_tables, num_shards):
+        if self._cache[0] is not hot_tables:
+            self._cache = (hot_tables, C.concat(hot_tables) if hot_tables else None)
+        partials = C.mad_contribution_partials(element[1], self._cache[1], *self._params)
+        yield from split_by_shard(partials, shard_ids(partials.column(ITEM), num_shards), num_shards)
+
+
+class MADWeightsColumnar(beam.PTransform):
+    """(user shard, capped) -> (item shard, [partials]) whose merged sum per item is MAD's w(i).
+
+    Stages (Alg. 3 line numbers):
+      InitPartials  (item shard, Table(item, w_init parts))   l.3-5, adaptive users add 1/|S_u|
+      GroupInit     (item shard, [partials])
+      Excess        Table(item, r) of hot items (r > 0)      l.6 (erratum max); side input of the users
+                    trunc: (item shard, w_trunc partials)    l.8
+      Contrib       (item shard, contribution partials)      l.9-17 per user (Alg. 2 for biased users)
+      AllParts      (item shard, [partials])                 w(i) = w_trunc(i) + sum of contributions (l.12)
+    The hot items are at most n_adaptive / tau (w_init > tau >= 1): a side input, as in the per-element
+    version (docs/columnar.md discusses the bound).
+    """
+
+    def __init__(self, tau, d_max, b_min, b_max, num_shards, label=None):
+        super().__init__(label)
+        K.check_mad_params(tau, d_max, b_min, b_max)
+        self._tau, self._d_max, self._b_min, self._b_max = float(tau), d_max, b_min, b_max
+        self._num_shards = num_shards
+
+    def expand(self, capped):
+        excess = (
+            capped
+            | "InitPartials" >> beam.ParDo(MADInitPartialsFn(self._b_min, self._d_max), self._num_shards)
+            # (item shard, w_init partials)
+            | "GroupInit" >> beam.GroupByKey()  # (item shard, [partials])
+            | "Excess" >> beam.ParDo(MADExcessFn(self._tau)).with_outputs(MADExcessFn.TRUNC, main="hot")
+        )  # hot: Table(item, r); trunc: (item shard, w_trunc partials)
+        contributions = barrier(capped, "Barrier") | "Contrib" >> beam.ParDo(
+            MADContributionFn(self._tau, self._d_max, self._b_min, self._b_max),
+            beam.pvalue.AsList(excess.hot),
+            self._num_shards,
+        )  # (item shard, contribution partials)
+        return (
+            (excess[MADExcessFn.TRUNC], contributions)
+            | "AllParts" >> beam.Flatten()  # (item shard, partials)
+            | "GroupParts" >> beam.GroupByKey()  # (item shard, [partials])
+        )
+
+
+class MADRound(beam.PTransform):
+    """(user shard, capped[+bias]) -> (round, item bytes) [+ (item bytes, holders)]: MAD weights, noise, rho."""
+
+    def __init__(self, plan, params, seed, num_shards, b_min=1.0, b_max=1.0, with_holders=False, label=None):
+        super().__init__(label)
+        self._plan, self._params, self._seed, self._num_shards = plan, params, seed, num_shards
+        self._b_min, self._b_max, self._with_holders = b_min, b_max, with_holders
+
+    def expand(self, capped):
+        p = self._plan
+        grouped = capped | "MADWeights" >> MADWeightsColumnar(
+            p.tau, self._params.d_max, self._b_min, self._b_max, self._num_shards
+        )  # (item shard, [partials])
+        out = grouped | "NoisyThreshold" >> beam.ParDo(
+            NoisyThresholdFn(p, self._seed, self._with_holders)
+        ).with_outputs(NoisyThresholdFn.HOLDERS, main="released")  # (round, item bytes); holders
+        if self._with_holders:
+            return out.released, out[NoisyThresholdFn.HOLDERS]
+        return out.released
+
+
+class ColumnarMAD(beam.PTransform):
+    """MAD (one round): batches -> ((round, item), counts or None)."""
+
+    def __init__(self, plans, params, seed, counts_plan=None, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):
+        super().__init__(label)
+        self._plan, self._params, self._seed = plans[0], params, seed
+        self._counts_plan, self._rows_per_shard = counts_plan, rows_per_shard
+
+    def expand(self, batches):
+        k = self._params.max_contributions
+        seed_arg = _seed_arg(batches, self._seed, "RunSeed")
+        sharded, num_shards = batches | "Users" >> ShardedUsers(seed_arg, k, self._rows_per_shard)
+        capped = sharded | "Cap" >> beam.ParDo(CapFn(k, 0), seed_arg)  # (user shard, Table(user, item, degree))
+        with_holders = self._counts_plan is not None
+        out = capped | "Round1" >> MADRound(
+            self._plan, self._params, self._seed, beam.pvalue.AsSingleton(num_shards), with_holders=with_holders
+        )
+        released, holders = out if with_holders else (out, None)
+        tagged = released | "Decode" >> beam.Map(decode_tagged)  # (round, item)
+        if not with_holders:
+            return tagged, None
+        return tagged, _counts(holders, self._counts_plan, self._seed, self._params.min_users)
+
+
+class Round1StatusFn(WorkerRngDoFn):
+    """(item shard, [partials]) -> (item shard, Table(item, released, holders, bias)) of the items that
+    are released in round 1 (noisy w1 >= rho_1, Alg. 4 line 7) or kept for round 2 with their bias
+    (lines 10-14); the other items (hopeless) are dropped. One draw per item for both uses."""
+
+    def __init__(self, r1, r2, params, seed):
+        super().__init__(seed)
+        self._r1, self._r2, self._params = r1, r2, params
+
+    def process(self, element):
+        shard, partials = element
+        w = C.merge_partials(partials)
+        r1, r2, p = self._r1, self._r2, self._params
+        noisy = C.noisy_weights(
+            w.column(ITEM), w.column("weight").to_numpy(), r1.noise, r1.noise_scale, self._seed, r1.index, self._rng
+        )  # Alg. 4 line 6
+        released = noisy >= r1.threshold  # line 7
+        kept, b = C.round2_biases(noisy, r2.threshold, r1.noise_scale, p.c_lb, p.c_ub)  # lines 10-14
+        rows = np.flatnonzero(released | kept)
+        if len(rows):
+            yield (
+                shard,
+                pa.table(
+                    {
+                        ITEM: w.column(ITEM).take(rows),
+                        "released": released[rows],
+                        "holders": w.column("holders").take(rows),
+                        "bias": b[rows],
+                    }
+                ),
+            )
+
+
+def released1_rows(element):
+    """(item shard, status) -> (1, item bytes) for the items released in round 1."""
+    table = element[1]
+    for item in table.filter(table.column("released")).column(ITEM).to_pylist():
+        yield 1, item
+
+
+def released1_holders(element):
+    """(item shard, status) -> (item bytes, holders) for the items released in round 1."""
+    t = element[1].filter(element[1].column("released"))
+    yield from zip(t.column(ITEM).to_pylist(), t.column("holders").to_pylist())
+
+
+def bias_table(element):
+    """(item shard, status) -> Table(item, bias) of the items round 2 keeps (not released)."""
+    t = element[1]
+    kept = t.filter(pc.invert(t.column("released")))
+    return kept.select([ITEM, "bias"])
+
+
+class AttachBiasesFn(beam.DoFn):
+    """(user shard, capped) -> (user shard, Table(user, item, degree, bias)) of the round-2 items (line 13)."""
+
+    def __init__(self):
+        self._cache = (None, None)
+
+    def process(self, element, bias_tables):
+        if self._cache[0] is not bias_tables:
+            self._cache = (bias_tables, C.concat(bias_tables) if bias_tables else None)
+        if self._cache[1] is None or self._cache[1].num_rows == 0:
+            return
+        sets = C.attach_biases(element[1], self._cache[1])
+        if sets.num_rows:
+            yield element[0], sets
+
+
+class ColumnarMAD2R(beam.PTransform):
+    """MAD2R (MAD paper Alg. 4): batches -> ((round, item), counts or None).
+
+    Round 1: unbiased MAD on the capped sets (users subsampled once, line 1); its noisy weights never
+    leave the item stage: one DoFn releases U_1 and computes round 2's biases from the same draw, and
+    that status is checkpointed (one draw per item whatever retries). Round 2: the capped sets minus
+    U_1 and U_low, with biases b(i) (side input), biased MAD with h(t) = b_max/sqrt(t), noise, rho_2.
+    """
+
+    def __init__(self, plans, params, seed, counts_plan=None, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):
+        super().__init__(label)
+        (self._r1, self._r2), self._params, self._seed = plans, params, seed
+        self._counts_plan, self._rows_per_shard = counts_plan, rows_per_shard
+
+    def expand(self, batches):
+        p, r1, r2 = self._params, self._r1, self._r2
+        k = p.max_contributions
+        seed_arg = _seed_arg(batches, self._seed, "RunSeed")
+        sharded, num_shards = batches | "Users" >> ShardedUsers(seed_arg, k, self._rows_per_shard)
+        shards_si = beam.pvalue.AsSingleton(num_shards)
+        capped = sharded | "Cap" >> beam.ParDo(CapFn(k, 0), seed_arg)  # (user shard, capped) (line 1)
+        status = checkpoint(
+            capped
+            | "R1MADWeights" >> MADWeightsColumnar(r1.tau, p.d_max, 1.0, 1.0, shards_si)  # (item shard, [parts])
+            | "R1Status" >> beam.ParDo(Round1StatusFn(r1, r2, p, self._seed)),
+            "R1Checkpoint",
+        )  # (item shard, Table(item, released, holders, bias)), materialised: one draw per item
+        released1 = status | "R1Released" >> beam.FlatMap(released1_rows)  # (1, item bytes)
+        biases = status | "R2Biases" >> beam.Map(bias_table)  # Table(item, bias)
+        round2_sets = barrier(capped, "R2Barrier") | "Round2Sets" >> beam.ParDo(
+            AttachBiasesFn(), beam.pvalue.AsList(biases)
+        )
+        # (user shard, Table(user, item, degree, bias)) = S_u minus U_1 and U_low (line 13)
+        with_holders = self._counts_plan is not None
+        out2 = round2_sets | "Round2" >> MADRound(
+            r2, p, self._seed, shards_si, p.b_min, p.b_max, with_holders=with_holders
+        )  # (2, item bytes) [, holders]
+        released2, holders2 = out2 if with_holders else (out2, None)
+        tagged = (
+            (released1, released2)
+            | "Union" >> beam.Flatten()  # (round, item bytes)
+            | "Decode" >> beam.Map(decode_tagged)  # (round, item)
+        )
+        if not with_holders:
+            return tagged, None
+        holders = (status | "Holders1" >> beam.FlatMap(released1_holders), holders2) | "AllHolders" >> beam.Flatten()
+        return tagged, _counts(holders, self._counts_plan, self._seed, p.min_users)

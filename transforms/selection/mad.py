@@ -1,4 +1,7 @@
-"""MAD (MaxAdaptiveDegree) and MAD2R as Beam composite transforms (MAD paper Alg. 3 and 4).
+"""MAD weights (MAD paper Alg. 3) as a per-element Beam building block: (user, [item]) -> (item, w).
+
+SelectPartitions runs MAD and MAD2R on the columnar path (:mod:`transforms.selection.columnar`);
+this transform serves pipelines whose data are already per-user sets (DPNE's MAD levels, custom pipelines).
 
 The per-user and per-item arithmetic is in :mod:`transforms.selection.mad_kernels` (shared with the
 in-memory reference); this module only moves data between those kernels.
@@ -29,19 +32,14 @@ transform.
 
 from __future__ import annotations
 
-import math
-from typing import Optional
-
 import apache_beam as beam
 
-from transforms.core.bounding import BoundContributions
 from transforms.core.combiners import ExactSumFn, FixedPointCache, FixedPointSumFn, to_fixed_point
 from transforms.core.dofns import BundleDictFn, is_batch
+from transforms.core.fixed64 import exact_sum64
 from transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS, JoinValuesToSets, set_items
-from transforms.core.noise import AddNoise, only_value, released_item, tag_round
 from transforms.core.randomness import sort_key
 from transforms.selection import mad_kernels as K
-from transforms.selection.mad_kernels import round2_bias
 
 
 class BundleInitWeightsFn(BundleDictFn):
@@ -136,7 +134,7 @@ class UserContributionFn(beam.DoFn):
             return 0, 0.0
         if not self._biased:
             # Scalar kernel, bit-identical to mad_user_contributions(biases=None) (tests/test_mad_kernels.py).
-            excess_sum = math.fsum(r for _, r in excess)  # Alg. 3 line 10 (r = 0 for the other items)
+            excess_sum = exact_sum64(r for _, r in excess)  # Alg. 3 line 10 (r = 0 for the other items)
             return len(user_set), K.unbiased_user_contribution(len(user_set), excess_sum, self._d_max, self._b_min)
         items = sorted(user_set, key=lambda e: sort_key(e[0]))  # canonical order, as the reference
         r_of = dict(excess)
@@ -273,84 +271,3 @@ class MADWeights(beam.PTransform):
             | "AllParts" >> beam.Flatten()  # (item, part)
             | "SumWeights" >> beam.CombinePerKey(sum_fn)  # (item, w) = w_trunc + sum of contributions
         )
-
-
-def round1_status(element, rho1, rho2, sigma1, c_lb, c_ub):
-    """(item, noisy w1) -> (item, b) for items kept in round 2 (Alg. 4 lines 10-14)."""
-    item, w1 = element
-    if w1 >= rho1:  # released in round 1 (line 7): removed (line 13)
-        return
-    status = round2_bias(w1, rho2, sigma1, c_lb, c_ub)
-    if status is not None:
-        yield item, status
-
-
-class MAD2R(beam.PTransform):
-    """MAD in two rounds (MAD paper Alg. 4): (user, item) pairs -> (round, item).
-
-    Round 1 runs unbiased MAD; its noisy weights are checkpointed (one draw per item) and joined onto
-    items inside the pipeline - they are never written out. Round 2 drops items released in round 1
-    and items whose upper bound w1 + C_ub*sigma_1 < rho_2, and runs MAD with biases
-    b(i) = min(1, rho_2 / max(0, w1 - C_lb*sigma_1)) and h(t) = b_max/sqrt(t). Users are subsampled
-    once (Alg. 4 line 1). With ``with_user_sets`` the output is ``((round, item), (user, [item]))``,
-    the second being those capped sets (what the count release counts).
-    """
-
-    def __init__(
-        self,
-        rounds,
-        params,
-        seed: Optional[int],
-        max_users_per_key: int = 10_000,
-        max_broadcast_items: int = DEFAULT_MAX_BROADCAST_ITEMS,
-        with_user_sets: bool = False,
-        label=None,
-    ):
-        super().__init__(label)
-        self._with_user_sets = with_user_sets
-        self._r1, self._r2 = rounds
-        self._params, self._seed = params, seed
-        self._join = dict(max_users_per_key=max_users_per_key, max_broadcast_items=max_broadcast_items)
-
-    def expand(self, pairs):
-        p, r1, r2 = self._params, self._r1, self._r2
-        user_sets = pairs | "BoundContributions" >> BoundContributions(p.max_contributions, self._seed, round_=0)
-        # (user, [item]) |.| <= D0 (Alg. 4 line 1)
-        noisy1 = (
-            user_sets
-            | "R1MADWeights" >> MADWeights(r1.tau, p.d_max, **self._join)  # (item, w1)
-            | "R1AddNoise" >> AddNoise(r1.noise, r1.noise_scale, self._seed, r1.index, checkpoint=True)  # (item, ~w1)
-        )
-        released1 = noisy1 | "R1Threshold" >> beam.FlatMap(released_item, r1.threshold)  # item in U1
-        kept = noisy1 | "R2Status" >> beam.FlatMap(
-            round1_status, r1.threshold, r2.threshold, r1.noise_scale, p.c_lb, p.c_ub
-        )  # (item, b) for items neither released nor hopeless
-        round2_sets = (
-            user_sets
-            # A materialisation barrier (a GroupByKey on the unique user keys, cheaper than Reshuffle):
-            # without it the FnApiRunner fuses round 2's side-input consumer of user_sets with round 1's,
-            # and that stage then waits for its own output (deadlock).
-            | "R2Barrier" >> beam.GroupByKey()  # (user, [[item]]), one set per user
-            | "R2Sets" >> beam.MapTuple(only_value)  # (user, [item])
-            | "AttachBiases" >> JoinValuesToSets(kept, **self._join)
-            # (user, ([item], [(item, b)]))
-            | "Round2Sets" >> beam.FlatMap(round2_set)  # (user, [(item, b)]) = S_u \ (U1 u U_low), non-empty (line 13)
-        )
-        released2 = (
-            round2_sets
-            | "R2MADWeights" >> MADWeights(r2.tau, p.d_max, p.b_min, p.b_max, biased=True, **self._join)  # (item, w2)
-            | "R2AddNoise" >> AddNoise(r2.noise, r2.noise_scale, self._seed, r2.index)  # (item, ~w2)
-            | "R2Threshold" >> beam.FlatMap(released_item, r2.threshold)  # item in U2
-        )
-        tagged = (
-            released1 | "TagR1" >> beam.Map(tag_round, 1),
-            released2 | "TagR2" >> beam.Map(tag_round, 2),
-        ) | "Union" >> beam.Flatten()  # (round, item)
-        return (tagged, user_sets) if self._with_user_sets else tagged
-
-
-def round2_set(element):
-    """(user, (S_u, [(item, b)])) -> (user, [(item, b)]) if any (R2MADWeights puts them in canonical order)."""
-    user, (_, kept) = element
-    if kept:
-        yield user, kept

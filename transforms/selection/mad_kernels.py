@@ -27,10 +27,12 @@ from typing import Any, Dict, Hashable, Iterable, List, Mapping, NamedTuple, Opt
 import numpy as np
 
 from privacy.validation import check_range
+from transforms.core.fixed64 import FRACTION_BITS, exact_sum64, limbs_of, value_of_limbs
 from transforms.core.randomness import encode_key
 
 __all__ = [
     "user_weights",
+    "user_weights_many",
     "reroute_discount",
     "adaptive_degree_range",
     "is_adaptive",
@@ -51,6 +53,8 @@ __all__ = [
 _NORM_SQ_TOL = 1e-12
 # ... or once the scale factor C is no longer meaningfully above 1 (Alg. 2 line 8).
 _MIN_SCALE = 1.0 + 1e-15
+# sum w^2 <= 1 is checked on the exact fixed-point sum: sum of round(w^2 * 2^64) <= 2^64.
+_ONE_FIXED = 1 << FRACTION_BITS
 # Tolerance of ceil(1 / b_min^2) (Alg. 3 line 3), so that e.g. b_min = 1/sqrt(2) gives 2, not 3.
 _CEIL_REL_TOL = 1e-12
 
@@ -97,6 +101,24 @@ def check_mad_params(
 # Algorithm 2: UserWeights
 # --------------------------------------------------------------------------------------------------
 
+# Every sum of Alg. 2 is an exact, order-independent sum (transforms.core.fixed64): each term is
+# rounded once to a multiple of 2^-64 (exactly representable for terms >= 2^-11, e.g. every w^2 of a
+# user of degree d <= 2048 * b_min^2), the multiples are added exactly, and the total is rounded once
+# to float. So UserWeights depends only on the multiset of a user's biases, not on the order of its
+# items, and :func:`user_weights_many` reproduces :func:`user_weights` bit for bit with per-user
+# integer sums of the limbs.
+
+
+def _fixed_sum(values: np.ndarray) -> int:
+    """``sum(round_half_even(v * 2^64))`` exactly, as a Python int (the numerator of ``exact_sum64``)."""
+    hi, mid, lo = limbs_of(values)
+    return (int(hi.sum()) << 42) + (int(mid.sum()) << 21) + int(lo.sum())
+
+
+def _exact_sum(values: np.ndarray) -> float:
+    """``exact_sum64(values)``: the float nearest to the exact fixed-point sum (int / int rounds correctly)."""
+    return _fixed_sum(values) / _ONE_FIXED
+
 
 def user_weights(
     degree_or_biases: Union[int, Sequence[float], np.ndarray],
@@ -119,6 +141,12 @@ def user_weights(
       the lower bound holds up to ~1e-15 relative. If no item is biased the result is exactly
       ``1/sqrt(d)`` everywhere. ``d = 0`` gives an empty array.
 
+    Sums: every sum over items (lines 5, 6 and 8, and the final norm check) is the exact sum of
+    :mod:`transforms.core.fixed64` (each term rounded once to a multiple of 2^-64, exact for terms
+    >= 2^-11), not a float sum, so the result depends only on the multiset of biases: permuting the
+    items permutes the weights, bit for bit. :func:`user_weights_many` computes the same bits for
+    many users at once.
+
     Termination of the rescaling loop (lines 6-9): every pass either
       (a) has ``C`` = the b_max cap term: the items of ``S_small`` with the largest weight are set
           to ``b_max/sqrt(d) >= 1/sqrt(d)`` and leave ``S_small`` for good (weights never
@@ -130,9 +158,13 @@ def user_weights(
     on ``1 - sum w^2 <= 1e-12`` and, in case (b), on ``C <= 1 + 1e-15``. Hence at most ``d + 1``
     passes; the loop is capped at ``d + 2`` and asserts.
 
-    Floating point: for a user with a biased item the result has ``sum w^2 <= 1`` exactly in
-    float (a rounding overshoot is scaled away). The unbiased result is exactly ``1/sqrt(d)``
-    (bit-identical to Basic), whose float ``sum w^2`` can exceed 1 by a few ulps (e.g. d = 3).
+    Floating point: for a user with a biased item the result has ``sum w^2 <= 1`` exactly: the
+    fixed-point sum of the float squares ``w(i)*w(i)`` (each rounded to a multiple of 2^-64) is
+    ``<= 2^64`` as an integer, so also its float value and the correctly rounded float sum of the
+    squares are ``<= 1`` whenever every square is >= 2^-11 (a rounding overshoot is scaled away).
+    Numpy's pairwise ``np.sum(w * w)`` can still round to a few ulps above 1. The unbiased result
+    is exactly ``1/sqrt(d)`` (bit-identical to Basic), whose ``sum w^2`` can exceed 1 by a few ulps
+    (e.g. d = 3).
     """
     b_min_f, b_max_f = _check_bias_range(b_min, b_max)
     if isinstance(degree_or_biases, (int, np.integer)) and not isinstance(degree_or_biases, bool):
@@ -151,8 +183,7 @@ def user_weights(
     d = b.size
     if d == 0:
         return np.zeros(0, dtype=np.float64)
-    if not np.all((b >= 0.0) & (b <= 1.0)):  # also rejects NaN
-        raise ValueError(f"biases must lie in [0, 1], got values {b[~((b >= 0.0) & (b <= 1.0))][:5]}")
+    _check_biases(b)
 
     sqrt_d = math.sqrt(d)
     inv_sqrt_d = 1.0 / sqrt_d
@@ -169,13 +200,14 @@ def user_weights(
     w[biased] = np.maximum(b_min_f, b[biased]) * inv_sqrt_d
     n_unbiased = int(np.count_nonzero(unbiased))
     if n_unbiased:  # line 5 divides by |S_unbiased|; with no unbiased items it assigns nothing.
-        remaining = max(0.0, 1.0 - float(np.sum(w[biased] ** 2)))
+        w_biased = w[biased]
+        remaining = max(0.0, 1.0 - _exact_sum(w_biased * w_biased))
         # Alg. 2 line 5: w_b(i) = min{b_max/sqrt(|S_u|), sqrt((1 - sum_biased w_b^2)/|S_unbiased|)}.
         w[unbiased] = min(cap, math.sqrt(remaining / n_unbiased))
 
     max_passes = d + 2
     for _ in range(max_passes):
-        deficit = 1.0 - float(np.sum(w * w))
+        deficit = 1.0 - _exact_sum(w * w)
         if deficit <= _NORM_SQ_TOL:  # Alg. 2 line 6: while sum w_b^2 < 1 (float guard)
             break
         small = w < inv_sqrt_d  # Alg. 2 line 7: S_small = {i : w_b(i) < 1/sqrt(|S_u|)}
@@ -187,7 +219,8 @@ def user_weights(
             break
         # sum_small w_b^2 = m^2 * s with m = max_small w_b, s = sum_small (w_b/m)^2 >= 1: this form
         # cannot underflow to 0 even for subnormal weights.
-        rel_sq = float(np.sum((w_small / w_small_max) ** 2))
+        rel = w_small / w_small_max
+        rel_sq = _exact_sum(rel * rel)
         # Alg. 2 line 8: C = min{(b_max/sqrt(d)) / max_{S_small} w_b, sqrt(1 + deficit/sum_small w_b^2)}
         #                  = min{cap / m, sqrt(m^2 + deficit/s) / m}
         c_cap = cap / w_small_max  # may overflow to inf (b_max huge): then the l2 term decides
@@ -208,12 +241,197 @@ def user_weights(
 
     # Lemma 5.4 in floating point: weights <= b_max/sqrt(d) and ||w_b||_2 <= 1 exactly.
     np.minimum(w, cap, out=w)
-    norm_sq = float(np.sum(w * w))
-    if norm_sq > 1.0:  # rounding overshoot of a few ulps: scale down so that sum w^2 <= 1 in float
-        w /= math.sqrt(norm_sq)
-        shrink = 1.0 - 2.0**-50
-        while float(np.sum(w * w)) > 1.0:  # terminates: each pass removes ~4 ulps of overshoot
-            w *= shrink
+    norm_fixed = _fixed_sum(w * w)
+    if norm_fixed > _ONE_FIXED:  # rounding overshoot of a few ulps: scale down so that sum w^2 <= 1
+        w /= math.sqrt(norm_fixed / _ONE_FIXED)
+        # terminates: each pass removes ~4 ulps of the (few ulps of) overshoot
+        while _fixed_sum(w * w) > _ONE_FIXED:
+            w *= _SHRINK
+    return w
+
+
+_SHRINK = 1.0 - 2.0**-50  # the final scale-down step of UserWeights
+
+
+def _check_biases(b: np.ndarray) -> None:
+    if not np.all((b >= 0.0) & (b <= 1.0)):  # also rejects NaN
+        raise ValueError(f"biases must lie in [0, 1], got values {b[~((b >= 0.0) & (b <= 1.0))][:5]}")
+
+
+def _segment_fixed_sums(values: np.ndarray, starts: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per segment ``[starts[k], starts[k+1])``: the exact fixed-point sum as normalised int64 limbs.
+
+    ``hi * 2^42 + mid * 2^21 + lo`` with ``0 <= mid, lo < 2^21`` equals ``_fixed_sum`` of the segment
+    (the int64 limb sums are exact: the terms here are squares <= ~2, see transforms.core.fixed64).
+    """
+    hi, mid, lo = (np.add.reduceat(limb, starts) for limb in limbs_of(values))
+    carry = lo >> 21
+    lo -= carry << 21
+    mid += carry
+    carry = mid >> 21
+    mid -= carry << 21
+    hi += carry
+    return hi, mid, lo
+
+
+def _segment_exact_sums(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Per segment: ``_exact_sum`` of its values (value_of_limbs rounds correctly, as int / int does)."""
+    return value_of_limbs(*_segment_fixed_sums(values, starts))
+
+
+def _segment_sums_exceed_one(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Per segment: ``_fixed_sum(values of the segment) > 2^64`` (exact integer comparison)."""
+    hi, mid, lo = _segment_fixed_sums(values, starts)
+    return (hi > 1 << 22) | ((hi == 1 << 22) & ((mid | lo) != 0))
+
+
+def user_weights_many(
+    user_codes: np.ndarray,
+    biases: np.ndarray,
+    b_min: float = 1.0,
+    b_max: float = 1.0,
+) -> np.ndarray:
+    """Algorithm 2 (UserWeights) for many users at once, bit-identical to :func:`user_weights`.
+
+    Args:
+      user_codes: 1-D integer array, the user of each row; a user's rows need not be adjacent.
+      biases: 1-D array of ``b(i) in [0, 1]`` aligned with ``user_codes``: each row is one item of
+        its user, so the user's degree d is its number of rows.
+      b_min, b_max: as in :func:`user_weights`.
+
+    Returns:
+      float64 array aligned with the rows: for the rows of each user, exactly
+      ``user_weights(biases of that user's rows, b_min, b_max)`` (in the rows' order). The result does
+      not depend on the order of the rows: :func:`user_weights` depends only on the multiset of a
+      user's biases (its sums are exact, its max and elementwise steps order-free).
+
+    Vectorised: rows are sorted by user (stable), per-user sums are exact integer limb sums over the
+    segments (``np.add.reduceat``), maxima are ``np.maximum.reduceat``, and each pass of the rescaling
+    loop (lines 6-9) runs on the rows of the users still in it. Every float operation is the same IEEE
+    operation on the same operands as in :func:`user_weights`, so the guarantees (Lemma 5.4 bounds,
+    ``sum w^2 <= 1`` exactly for users with a biased item, exactly ``1/sqrt(d)`` for unbiased users)
+    and the termination argument (at most ``d + 1`` passes per user; asserts after ``d + 2``) carry over.
+    """
+    b_min_f, b_max_f = _check_bias_range(b_min, b_max)
+    codes = np.asarray(user_codes)
+    b = np.asarray(biases, dtype=np.float64)
+    if codes.ndim != 1 or b.ndim != 1 or codes.shape != b.shape:
+        raise ValueError(f"user_codes and biases must be 1-D of equal length, got {codes.shape} and {b.shape}")
+    if codes.size and not np.issubdtype(codes.dtype, np.integer):
+        raise ValueError(f"user_codes must be integers, got dtype {codes.dtype}")
+    n = b.size
+    if n == 0:
+        return np.zeros(0, dtype=np.float64)
+    _check_biases(b)
+
+    order = np.argsort(codes, kind="stable")
+    sorted_codes = codes[order]
+    starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
+    degree = np.diff(np.r_[starts, n])
+    sqrt_d = np.sqrt(degree.astype(np.float64))
+    inv_sqrt_d = 1.0 / sqrt_d
+    w_sorted = np.repeat(inv_sqrt_d, degree)  # unbiased users: exactly 1/sqrt(d) (no loop, no clipping)
+
+    bs = b[order]
+    n_biased = np.add.reduceat((bs < 1.0).astype(np.int64), starts)
+    users = np.flatnonzero(n_biased > 0)  # Alg. 2 line 2: users with S_biased non-empty
+    if users.size:
+        rows = np.flatnonzero(np.repeat(n_biased > 0, degree))  # their rows, still grouped by user
+        w_sorted[rows] = _user_weights_biased(
+            bs[rows], degree[users], sqrt_d[users], inv_sqrt_d[users], b_min_f, b_max_f
+        )
+    out = np.empty(n, dtype=np.float64)
+    out[order] = w_sorted
+    return out
+
+
+def _user_weights_biased(
+    b: np.ndarray,
+    degree: np.ndarray,
+    sqrt_d: np.ndarray,
+    inv_sqrt_d: np.ndarray,
+    b_min: float,
+    b_max: float,
+) -> np.ndarray:
+    """:func:`user_weights_many` for rows grouped by user (``degree`` rows each), every user biased."""
+    n_users = degree.size
+    starts = np.r_[0, np.cumsum(degree)[:-1]]
+    user_of_row = np.repeat(np.arange(n_users), degree)
+    cap = b_max / sqrt_d  # per user, as user_weights (inf if b_max is inf)
+    inv_row = inv_sqrt_d[user_of_row]
+    cap_row = cap[user_of_row]
+
+    biased = b < 1.0  # Alg. 2 line 2
+    w = np.zeros(b.size, dtype=np.float64)  # Alg. 2 line 1
+    w[biased] = np.maximum(b_min, b[biased]) * inv_row[biased]  # Alg. 2 line 4
+    n_unbiased = degree - np.add.reduceat(biased.astype(np.int64), starts)
+    w_biased = np.where(biased, w, 0.0)  # zero terms add exactly nothing to a fixed-point sum
+    remaining = np.maximum(0.0, 1.0 - _segment_exact_sums(w_biased * w_biased, starts))
+    has_unbiased = n_unbiased > 0
+    line5 = np.full(n_users, np.nan)
+    line5[has_unbiased] = np.minimum(
+        cap[has_unbiased], np.sqrt(remaining[has_unbiased] / n_unbiased[has_unbiased].astype(np.float64))
+    )
+    w[~biased] = line5[user_of_row[~biased]]  # Alg. 2 line 5 (only users with unbiased items have such rows)
+
+    # Alg. 2 lines 6-9, one pass for all users still in the loop. `act` are those users (increasing),
+    # `rows` their rows (grouped by user, in the same order), `seg` the segment starts within `rows`.
+    act = np.arange(n_users)
+    rows = np.arange(b.size)
+    seg = starts
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        for pass_ in range(int(degree.max()) + 2):
+            if act.size == 0:
+                break
+            wr = w[rows]
+            urow = np.repeat(np.arange(act.size), np.diff(np.r_[seg, rows.size]))  # position in act, per row
+            deficit = 1.0 - _segment_exact_sums(wr * wr, seg)
+            small = wr < inv_row[rows]  # Alg. 2 line 7
+            m = np.maximum.reduceat(np.where(small, wr, -np.inf), seg)  # max of S_small (-inf if empty)
+            # Alg. 2 line 6 (deficit), empty S_small, and m underflowed to 0: the user leaves the loop.
+            go = (deficit > _NORM_SQ_TOL) & (m > 0.0)
+            m_row = m[urow]
+            take = small & go[urow]
+            rel = np.where(take, wr / m_row, 0.0)
+            rel_sq = _segment_exact_sums(rel * rel, seg)
+            c_cap = cap[act] / m  # Alg. 2 line 8 (cap term)
+            c_norm = np.sqrt(m * m + deficit / rel_sq) / m  # Alg. 2 line 8 (l2 term)
+            l2 = c_norm <= c_cap  # case (b)
+            scale = go & l2 & (c_norm > _MIN_SCALE) & np.isfinite(c_norm)
+            capped = go & ~l2  # case (a)
+            r_scale = take & scale[urow]
+            w[rows[r_scale]] = wr[r_scale] * c_norm[urow[r_scale]]  # Alg. 2 line 9
+            r_cap = take & capped[urow]
+            new = wr[r_cap] * c_cap[urow[r_cap]]  # Alg. 2 line 9
+            top = wr[r_cap] == m_row[r_cap]
+            new[top] = cap[act][urow[r_cap]][top]  # the largest small items land exactly on the cap
+            w[rows[r_cap]] = new
+            # Only case (a) users stay in the loop; user_weights allows d + 2 passes.
+            if np.any(capped & (pass_ + 1 >= degree[act] + 2)):  # pragma: no cover - see the docstring
+                raise AssertionError("UserWeights did not terminate within d + 2 passes")
+            keep_row = capped[urow]
+            rows = rows[keep_row]
+            act = act[capped]
+            seg = np.r_[0, np.cumsum(degree[act])[:-1]] if act.size else seg[:0]
+        else:  # pragma: no cover - excluded by the termination argument of user_weights
+            if act.size:
+                raise AssertionError("UserWeights did not terminate within d + 2 passes")
+
+    # Lemma 5.4 in floating point: weights <= b_max/sqrt(d) and sum w^2 <= 1 exactly.
+    np.minimum(w, cap_row, out=w)
+    over = _segment_sums_exceed_one(w * w, starts)
+    if over.any():
+        sel = np.flatnonzero(over[user_of_row])
+        norm = _segment_exact_sums(w * w, starts)
+        w[sel] /= np.sqrt(norm[user_of_row[sel]])
+        act = np.flatnonzero(over)
+        while act.size:  # as user_weights: shrink each user's weights until its sum is <= 1
+            rows = np.flatnonzero(np.isin(user_of_row, act))
+            seg = np.r_[0, np.cumsum(degree[act])[:-1]]
+            wr = w[rows]
+            still = _segment_sums_exceed_one(wr * wr, seg)
+            w[rows[still[np.repeat(np.arange(act.size), degree[act])]]] *= _SHRINK
+            act = act[still]
     return w
 
 
@@ -284,7 +502,7 @@ def user_excess(r_values: Union[Sequence[float], np.ndarray]) -> float:
     r = np.asarray(r_values, dtype=np.float64).ravel()
     if r.size == 0:
         return 0.0
-    return math.fsum(r.tolist()) / r.size  # Alg. 3 line 10 (correctly rounded: order independent)
+    return exact_sum64(r.tolist()) / r.size  # Alg. 3 line 10 (exact sum at 2^-64: order independent)
 
 
 def reroute_weight(e_u: float, alpha: float, d_max: float) -> float:
@@ -365,7 +583,7 @@ def unbiased_user_contribution(degree: int, excess_sum: float, d_max: float, b_m
     Scalar fast path of :func:`mad_user_contributions` with ``biases=None`` (Alg. 3 lines 10-17),
     bit-identical to it: ``w_b = 1/sqrt(d)`` for every item (Alg. 2 with b = 1), so an adaptive user
     adds ``alpha * e_u / d_max + (1/sqrt(d) - 1/d)`` (lines 11, 15) and a non-adaptive user
-    ``1/sqrt(d)`` (line 17). ``excess_sum`` is the correctly rounded sum (``math.fsum``) of r(i) over
+    ``1/sqrt(d)`` (line 17). ``excess_sum`` is the exact sum (:func:`exact_sum64`) of r(i) over
     the user's items (0 for items that are not hot), so ``e_u = excess_sum / d`` (line 10) exactly
     as :func:`user_excess` computes it. Parameters are not validated here (hot path: the caller
     checks them once with :func:`check_mad_params`).
@@ -437,8 +655,8 @@ def mad_weight_components(
     union_keys = sorted({i for _, items in sets for i in items}, key=encode_key)
     pos = {item: k for k, item in enumerate(union_keys)}
 
-    # Float sums below are correctly rounded (math.fsum over all parts), so the result does not
-    # depend on the order of users: the Beam version (ExactSumFn combiners) gives the same bits.
+    # Float sums below are exact at 2^-64 (exact_sum64 over all parts), so the result does not depend
+    # on the order of users: the Beam versions (fixed64 limbs, ExactSumFn) give the same bits.
     # Alg. 3 lines 1, 3-5: w_init(i) += 1/|S_u| for adaptive users u (line 3: I_adapt).
     init_parts: List[List[float]] = [[] for _ in union_keys]
     for _, items in sets:
@@ -446,7 +664,7 @@ def mad_weight_components(
             w0 = initial_weight(len(items))  # Alg. 3 line 5
             for i in items:
                 init_parts[pos[i]].append(w0)
-    w_init = np.array([math.fsum(p) for p in init_parts], dtype=np.float64)
+    w_init = np.array([exact_sum64(p) for p in init_parts], dtype=np.float64)
     r = excess_fraction(w_init, tau_f)  # Alg. 3 line 6 (erratum: max)
     w_trunc = truncate(w_init, tau_f)  # Alg. 3 line 8
 
@@ -466,8 +684,8 @@ def mad_weight_components(
             if adaptive:
                 reroute_parts[j].append(reroute)  # Alg. 3 line 11
             w_parts[j].append(float(contrib[k]))
-    w_reroute = np.array([math.fsum(p) for p in reroute_parts], dtype=np.float64)
-    w = np.array([math.fsum(p) for p in w_parts], dtype=np.float64)
+    w_reroute = np.array([exact_sum64(p) for p in reroute_parts], dtype=np.float64)
+    w = np.array([exact_sum64(p) for p in w_parts], dtype=np.float64)
 
     as_dict = lambda v: {item: float(x) for item, x in zip(union_keys, v)}  # noqa: E731
     return MadComponents(as_dict(w_init), as_dict(r), as_dict(w_trunc), as_dict(w_reroute), as_dict(w))

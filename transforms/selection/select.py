@@ -1,9 +1,13 @@
 """``SelectPartitions``: the single entry point of DP partition selection on Beam.
 
-Input: a PCollection of ``(user, item)`` pairs (duplicates allowed). Output: the released items, or
-``(round, item)`` with ``output_rounds=True`` (each item is released in exactly one round); with
-``params.release_counts`` ``(item, noisy_count)`` (or ``(round, (item, noisy_count))``), the counts
-computed by :class:`transforms.selection.counts.ReleaseCounts` on the same capped user sets.
+Input: a PCollection of ``(user, item)`` pairs (duplicates allowed) and/or Arrow batches of them.
+Output: the released items, or ``(round, item)`` with ``output_rounds=True`` (each item is released in
+exactly one round); with ``params.release_counts`` ``(item, noisy_count)`` (or ``(round, (item,
+noisy_count))``), the counts of distinct holders in the same capped user sets (docs/counts.md).
+
+Basic, the DPSU weightings, MAD, MAD2R and DP-SIPS run on the columnar path
+(:mod:`transforms.selection.columnar`: Arrow tables through user and item shards, docs/columnar.md);
+the sequential policies gather one worker's histogram per element (:mod:`transforms.selection.policy`).
 
 Every algorithm follows the calibrated plan of :func:`privacy.selection.plan_rounds`; the in-memory
 oracle with the same randomness contract is :func:`transforms.reference.select`.
@@ -21,42 +25,12 @@ from privacy.validation import check_int
 from transforms.core import randomness
 from transforms.core.allowlist import KeepAllowlisted, KeepAllowlistedRows, check_allowlist
 from transforms.core.batches import DEFAULT_BATCH_ROWS, DEFAULT_ROWS_PER_SHARD, ITEM, USER, ToBatches, normalise_batch
-from transforms.core.bounding import BoundContributions
 from transforms.core.fingerprint import from_key_bytes
 from transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
-from transforms.core.noise import NoisyThreshold, only_value, tag_round
-from transforms.selection.columnar import ColumnarDPSIPS, ColumnarSingleRound
+from transforms.core.noise import only_value, tag_round
+from transforms.selection.columnar import ColumnarDPSIPS, ColumnarMAD, ColumnarMAD2R, ColumnarSingleRound
 from transforms.selection.counts import ReleaseCounts
-from transforms.selection.mad import MAD2R, MADWeights
 from transforms.selection.policy import SequentialPolicy
-
-
-class _MADRound(beam.PTransform):
-    """MAD (one round, per element): bound contributions, MAD weights, noise, threshold (MAD paper Alg. 1, 3).
-
-    Every runner returns ``((round, item), capped user sets or None)``: the capped sets (what the count
-    release counts) only with ``with_user_sets``.
-    """
-
-    def __init__(self, spec, plans, params: SelectionParams, seed: Optional[int], join_options: dict, with_user_sets):
-        super().__init__()
-        self._plan, self._params, self._seed = plans[0], params, seed
-        self._join_options = join_options
-        self._with_user_sets = with_user_sets
-
-    def expand(self, pairs):
-        rnd = self._plan
-        user_sets = pairs | "BoundContributions" >> BoundContributions(
-            self._params.max_contributions, self._seed, round_=0
-        )  # (user, [item]) |.| <= D0
-        weights = user_sets | "MADWeights" >> MADWeights(rnd.tau, self._params.d_max, **self._join_options)  # (item, w)
-        tagged = (
-            weights
-            | "NoisyThreshold"
-            >> NoisyThreshold(rnd.noise, rnd.noise_scale, rnd.threshold, self._seed, rnd.index)  # item
-            | "TagRound" >> beam.Map(tag_round, rnd.index)  # (1, item)
-        )
-        return tagged, (user_sets if self._with_user_sets else None)
 
 
 def join_round(element):
@@ -84,15 +58,20 @@ class SelectPartitions(beam.PTransform):
       allowlist: optional PUBLIC list of candidate items (an iterable, or a PCollection of items for
         long lists, sent to the workers as a side input): pairs whose item is not in it are dropped
         before contribution bounding. It must not be derived from the private data (docs/counts.md).
-      max_users_per_key, max_broadcast_items: execution options of MAD/MAD2R's item-value step and of
-        the count release's join (:class:`transforms.core.joins.JoinValuesToSets`): per-item values go to
-        the workers as a side input when at most ``max_broadcast_items`` items have one, else by a join
-        sharded to about ``max_users_per_key`` users per key. They change the cost, never the output.
+      max_users_per_key, max_broadcast_items: execution options of the per-element joins of the
+        sequential policies' count release (:class:`transforms.core.joins.JoinValuesToSets`). They change
+        the cost, never the output.
+      batch_rows: rows per Arrow table when ``(user, item)`` elements are gathered (docs/columnar.md).
+      rows_per_shard: target rows per user shard; the shard count is ceil(input rows / rows_per_shard),
+        computed at run time. Neither changes the output.
 
-    Input: PCollection of ``(user, item)``; items must be hashable and deterministically encodable
-    (str, bytes, int, tuples of those). Output: released items, or ``(item, noisy_count)`` (ints) with
-    ``release_counts`` (or the round-tagged forms with ``output_rounds``). The plans are public:
-    ``self.rounds`` (the selection) and ``self.counts`` (:class:`privacy.counts.CountPlan` or None).
+    Input: PCollection of ``(user, item)`` pairs and/or Arrow ``RecordBatch``/``Table`` elements with
+    columns ``user`` and ``item`` (string or binary); keys must be str, bytes, int, float, bool, None or
+    tuples of those. Every algorithm except the sequential policies runs on the columnar path
+    (:mod:`transforms.selection.columnar`, docs/columnar.md): global window only.
+    Output: released items, or ``(item, noisy_count)`` (ints) with ``release_counts`` (or the
+    round-tagged forms with ``output_rounds``). The plans are public: ``self.rounds`` (the selection)
+    and ``self.counts`` (:class:`privacy.counts.CountPlan` or None).
     """
 
     def __init__(
@@ -130,7 +109,7 @@ class SelectPartitions(beam.PTransform):
     def expand(self, pcoll):
         randomness.warn_if_seeded(self.seed)
         columnar = _COLUMNAR.get(self.spec.shape)
-        if columnar is not None and self.rounds[0].weighting != "mad":
+        if columnar is not None:
             batches = pcoll | "Batch" >> ToBatches(self.batch_rows)  # Table(user, item)
             if self.allowlist is not None:
                 batches = batches | "Allowlist" >> KeepAllowlistedRows(self.allowlist)  # Table, items allowed
@@ -191,10 +170,6 @@ def swap(element):
     return element[1], element[0]
 
 
-def _mad2r(spec, plans, params, seed, join_options, with_user_sets):
-    return MAD2R(plans, params, seed, with_user_sets=True, **join_options)  # (round, item), (user, [item])
-
-
 class _Sequential(beam.PTransform):
     """The single-worker policy algorithms (DPSU paper Alg. 4 and 6), tagged with their one round."""
 
@@ -210,12 +185,14 @@ class _Sequential(beam.PTransform):
 
 
 #: one Beam runner per shape of the registry (privacy.selection.SHAPES); the reference has the same table
-_RUNNERS = {"single": _MADRound, "mad2r": _mad2r, "sequential": _Sequential}
+_RUNNERS = {"sequential": _Sequential}
 
 
 def _columnar_single(plans, params, seed, counts_plan, rows_per_shard):
+    if plans[0].weighting == "mad":
+        return ColumnarMAD(plans, params, seed, counts_plan, rows_per_shard)
     return ColumnarSingleRound(plans[0], params, seed, counts_plan, rows_per_shard)
 
 
 #: the columnar runners (batches of rows; MAD's weighting still runs per element, see _RUNNERS)
-_COLUMNAR = {"single": _columnar_single, "dp_sips": ColumnarDPSIPS}
+_COLUMNAR = {"single": _columnar_single, "dp_sips": ColumnarDPSIPS, "mad2r": ColumnarMAD2R}

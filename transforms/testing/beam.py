@@ -45,22 +45,34 @@ def _element_marker(marker_dir: str, label: str, element) -> str:
     from transforms.core.randomness import encode_key
 
     digest = hashlib.blake2b(encode_key((label, element)), digest_size=16).hexdigest()
-    return os.path.join(marker_dir, digest)
+    return os.path.join(marker_dir, f"{label}-{digest}")
 
 
-def inject_bundle_failures(dofn_class, marker_dir: str):
+def inject_bundle_failures(dofn_class, marker_dir: str, max_failures: int | None = None):
     """Patches ``dofn_class`` so that every bundle fails on its first attempt and succeeds on retry.
 
     The bundle is identified by its first element: the first ``process`` call after
-    ``start_bundle`` looks for a marker file named by a hash of (class, element) in ``marker_dir``;
-    if there is none it creates it and raises :class:`InjectedFailure` (after the wrapped DoFn has
-    already done its work for that element, so state like drawn noise is thrown away with the
-    attempt). A retry of the same bundle finds the marker and runs normally. Returns a function that
-    undoes the patch. Markers left in ``marker_dir`` count the injected failures.
+    ``start_bundle`` looks for a marker file named by (class, hash of (class, element)) in
+    ``marker_dir``; if there is none it creates it and raises :class:`InjectedFailure` (after the
+    wrapped DoFn has already done its work for that element, so state like drawn noise is thrown away
+    with the attempt). A retry of the same bundle finds the marker and runs normally. Returns a
+    function that undoes the patch. Markers left in ``marker_dir`` count the injected failures; their
+    names start with the class's ``module.qualname`` and a ``-``.
 
-    For in-process runners only (the patch lives on the class in this interpreter).
+    ``max_failures``: inject at most this many failures into this class (later new bundles run
+    normally). A runner whose retry feeds a bundle its elements in another order (Flink and Spark
+    restart a task whose input comes from a shuffle, and the order in which the upstream tasks'
+    outputs arrive varies) starts it with another first element, which is a new bundle to the
+    markers: without a cap such a task can fail on every attempt until the engine gives up.
+
+    For in-process runners only (the patch lives on the class in this interpreter; the cap is counted
+    in it, under a lock, so concurrent bundles cannot overshoot it).
     """
     import functools
+    import threading
+
+    lock = threading.Lock()
+    injected = [0]  # failures injected into this class so far
 
     orig_start = dofn_class.__dict__.get("start_bundle")
     orig_process = dofn_class.__dict__["process"]
@@ -79,9 +91,13 @@ def inject_bundle_failures(dofn_class, marker_dir: str):
         if getattr(self, "_inject_armed", False):
             self._inject_armed = False
             marker = _element_marker(marker_dir, label, element)
-            if not os.path.exists(marker):
-                with open(marker, "w"):
-                    pass
+            with lock:
+                fail = not os.path.exists(marker) and (max_failures is None or injected[0] < max_failures)
+                if fail:
+                    injected[0] += 1
+                    with open(marker, "w"):
+                        pass
+            if fail:
                 raise InjectedFailure(f"injected failure in {label} (first attempt of a bundle)")
         return outputs
 
