@@ -162,6 +162,111 @@ def _as_value(value, allow_newlines: bool, max_length: Optional[int] = None) -> 
     return value, ""
 
 
+class _Bad:
+    """A bad record's reason (``{value}`` not yet replaced by the value column's name)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _has_surrogate(text: str) -> bool:
+    """True for a str holding a lone surrogate (JSON ``"\\ud800"``): not valid Unicode, not encodable."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _check_max_value_length(max_value_length, value_column):
+    if max_value_length is not None and (
+        isinstance(max_value_length, bool) or not isinstance(max_value_length, int) or max_value_length < 1
+    ):
+        raise ValueError(f"max_{value_column}_length must be an integer >= 1, got {max_value_length!r}")
+
+
+class _LineParser:
+    """The per-record rules shared by :class:`ParseFileFn` and :class:`ReadRecordBatches`.
+
+    ``line(data, overlong, first_line)`` -> ``(user, value)``, ``None`` (no record: blank line or
+    header) or :class:`_Bad`; ``row(user, value)`` does the same for one parquet row.
+    """
+
+    def __init__(self, input_format, user_column, value_column, allow_newlines, max_value_length):
+        self.format = input_format
+        self.user_col = user_column
+        self.value_col = value_column
+        self.allow_newlines = allow_newlines
+        self.max_len = max_value_length
+        self.line_cap = None if max_value_length is None else _LINE_BYTES_PER_CHAR * max_value_length + _LINE_SLACK
+
+    def line(self, data: bytes, overlong: bool, first_line: bool):
+        if overlong:
+            return _Bad(
+                f"line longer than {self.line_cap} bytes (value limit "
+                f"{self.max_len} characters; raise it with --max_{{value}}_length)"
+            )
+        try:
+            line = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return _Bad(f"not valid UTF-8 ({e.reason} at byte {e.start})")
+        line = line.rstrip("\n").rstrip("\r")
+        if not line.strip():
+            return None
+        if self.format == "tsv":
+            return self._tsv(line, first_line)
+        return self._jsonl(line)
+
+    def _tsv(self, line, first_line):
+        if "\t" not in line:
+            return _Bad("expected user<TAB>value")
+        user, value = line.split("\t", 1)
+        if first_line and user == self.user_col and value == self.value_col:
+            return None  # header
+        if user == "":
+            return _Bad("empty user")
+        value, reason = _as_value(value, self.allow_newlines, self.max_len)
+        if value is None:
+            return _Bad(reason)
+        return user, value
+
+    def _jsonl(self, line):
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            return _Bad(f"invalid JSON ({e})")
+        if not isinstance(obj, dict):
+            return _Bad("expected a JSON object")
+        if self.user_col not in obj or self.value_col not in obj:
+            return _Bad(f"missing key {self.user_col!r} or {self.value_col!r}")
+        user = _as_user(obj[self.user_col])
+        if user is None:
+            return _Bad(f"{self.user_col!r} must be a non-empty string or an integer")
+        value, reason = _as_value(obj[self.value_col], self.allow_newlines, self.max_len)
+        if value is None:
+            return _Bad(f"{self.value_col!r}: {reason}")
+        if _has_surrogate(user) or _has_surrogate(value):
+            return _Bad("a lone surrogate escape (\\ud800-\\udfff) is not valid Unicode")
+        return user, value
+
+    def row(self, user, value):
+        u = _as_user(user)
+        if u is None:
+            return _Bad(f"{self.user_col!r} null or empty")
+        v, reason = _as_value(value, self.allow_newlines, self.max_len)
+        if v is None:
+            return _Bad(f"{self.value_col!r}: {reason}")
+        return u, v
+
+    def message(self, path, line_no, reason: str) -> str:
+        reason = reason.replace("{value}", self.value_col)
+        return f"{path}:{line_no}: {reason} (use --skip_bad_records to skip and count bad records)"
+
+
 class ParseFileFn(beam.DoFn):
     """FileMetadata -> (user, value) records; bad records raise or go to the 'bad' output."""
 
@@ -178,22 +283,17 @@ class ParseFileFn(beam.DoFn):
     ):
         if input_format not in INPUT_FORMATS:
             raise ValueError(f"input_format must be one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
+        _check_max_value_length(max_value_length, value_column)
         self._format = input_format
         self._user_col = user_column
         self._value_col = value_column
         self._skip = skip_bad_records
-        self._allow_newlines = allow_newlines
-        if max_value_length is not None and (
-            isinstance(max_value_length, bool) or not isinstance(max_value_length, int) or max_value_length < 1
-        ):
-            raise ValueError(f"max_{value_column}_length must be an integer >= 1, got {max_value_length!r}")
-        self._max_len = max_value_length
-        self._line_cap = None if max_value_length is None else _LINE_BYTES_PER_CHAR * max_value_length + _LINE_SLACK
+        self._parser = _LineParser(input_format, user_column, value_column, allow_newlines, max_value_length)
+        self._line_cap = self._parser.line_cap
 
     def _bad(self, path, line_no, reason):
-        reason = reason.replace("{value}", self._value_col)
         if not self._skip:
-            raise BadRecordError(f"{path}:{line_no}: {reason} (use --skip_bad_records to skip and count bad records)")
+            raise BadRecordError(self._parser.message(path, line_no, reason))
         return beam.pvalue.TaggedOutput(self.BAD, 1)
 
     def process(self, metadata):
@@ -205,58 +305,13 @@ class ParseFileFn(beam.DoFn):
             line_no = 0
             for data, overlong in read_lines(raw, self._line_cap):
                 line_no += 1
-                if overlong:
-                    yield self._bad(
-                        path,
-                        line_no,
-                        f"line longer than {self._line_cap} bytes (value limit "
-                        f"{self._max_len} characters; raise it with --max_{{value}}_length)",
-                    )
+                out = self._parser.line(data, overlong, line_no == 1)
+                if out is None:
                     continue
-                try:
-                    line = data.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    yield self._bad(path, line_no, f"not valid UTF-8 ({e.reason} at byte {e.start})")
-                    continue
-                line = line.rstrip("\n").rstrip("\r")
-                if not line.strip():
-                    continue
-                if self._format == "tsv":
-                    out = self._tsv(path, line_no, line)
+                if isinstance(out, _Bad):
+                    yield self._bad(path, line_no, out.reason)
                 else:
-                    out = self._jsonl(path, line_no, line)
-                if out is not None:
                     yield out
-
-    def _tsv(self, path, line_no, line):
-        if "\t" not in line:
-            return self._bad(path, line_no, "expected user<TAB>value")
-        user, value = line.split("\t", 1)
-        if line_no == 1 and user == self._user_col and value == self._value_col:
-            return None  # header
-        if user == "":
-            return self._bad(path, line_no, "empty user")
-        value, reason = _as_value(value, self._allow_newlines, self._max_len)
-        if value is None:
-            return self._bad(path, line_no, reason)
-        return user, value
-
-    def _jsonl(self, path, line_no, line):
-        try:
-            obj = json.loads(line)
-        except ValueError as e:
-            return self._bad(path, line_no, f"invalid JSON ({e})")
-        if not isinstance(obj, dict):
-            return self._bad(path, line_no, "expected a JSON object")
-        if self._user_col not in obj or self._value_col not in obj:
-            return self._bad(path, line_no, f"missing key {self._user_col!r} or {self._value_col!r}")
-        user = _as_user(obj[self._user_col])
-        if user is None:
-            return self._bad(path, line_no, f"{self._user_col!r} must be a non-empty string or an integer")
-        value, reason = _as_value(obj[self._value_col], self._allow_newlines, self._max_len)
-        if value is None:
-            return self._bad(path, line_no, f"{self._value_col!r}: {reason}")
-        return user, value
 
     def _parquet(self, path):
         import pyarrow.parquet as pq
@@ -273,15 +328,11 @@ class ParseFileFn(beam.DoFn):
                 values = batch.column(1).to_pylist()
                 for user, value in zip(users, values):
                     row += 1
-                    u = _as_user(user)
-                    if u is None:
-                        yield self._bad(path, f"row {row}", f"{self._user_col!r} null or empty")
-                        continue
-                    v, reason = _as_value(value, self._allow_newlines, self._max_len)
-                    if v is None:
-                        yield self._bad(path, f"row {row}", f"{self._value_col!r}: {reason}")
-                        continue
-                    yield u, v
+                    out = self._parser.row(user, value)
+                    if isinstance(out, _Bad):
+                        yield self._bad(path, f"row {row}", out.reason)
+                    else:
+                        yield out
 
 
 class ReadRecords(beam.PTransform):
