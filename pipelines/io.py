@@ -1002,6 +1002,14 @@ class ReadRecordBatches(beam.PTransform):
         )  # records: pa.RecordBatch (user, value); bad: skipped records per work item
 
 
+class RecordsRead(NamedTuple):
+    """What the pipelines consume from a reader: ``records`` ((user, value) elements) and ``bad``
+    (numbers of skipped bad records, to be summed)."""
+
+    records: beam.PCollection
+    bad: beam.PCollection
+
+
 def batch_records(batch):
     """One batch of :class:`ReadRecordBatches` -> its ``(user, value)`` records."""
     return zip(batch.column(0).to_pylist(), batch.column(1).to_pylist())
