@@ -45,7 +45,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import re
 from typing import NamedTuple, Optional, Tuple
 
 import apache_beam as beam
@@ -391,13 +390,16 @@ DEFAULT_BLOCK_BYTES = 64 << 20
 # pyarrow.json parses the candidate lines of a block in pieces of about this many bytes, so a line it
 # rejects sends only its piece to the per-line parser.
 _JSON_PIECE_BYTES = 4 << 20
+# Text is checked with numpy in blocks of at most this many bytes (a range of block_bytes is read in
+# several), which bounds the per-line index arrays (~70 bytes per line) of one block.
+_VECTOR_BYTES = 16 << 20
 # First bytes of the UTF-8 encodings of the characters str.strip() removes (str.isspace): a value
 # made only of whitespace starts with one of them (tests/test_io_batches.py checks the list).
 _WS_LEAD_BYTES = (9, 10, 11, 12, 13, 28, 29, 30, 31, 32, 0xC2, 0xE1, 0xE2, 0xE3)
 _WS_LEAD = np.zeros(256, dtype=bool)
 _WS_LEAD[list(_WS_LEAD_BYTES)] = True
 # Substrings that Arrow's JSON parser accepts as numbers and Python's json module does not.
-_JSON_LENIENT = re.compile(rb"Inf|NaN")
+_JSON_LENIENT = (b"Inf", b"NaN")
 
 
 class _Piece(NamedTuple):
@@ -644,7 +646,7 @@ class _BatchReader:
                     return 0
                 raw.seek(p0)
                 limit = None if end is None else end - p0
-            for block in _line_blocks(raw, limit, self.block_bytes, cap):
+            for block in _line_blocks(raw, limit, min(self.block_bytes, _VECTOR_BYTES), cap):
                 first = start == 0 and lines == 0
 
                 def fail(index, reason, base=lines):
@@ -785,8 +787,11 @@ class _BatchReader:
 
         n = len(starts)
         cand = ~special & ~empty & (arr[starts] == ord("{")) & (arr[np.maximum(ends - 1, 0)] == ord("}"))
-        for m in _JSON_LENIENT.finditer(data):
-            cand[np.searchsorted(starts, m.start(), side="right") - 1] = False
+        for word in _JSON_LENIENT:
+            at = data.find(word)
+            while at >= 0:
+                cand[np.searchsorted(starts, at, side="right") - 1] = False
+                at = data.find(word, at + 1)
         good = np.zeros(n, dtype=bool)
         if not cand.any():
             return good, []

@@ -182,6 +182,17 @@ def test_tsv_every_byte_range_boundary(tmp_path):
             assert _new(path, "tsv", skip, block_bytes) == _old(path, "tsv", skip), block_bytes
 
 
+@pytest.mark.parametrize("vector_bytes", [1, 7, 30])
+def test_ranges_read_in_several_blocks(tmp_path, monkeypatch, vector_bytes):
+    # a byte range larger than the numpy block is read in several blocks (lines cut across them)
+    monkeypatch.setattr(io, "_VECTOR_BYTES", vector_bytes)
+    data = _insert(_good_tsv(40), TSV_BAD["overlong-line"], "middle") + _insert(_good_tsv(9), b"bad\n", "middle")
+    path = _write(tmp_path, "in.tsv", data)
+    _same(path, "tsv", block_sizes=(BIG, 100, 999), max_value_length=1)
+    path = _write(tmp_path, "in.jsonl", _insert(_good_jsonl(40), JSONL_BAD["missing-key"], "middle"))
+    _same(path, "jsonl", block_sizes=(BIG, 100, 999))
+
+
 def test_header_is_only_the_first_line_of_the_file_not_of_a_range(tmp_path):
     data = b"user\titem\n" * 5
     path = _write(tmp_path, "in.tsv", data)
