@@ -444,3 +444,16 @@ def test_parameters_are_checked():
 def test_batch_records_gives_pairs():
     batch = pa.RecordBatch.from_arrays([pa.array(["a", "b"]), pa.array(["x", "y"])], names=["user", "item"])
     assert list(io.batch_records(batch)) == [("a", "x"), ("b", "y")]
+
+
+def test_bench_readers_counts_the_same_records_with_every_reader(tmp_path):
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import bench_readers
+
+    tsv, jsonl = bench_readers.generate(3000, str(tmp_path))
+    for path, fmt in ((tsv, "tsv"), (jsonl, "jsonl")):
+        counts = {bench_readers.run(reader, path, fmt)[1] for reader in ("ReadRecords", "ReadRecordBatches")}
+        assert counts == {3000}
+    assert bench_readers.run("batches->pairs", tsv, "tsv")[1] == 3000
