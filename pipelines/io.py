@@ -1003,7 +1003,7 @@ class ReadRecordBatches(beam.PTransform):
             )  # FileMetadata (fails if nothing matches)
             | "SplitFiles" >> beam.FlatMap(_split_file, self._format, self._block_bytes)  # _Piece
             | "SpreadPieces" >> beam.Reshuffle()  # _Piece, one per work item
-            | "ParseBatches" >> beam.ParDo(_ReadPiecesFn(self._reader)).with_outputs(_ReadPiecesFn.BAD, main="records")
+            | "Parse" >> beam.ParDo(_ReadPiecesFn(self._reader)).with_outputs(_ReadPiecesFn.BAD, main="records")
         )  # records: pa.RecordBatch (user, value); bad: skipped records per work item
 
 
