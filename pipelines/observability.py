@@ -200,8 +200,8 @@ def attach_diagnostics(
 ):
     """Adds the NON-PRIVATE diagnostics branch when ``args.diagnostics`` is set; else nothing.
 
-    ``read`` is the output of :class:`pipelines.io.ReadRecords` (``records``: (user, value),
-    ``bad``: one 1 per skipped record). ``max_contributions`` (Delta_0) adds pairs_after_bounding.
+    ``read`` is a :class:`pipelines.io.RecordsRead` (``records``: (user, value), ``bad``: numbers
+    of skipped records, summed here). ``max_contributions`` (Delta_0) adds pairs_after_bounding.
     """
     if not getattr(args, "diagnostics", None):
         return None

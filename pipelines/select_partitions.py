@@ -24,7 +24,7 @@ from typing import List, Optional
 import apache_beam as beam
 
 from pipelines import cli, io, observability, outputs
-from pipelines.io import FailIfEmpty, ReadRecords
+from pipelines.io import FailIfEmpty, ReadRecordBatches, RecordsRead, batch_records
 from pipelines.reporting import Evaluation
 from privacy.selection import ALGORITHMS, SelectionParams
 from transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
@@ -79,14 +79,17 @@ def params_from_args(args) -> SelectionParams:
 
 def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> SelectPartitions:
     """Adds the whole job to ``pipeline``; returns the selection transform (for its plan)."""
-    read = pipeline | "Read" >> ReadRecords(
+    batches = pipeline | "Read" >> ReadRecordBatches(
         args.input,
         args.input_format,
         args.user_column,
         args.item_column,
         args.skip_bad_records,
         max_value_length=args.max_item_length,
-    )
+        value_name="item",
+    )  # records: pa.RecordBatch (user, item); bad: skipped records per work item
+    # (user, item) elements until the selection takes batches
+    read = RecordsRead(batches.records | "BatchRecords" >> beam.FlatMap(batch_records), batches.bad)
     _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
     records = observability.mark(read.records, "Read", args)  # (user, item)
     allowlist = io.read_allowlist(pipeline, args.allowlist) if args.allowlist else None
@@ -138,10 +141,10 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
 
 def evaluation_pairs(pipeline: beam.Pipeline, path: str, args):
     """NON-PRIVATE evaluation input (``--evaluate_against``): (user, item) of the true data, read like --input."""
-    read = pipeline | "ReadTrue" >> ReadRecords(
-        path, args.input_format, args.user_column, args.item_column, args.skip_bad_records
-    )
-    return read.records  # (user, item)
+    read = pipeline | "ReadTrue" >> ReadRecordBatches(
+        path, args.input_format, args.user_column, args.item_column, args.skip_bad_records, value_name="item"
+    )  # records: pa.RecordBatch (user, item)
+    return read.records | "TrueRecords" >> beam.FlatMap(batch_records)  # (user, item)
 
 
 def evaluation_group(line: str) -> str:
