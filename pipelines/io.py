@@ -122,7 +122,7 @@ def check_not_empty(count: int, pattern: str) -> int:
 
 
 class FailIfEmpty(beam.PTransform):
-    """records -> nothing; fails the pipeline with :class:`EmptyInputError` if there is no record.
+    """records (elements or Arrow batches) -> nothing; fails with :class:`EmptyInputError` if there is no record.
 
     The count never leaves the pipeline (it is compared with 0 and dropped).
     """
@@ -134,9 +134,16 @@ class FailIfEmpty(beam.PTransform):
     def expand(self, records):
         return (
             records
-            | "CountRecords" >> beam.combiners.Count.Globally()  # number of records (stays inside)
+            | "RecordsOf" >> beam.Map(records_in)  # rows of a batch, or 1 per record
+            | "CountRecords" >> beam.CombineGlobally(sum)  # number of records (stays inside)
             | "CheckNotEmpty" >> beam.Map(check_not_empty, self._pattern)  # fails on 0
         )
+
+
+def records_in(element) -> int:
+    """The number of records an element carries: a batch's rows, else 1."""
+    num_rows = getattr(element, "num_rows", None)
+    return 1 if num_rows is None else int(num_rows)
 
 
 def _as_user(value) -> Optional[str]:

@@ -109,9 +109,11 @@ class StageMarker(beam.DoFn):
 
     def process(self, element):
         if self._count:
-            self._counter.inc()
+            n = getattr(element, "num_rows", None)  # an Arrow batch counts its rows
+            n = 1 if n is None else int(n)
+            self._counter.inc(n)
             with _PROGRESS_LOCK:
-                _PROGRESS[self._stage]["elements"] += 1
+                _PROGRESS[self._stage]["elements"] += n
         yield element
 
 

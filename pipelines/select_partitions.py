@@ -88,10 +88,8 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
         max_value_length=args.max_item_length,
         value_name="item",
     )  # records: pa.RecordBatch (user, item); bad: skipped records per work item
-    # (user, item) elements until the selection takes batches
-    read = RecordsRead(batches.records | "BatchRecords" >> beam.FlatMap(batch_records), batches.bad)
-    _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
-    records = observability.mark(read.records, "Read", args)  # (user, item)
+    _ = batches.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
+    records = observability.mark(batches.records, "Read", args)  # pa.RecordBatch (user, item)
     allowlist = io.read_allowlist(pipeline, args.allowlist) if args.allowlist else None
     select = SelectPartitions(
         args.algorithm,
@@ -113,7 +111,9 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
         | "Rounds" >> beam.Keys()  # round
         | "CountPerRound" >> beam.combiners.Count.PerElement()  # (round, released)
     )
-    observability.attach_diagnostics(pipeline, read, args, "select_partitions", params.max_contributions)
+    if getattr(args, "diagnostics", None):  # NON-PRIVATE, opt-in: counts per (user, item) element
+        read = RecordsRead(batches.records | "BatchRecords" >> beam.FlatMap(batch_records), batches.bad)
+        observability.attach_diagnostics(pipeline, read, args, "select_partitions", params.max_contributions)
     base = {
         "algorithm": args.algorithm,
         **outputs.params_report(params),  # every SelectionParams field
