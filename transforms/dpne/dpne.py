@@ -1,42 +1,65 @@
-"""DPNE (DP n-gram extraction) as a Beam composite transform: the scalable version of the paper.
+"""DPNE (DP n-gram extraction) as a Beam composite transform: the scalable version of the paper, columnar.
 
 Paper: Kim, Gopi, Kulkarni, Yekhanin, "Differentially Private n-gram Extraction", Algorithm 1 and
 supplement Algorithm 1 (scalable). Accounting: :mod:`privacy.dpne`. Kernels shared with the
-in-memory reference (:mod:`transforms.dpne.reference`): :mod:`transforms.dpne.dpne_kernels`.
+in-memory reference (:mod:`transforms.dpne.reference`): :mod:`transforms.dpne.dpne_kernels`; the
+vectorised token and n-gram kernels: :mod:`transforms.dpne.columnar_kernels`; capping, exact
+partial sums and noise: :mod:`transforms.selection.columnar_kernels`.
 
-Input: PCollection of ``(user, text)`` (a user may have many records; each line of a text is one
-segment, n-grams never cross a line break). Output (a dict of PCollections):
+Input: PCollection of ``(user, text)`` elements and/or Arrow batches (``RecordBatch``/``Table`` with
+columns ``user`` and ``text``). A user may have many records; each line of a text is one segment,
+n-grams never cross a line break. Output (a dict of PCollections):
   ``ngrams``  ``(k, n-gram)`` released n-grams, words joined by single spaces;
   ``counts``  with ``params.release_counts`` only: ``(k, (n-gram, noisy_count))`` (docs/counts.md);
   ``levels``  one dict per level / run with public quantities only (sigma_k, rho_k, |S_{k-1}|,
               |V_k|, spurious bound, |S_k|) - never |supp(H_k)| or any other count of private data.
 
-Stages of level k >= 2 (``S_1``, ``S_{k-1}`` are released PCollections, hence public):
-  Tokenize       (user, [[token]])             once per record, tokens of each line
-  Grams          (user, kgram)                 distinct per record
-  Prune          (user, kgram) valid only      two keyed joins: head(w) in S_{k-1}, then tail(w) in
-                                               S_{k-1} ('both') or last word in S_1 ('single');
-                                               keys sharded by user so a hot (k-1)-gram is spread
-                                               over ``num_shards`` workers (S_{k-1} is replicated to
-                                               every shard: it is small, it is the output). V_k is
-                                               never materialised.
-  Bound          (user, [kgram]) |.| <= Delta_k  uniform subsample (randomness.subsample, round k)
-  Weights        (kgram, w)                    weighted Gaussian 1/sqrt(d) or MAD (tau_k side input)
-  Level          {rho_k, q_k, |V_k|, ...}      singleton: |V_k| = sum_y L(y) R(y) by a keyed combine
-                                               over S_{k-1} (or the sampling estimator)
-  Noise/Keep     kgram with H_k + sigma_k Z >= rho_k   (noisy weights checkpointed)
-  Spurious       B_k ~ Bin(|V_k| - |supp H_k|, q_k) uniform k-grams of V_k minus supp(H_k):
-                 oversampled candidates drawn uniformly from V_k (y ~ L(y)R(y), then x, z), a keyed
-                 join with supp(H_k) drops the ones in the support and deduplicates, the B_k with the
-                 smallest random priority are kept.
+Stages (Beam elements are Arrow tables; shapes after each step):
+  Batch        Table(user: binary, text: string)       <= batch_rows records (element API gathered per
+                                                       bundle, batches cut)
+  Tokenize     Table(user, token, rem)                 one row per token, rem = tokens left on its line
+  ShardCount   S = max(num_shards, ceil(tokens / rows_per_shard))   singleton
+  ShardUsers   (user shard, Table(user, token, rem))   fingerprint(user) mod S: every token of a user
+                                                       in one element, tokenized once for all levels
+Per level k (per DPSU run: its lengths, no pruning; S_{k-1}, S_1 are released, hence public, and small:
+side inputs):
+  Grams+Cap    (user shard, Table(user, item, degree)) valid k-grams only (words in S_1, head and tail
+                                                       (k-1)-grams in S_{k-1}; V_k is never
+                                                       materialised), allowlist, distinct, bottom-k to
+                                                       Delta_k (randomness.subsample's priorities,
+                                                       round k)
+  Partials     (item shard, Table(item, hi, mid, lo, holders))  exact fixed-point sums of 1/sqrt(d)
+  GroupItems   (item shard, [partials])                 a hot k-gram is one row per user shard
+  Merge        (item shard, Table(item, weight, holders))  H_k over its support
+  NoisyKeep    (item bytes, holders)                    H_k + sigma_k Z >= rho_k (rho_k: side input)
+  Spurious     n-gram                                   B_k ~ Bin(|V_k| - |supp H_k|, q_k) uniform
+                                                       k-grams of V_k minus supp(H_k): candidates
+                                                       drawn uniformly from V_k (y ~ L(y)R(y), then
+                                                       x, z), those in supp(H_k) found per item shard,
+                                                       the B_k outside with the smallest priority kept
+  Checkpoint   (n-gram, holders)                        S_k materialised (read by the output, the
+                                                       report, the counts and level k+1)
+  Level        {rho_k, q_k, |V_k|, ...}                 singleton: |V_k| = sum_y L(y) R(y) by a keyed
+                                                       combine over S_{k-1} (or the sampling estimator)
+
+MAD weighting (``weighting='mad'``) still runs its weights per element (the columnar MAD weights are
+not written yet): the capped shard tables are exploded to ``(user, [k-gram])`` sets for
+:class:`transforms.selection.mad.MADWeights`, with tau_k = rho_k + beta sigma_k a side input.
+
+Memory: a user shard holds ~rows_per_shard tokens (plus the n-grams of one level while it is capped);
+one user's tokens are never split, so a user with 10^7 tokens makes one shard of that size. An item
+shard holds at most S rows per n-gram. The candidate spurious k-grams (about B_k, whose expectation is
+at most eta |S_{k-1}|) and the released sets travel as side inputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import List, Optional
 
 import apache_beam as beam
+import numpy as np
+import pyarrow as pa
 
 from privacy.dpne import (
     DPNEParams,
@@ -47,72 +70,271 @@ from privacy.dpne import (
     plan_dpne_counts,
     plan_runs,
 )
+from privacy.validation import check_int
 from transforms.core import randomness
 from transforms.core import text as tx
-from transforms.core.allowlist import KeepAllowlisted, check_allowlist
-from transforms.core.bounding import BoundContributions
-from transforms.core.dofns import WorkerRngDoFn
-from transforms.core.joins import user_shard
+from transforms.core.allowlist import check_allowlist
+from transforms.core.batches import (
+    DEFAULT_BATCH_ROWS,
+    DEFAULT_ROWS_PER_SHARD,
+    ITEM,
+    USER,
+    ShardCount,
+    owned,
+    require_global_window,
+    shard_ids,
+    split_by_shard,
+)
+from transforms.core.dofns import WorkerRngDoFn, in_global_window
+from transforms.core.fingerprint import from_key_bytes
 from transforms.core.noise import AddNoise
+from transforms.dpne import columnar_kernels as CK
 from transforms.dpne import dpne_kernels
-from transforms.selection.basic import UserSetWeights
-from transforms.selection.counts import ReleaseCounts
+from transforms.selection import columnar_kernels as C
+from transforms.selection.columnar import BasicPartialsFn, RunSeed, checkpoint, concat_shard
+from transforms.selection.counts import NoisyCounts, ReleaseCounts
 from transforms.selection.mad import MADWeights
 
 # ---------------------------------------------------------------------------------------------
-# Small functions / DoFns (module level: picklable, importable by multi-process workers)
+# Entry: (user, text) elements or Arrow batches -> token tables sharded by user
 # ---------------------------------------------------------------------------------------------
 
 
-class TokenizeFn(beam.DoFn):
-    """(user, text) -> (user, [tokens of each line]) (lines with no token dropped; once per record)."""
+class ToTextBatchesFn(beam.DoFn):
+    """(user, text) elements or Arrow batches (user, text) -> Table(user: binary, text: string) of
+    <= ``batch_rows`` records and about <= ``MAX_BATCH_CHARS`` characters of text (Arrow string offsets
+    are 32-bit)."""
 
-    def __init__(self, tokenizer):
-        self._tokenizer = tokenizer
+    MAX_BATCH_CHARS = 1 << 26
+
+    def __init__(self, batch_rows: int):
+        self._batch_rows = batch_rows
+        self._users: List = []
+        self._texts: List = []
+        self._chars = 0
+
+    def start_bundle(self):
+        self._users, self._texts, self._chars = [], [], 0
+
+    def _flush(self) -> Optional[pa.Table]:
+        if not self._users:
+            return None
+        table = CK.texts_table(self._users, self._texts)
+        self._users, self._texts, self._chars = [], [], 0
+        return table
 
     def process(self, element):
-        user, text = element
-        segs = [toks for toks in (self._tokenizer(seg) for seg in tx.segments(text)) if toks]
-        if segs:
-            yield user, segs
+        if isinstance(element, (pa.RecordBatch, pa.Table)):
+            for start in range(0, element.num_rows, self._batch_rows):
+                yield owned(CK.normalise_text_batch(element.slice(start, self._batch_rows)))
+            return
+        try:
+            user, text = element
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"DPNE input must be (user, text) pairs or Arrow batches, got {type(element).__name__}"
+            ) from None
+        self._users.append(user)
+        self._texts.append(text)
+        self._chars += len(text) if type(text) is str else 0
+        if len(self._users) >= self._batch_rows or self._chars >= self.MAX_BATCH_CHARS:
+            yield self._flush()
+
+    def finish_bundle(self):
+        table = self._flush()
+        if table is not None:
+            yield in_global_window(table)
 
 
-def user_grams(element, lengths):
-    """(user, [tokens per line]) -> (user, g) for each distinct n-gram g of a length in ``lengths``."""
-    user, segs = element
-    seen = set()
-    for toks in segs:
-        n = len(toks)
-        for k in lengths:
-            for i in range(n - k + 1):
-                seen.add(" ".join(toks[i : i + k]))
-    for g in seen:
-        yield user, g
+class TokenizeFn(beam.DoFn):
+    """Table(user, text) -> Table(user, token, rem) (:func:`transforms.dpne.columnar_kernels.tokenize_table`)."""
+
+    def __init__(self, tokenizer):
+        self._tokenizer = None if tokenizer is tx.default_tokenize else tokenizer
+
+    def process(self, table):
+        tokens = CK.tokenize_table(table, self._tokenizer)
+        if tokens.num_rows:
+            yield tokens
 
 
-def key_by_head(element, num_shards):
-    """(user, w) -> ((head(w), shard(user)), (user, w))."""
-    user, w = element
-    return (tx.head(w), user_shard(user, num_shards)), (user, w)
+def with_min_shards(count, minimum):
+    """The shard count: at least ``minimum`` (the ``num_shards`` option)."""
+    return max(int(minimum), int(count))
 
 
-def key_by_suffix(element, pruning, num_shards):
-    """(user, w) -> ((tail(w) | last word, shard(user)), (user, w))."""
-    user, w = element
-    return (dpne_kernels.suffix_key(w, pruning), user_shard(user, num_shards)), (user, w)
+class ShardTokensFn(beam.DoFn):
+    """Table(user, token, rem) -> (user shard, rows of that shard) (whole lines: a user's rows stay together)."""
+
+    def process(self, table, num_shards):
+        yield from split_by_shard(table, shard_ids(table.column(USER), num_shards), num_shards)
 
 
-def replicate_marker(gram, num_shards):
-    """g -> ((g, s), True) for every shard s (the released set is small and public)."""
-    for s in range(num_shards):
-        yield (gram, s), True
+class TokensByUser(beam.PTransform):
+    """(user, text) elements / Arrow batches -> ((user shard, Table(user, token, rem)), S)."""
+
+    def __init__(self, tokenizer, batch_rows, rows_per_shard, min_shards, label=None):
+        super().__init__(label)
+        self._tokenizer, self._batch_rows = tokenizer, batch_rows
+        self._rows_per_shard, self._min_shards = rows_per_shard, min_shards
+
+    def expand(self, records):
+        require_global_window(records, "DPNE")
+        tokens = (
+            records
+            | "Batch" >> beam.ParDo(ToTextBatchesFn(self._batch_rows))  # Table(user, text)
+            | "Tokenize" >> beam.ParDo(TokenizeFn(self._tokenizer))  # Table(user, token, rem)
+        )
+        num_shards = (
+            tokens
+            | "ShardCount" >> ShardCount(self._rows_per_shard)  # ceil(tokens / rows_per_shard)
+            | "MinShards" >> beam.Map(with_min_shards, self._min_shards)  # S
+        )
+        sharded = (
+            tokens
+            | "ShardUsers" >> beam.ParDo(ShardTokensFn(), beam.pvalue.AsSingleton(num_shards))
+            # (user shard, Table(user, token, rem))
+            | "GroupUsers" >> beam.GroupByKey()  # (user shard, [Table])
+            | "Concat" >> beam.MapTuple(concat_shard)  # (user shard, Table(user, token, rem))
+        )
+        return sharded, num_shards
 
 
-def emit_if_present(element):
-    """((key, shard), {'pairs': [(user, w)], 'ok': [True]}) -> (user, w) when the key is released."""
-    _, grouped = element
-    if any(True for _ in grouped["ok"]):
-        yield from grouped["pairs"]
+# ---------------------------------------------------------------------------------------------
+# One level / run on the user shards
+# ---------------------------------------------------------------------------------------------
+
+
+class _ArrayCache:
+    """The Arrow string array of a side-input list, rebuilt only when the list object changes."""
+
+    def __init__(self):
+        self._src, self._arr = None, None
+
+    def get(self, values):
+        if values is None:
+            return None
+        if self._src is not values:
+            self._src, self._arr = values, CK.string_array(values)
+        return self._arr
+
+
+class LevelCapFn(beam.DoFn):
+    """(user shard, tokens) -> (user shard, Table(user, item, degree)): the run's (valid) n-grams of each
+    user, allowlisted, distinct, bottom-k subsampled to ``max_contributions`` (round ``round_``).
+
+    Side inputs: ``seed`` (the run seed), ``s_prev``/``s1`` (lists of released n-grams; None without
+    pruning), ``allowlist`` (list of n-grams or None). A shard of more than ``chunk_rows`` tokens is
+    capped a chunk of lines at a time (:func:`transforms.dpne.columnar_kernels.capped_level`).
+    """
+
+    def __init__(
+        self, lengths, pruning: Optional[str], max_contributions: int, round_: int, chunk_rows=CK.DEFAULT_CHUNK_ROWS
+    ):
+        self._lengths, self._pruning = tuple(lengths), pruning
+        self._cap, self._round, self._chunk_rows = max_contributions, round_, chunk_rows
+        self._caches = None
+
+    def setup(self):
+        self._caches = (_ArrayCache(), _ArrayCache(), _ArrayCache())
+
+    def process(self, element, seed, s_prev=None, s1=None, allowlist=None):
+        if self._caches is None:
+            self.setup()
+        shard, tokens = element
+        prev_c, s1_c, allow_c = self._caches
+        capped = CK.capped_level(
+            tokens,
+            self._lengths,
+            self._cap,
+            seed,
+            self._round,
+            prev_c.get(s_prev) if self._pruning else None,
+            s1_c.get(s1) if self._pruning else None,
+            self._pruning or "both",
+            allow_c.get(allowlist),
+            self._chunk_rows,
+        )  # Table(user, item, degree), <= max_contributions per user
+        if capped.num_rows:
+            yield shard, capped
+
+
+def merge_shard(shard, partials):
+    """(item shard, [partials]) -> (item shard, Table(item, weight, holders))."""
+    return shard, C.merge_partials(partials)
+
+
+class NoisyKeepFn(WorkerRngDoFn):
+    """(item shard, Table(item, weight, holders)) -> (item key bytes, holders) with
+    ``weight + sigma Z >= rho`` (rho from the level side input; Z keyed (seed, 'noise', round, item))."""
+
+    def __init__(self, sigma: float, round_: int, seed: Optional[int]):
+        super().__init__(seed)
+        self._sigma, self._round = sigma, round_
+
+    def process(self, element, level):
+        rho = level["rho"]
+        if rho is None:
+            return
+        _, w = element
+        noisy = C.noisy_weights(
+            w.column(ITEM), w.column("weight").to_numpy(), "gaussian", self._sigma, self._seed, self._round, self._rng
+        )
+        idx = pa.array(np.flatnonzero(noisy >= rho))
+        yield from zip(w.column(ITEM).take(idx).to_pylist(), w.column("holders").take(idx).to_pylist())
+
+
+def shard_support_size(element) -> int:
+    """(item shard, Table(item, weight, holders)) -> its number of n-grams in supp(H)."""
+    return element[1].num_rows
+
+
+class InSupportFn(beam.DoFn):
+    """(item shard, Table(item, ...)) -> the candidate n-grams (side-input list of str) in supp(H)."""
+
+    def process(self, element, candidates):
+        if not candidates:
+            return
+        _, w = element
+        cands = CK.string_array(sorted(set(candidates))).cast(pa.binary())
+        kept = C.keep_items(pa.table({ITEM: cands}), w.column(ITEM))
+        for g in kept.column(ITEM).to_pylist():
+            yield g.decode("utf-8")
+
+
+def in_candidates(g, candidates) -> bool:
+    """Whether a support n-gram was drawn as a candidate (``candidates``: side-input dict)."""
+    return g in candidates
+
+
+def decode_holders(element):
+    """(item key bytes, holders) -> (n-gram, holders)."""
+    item, holders = element
+    return from_key_bytes(item), holders
+
+
+def with_zero_holders(g):
+    """g -> (g, 0) (a spurious or MAD-released n-gram: holders are not carried)."""
+    return g, 0
+
+
+def sets_of_shard(element):
+    """(user shard, Table(user, item, degree)) -> (user, [n-gram]) per user (MAD's per-element weights)."""
+    _, capped = element
+    if capped.num_rows == 0:
+        return
+    users = capped.column(USER)
+    codes, distinct = C.dictionary_codes(users)
+    order = np.argsort(codes, kind="stable")
+    starts = np.searchsorted(codes[order], np.arange(len(distinct) + 1))
+    items = [from_key_bytes(b) for b in capped.column(ITEM).take(pa.array(order)).to_pylist()]
+    for j, u in enumerate(distinct.to_pylist()):
+        yield from_key_bytes(u), items[starts[j] : starts[j + 1]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Small functions of the level reports and the spurious step (module level: picklable)
+# ---------------------------------------------------------------------------------------------
 
 
 def lr_parts(gram):
@@ -147,25 +369,9 @@ def first(element):
     return element[0]
 
 
-def as_key_marker(item):
-    return item, True
-
-
-def as_candidate(item):
-    return item, None
-
-
-def outside_support(element):
-    """(g, {'cand': [...], 'supp': [...]}) -> g if drawn as a candidate and not in supp(H_k)."""
-    g, grouped = element
-    if any(True for _ in grouped["supp"]):
-        return
-    if any(True for _ in grouped["cand"]):
-        yield g
-
-
-def tag_length(gram):
-    return tx.ngram_len(gram), gram
+def tag_length(element):
+    """(g, holders) -> (len(g), g)."""
+    return tx.ngram_len(element[0]), element[0]
 
 
 def tag_k(gram, k):
@@ -200,6 +406,10 @@ def baseline_level(_, plan: RunPlan, weighting, beta):
 def level_k(_, k, sigma, max_contributions, eta, weighting, beta, s_prev_size, v_size):
     """The public parameters of level k >= 2, from the released |S_{k-1}| and |V_k|."""
     return level_k_report(k, sigma, max_contributions, eta, weighting, beta, s_prev_size, v_size)
+
+
+def level_tau(level):
+    return level["tau"]
 
 
 class EstimateValidFn(WorkerRngDoFn):
@@ -256,19 +466,20 @@ class CandidatesFn(WorkerRngDoFn):
         yield from dpne_kernels.candidate_chunk(self._sampler, chunk, size, self._k, self._seed, self._rng)
 
 
-class PriorityFn(WorkerRngDoFn):
-    """g -> (priority, g): keyed uniform (seeded) or worker OS-entropy uniform."""
+class SelectSpuriousFn(WorkerRngDoFn):
+    """The B_k distinct candidates outside supp(H_k) with the smallest priority (seeded: keyed by
+    (seed, 'spurious_priority', k, g); unseeded: the worker's OS-entropy generator)."""
 
     def __init__(self, k, seed):
         super().__init__(seed)
-        self._k, self._seed = k, seed
+        self._k = k
 
-    def process(self, g):
-        yield float(dpne_kernels.spurious_priorities([g], self._k, self._seed, self._rng)[0]), g
-
-
-def select_spurious(prioritized, plan, k):
-    return dpne_kernels.select_spurious(prioritized, plan["n"], k)
+    def process(self, _, candidates, inside, plan):
+        if not plan["n"]:
+            return
+        outside = sorted(set(candidates) - set(inside))
+        pri = dpne_kernels.spurious_priorities(outside, self._k, self._seed, self._rng)
+        yield from dpne_kernels.select_spurious(zip(pri.tolist(), outside), plan["n"], self._k)
 
 
 class ExactValidCount(beam.PTransform):
@@ -276,8 +487,7 @@ class ExactValidCount(beam.PTransform):
 
     def __init__(self, pruning, s1_count=None, label=None):
         super().__init__(label)
-        self._pruning = pruning
-        self._s1_count = s1_count
+        self._pruning, self._s1_count = pruning, s1_count
 
     def expand(self, s_prev):
         if self._pruning == "single":
@@ -295,88 +505,82 @@ class ExactValidCount(beam.PTransform):
         )
 
 
-class PruneToValid(beam.PTransform):
-    """(user, kgram) -> (user, kgram) for valid k-grams only, by two sharded keyed joins."""
-
-    def __init__(self, s_prev, s1, pruning, num_shards, label=None):
-        super().__init__(label)
-        self._s_prev, self._s1, self._pruning, self._shards = s_prev, s1, pruning, num_shards
-
-    def expand(self, pairs):
-        n = self._shards
-        prev_markers = self._s_prev | "PrevMarkers" >> beam.FlatMap(replicate_marker, n)  # ((g, shard), True)
-        if self._pruning == "both":
-            suffix_markers = prev_markers
-        else:
-            suffix_markers = self._s1 | "S1Markers" >> beam.FlatMap(replicate_marker, n)  # ((z, shard), True)
-        head_ok = (
-            {"pairs": pairs | "KeyByHead" >> beam.Map(key_by_head, n), "ok": prev_markers}
-            | "JoinHead" >> beam.CoGroupByKey()  # ((xy, shard), {pairs, ok})
-            | "HeadReleased" >> beam.FlatMap(emit_if_present)  # (user, w) with xy in S_{k-1}
-        )
-        return (
-            {"pairs": head_ok | "KeyBySuffix" >> beam.Map(key_by_suffix, self._pruning, n), "ok": suffix_markers}
-            | "JoinSuffix" >> beam.CoGroupByKey()  # ((yz | z, shard), {pairs, ok})
-            | "SuffixReleased" >> beam.FlatMap(emit_if_present)  # (user, w) valid
-        )
-
-
-# ---------------------------------------------------------------------------------------------
-# MAD weighting: tau_k = rho_k + beta sigma_k is known only once S_{k-1} is released (side input)
-# ---------------------------------------------------------------------------------------------
-
-
-def level_tau(level):
-    return level["tau"]
-
-
 # ---------------------------------------------------------------------------------------------
 # One noisy histogram run
 # ---------------------------------------------------------------------------------------------
 
 
 class _NoisyRun(beam.PTransform):
-    """(user, g) valid pairs -> released g (not yet spurious) and H's support.
+    """(user shard, tokens) -> the run's noise-released n-grams, the support, the capped sets.
 
-    Returns (released, support, user_sets): the capped (user, [g]) sets are what the count release
-    counts. ``level`` is the singleton dict with rho (and tau for MAD).
+    Returns ``(kept, support, user_sets)``:
+      kept       (n-gram, holders) with H + sigma Z >= rho (holders: capped users holding it; 0 for MAD,
+                 whose counts come from ``user_sets``)
+      support    columnar: (item shard, Table(item, weight, holders)); MAD: n-gram in supp(H)
+      user_sets  MAD only, (user, [n-gram]) capped sets (the count release's input), else None
     """
 
-    def __init__(self, level, sigma, max_contributions, round_, weighting, d_max, seed, label=None):
+    def __init__(self, run_args, level, seed, seed_arg, num_shards, side_args, label=None):
         super().__init__(label)
-        self._level = level
-        self._sigma, self._cap, self._round = sigma, max_contributions, round_
-        self._weighting, self._d_max, self._seed = weighting, d_max, seed
+        self._lengths, self._pruning, self._sigma, self._cap, self._round, self._weighting, self._d_max = run_args
+        self._level, self._seed, self._seed_arg = level, seed, seed_arg
+        self._num_shards, self._side_args = num_shards, side_args
 
-    def expand(self, pairs):
-        user_sets = pairs | "Bound" >> BoundContributions(self._cap, self._seed, round_=self._round)  # (user, [g])
+    def expand(self, tokens):
+        capped = tokens | "Cap" >> beam.ParDo(
+            LevelCapFn(self._lengths, self._pruning, self._cap, self._round), self._seed_arg, *self._side_args
+        )  # (user shard, Table(user, item, degree)) <= Delta_k per user
+        level_si = beam.pvalue.AsSingleton(self._level)
         if self._weighting == "mad":
+            user_sets = capped | "Sets" >> beam.FlatMap(sets_of_shard)  # (user, [g])
             tau = beam.pvalue.AsSingleton(self._level | "Tau" >> beam.Map(level_tau))  # tau_k = rho_k + beta sigma_k
             hist = user_sets | "MADWeights" >> MADWeights(tau, self._d_max)  # (g, w)
-        else:
-            hist = user_sets | "Weights" >> UserSetWeights("weighted_gaussian")  # (g, w)
-        released = (
-            hist
-            | "AddNoise" >> AddNoise("gaussian", self._sigma, self._seed, self._round, checkpoint=True)  # (g, noisy)
-            | "KeepAboveRho" >> beam.Filter(keep_at_or_above_rho, beam.pvalue.AsSingleton(self._level))  # (g, noisy)
-            | "Released" >> beam.Map(first)  # g
+            kept = (
+                hist
+                | "AddNoise"
+                >> AddNoise("gaussian", self._sigma, self._seed, self._round, checkpoint=True)  # (g, noisy)
+                | "KeepAboveRho" >> beam.Filter(keep_at_or_above_rho, level_si)  # (g, noisy)
+                | "Released" >> beam.Map(first)  # g
+                | "NoHolders" >> beam.Map(with_zero_holders)  # (g, 0)
+            )
+            support = hist | "Support" >> beam.Map(first)  # g in supp(H)
+            return kept, support, user_sets
+        merged = (
+            capped
+            | "Partials" >> beam.ParDo(BasicPartialsFn("weighted_gaussian"), self._num_shards)
+            # (item shard, Table(item, hi, mid, lo, holders))
+            | "GroupItems" >> beam.GroupByKey()  # (item shard, [partials])
+            | "Merge" >> beam.MapTuple(merge_shard)  # (item shard, Table(item, weight, holders)) = H
         )
-        support = hist | "Support" >> beam.Map(first)  # g in supp(H)
-        return released, support, user_sets
+        kept = (
+            merged
+            | "NoisyKeep" >> beam.ParDo(NoisyKeepFn(self._sigma, self._round, self._seed), level_si)
+            # (item bytes, holders), noisy >= rho
+            | "Decode" >> beam.Map(decode_holders)  # (g, holders)
+        )
+        return kept, merged, None
 
 
 class _Spurious(beam.PTransform):
-    """Uniform spurious k-grams of V_k minus supp(H_k): (support) -> g."""
+    """Uniform spurious k-grams of V_k minus supp(H_k): support -> g (B_k of them)."""
 
-    def __init__(self, k, level, v_exact, s_prev, s1, pruning, seed, label=None):
+    def __init__(self, k, level, v_exact, s_prev, s1, pruning, seed, columnar, label=None):
         super().__init__(label)
         self._k, self._level, self._v_exact = k, level, v_exact
         self._s_prev, self._s1, self._pruning, self._seed = s_prev, s1, pruning, seed
+        self._columnar = columnar
 
     def expand(self, support):
         p = support.pipeline
         k = self._k
-        n_supp = support | "CountSupport" >> beam.combiners.Count.Globally()  # |supp H_k| (private, internal)
+        if self._columnar:
+            n_supp = (
+                support
+                | "SupportRows" >> beam.Map(shard_support_size)  # rows of an item shard
+                | "CountSupport" >> beam.CombineGlobally(sum)  # |supp H_k| (private, internal)
+            )
+        else:
+            n_supp = support | "CountSupport" >> beam.combiners.Count.Globally()  # |supp H_k| (private, internal)
         plan = (
             p
             | "PlanSeed" >> beam.Create([None])
@@ -401,20 +605,17 @@ class _Spurious(beam.PTransform):
                 beam.pvalue.AsList(self._s1),
             )  # g ~ uniform(V_k), with repeats
         )
-        outside = (
-            {
-                "cand": cands | "KeyCand" >> beam.Map(as_candidate),
-                "supp": support | "KeySupp" >> beam.Map(as_candidate),
-            }
-            | "JoinSupport" >> beam.CoGroupByKey()  # (g, {cand, supp})
-            | "Outside" >> beam.FlatMap(outside_support)  # g not in supp(H_k), distinct
-        )
+        cands_si = beam.pvalue.AsList(cands)
+        if self._columnar:
+            inside = support | "InSupport" >> beam.ParDo(InSupportFn(), cands_si)  # candidate g in supp(H_k)
+        else:
+            cand_set = beam.pvalue.AsDict(cands | "CandSet" >> beam.Map(with_zero_holders))  # {g: 0}
+            inside = support | "InSupport" >> beam.Filter(in_candidates, cand_set)  # candidate g in supp(H_k)
         return (
-            outside
-            | "Priority" >> beam.ParDo(PriorityFn(k, self._seed))  # (priority, g)
-            | "Gather" >> beam.combiners.ToList()  # [(priority, g)]  (~ B_k / (1 - |supp|/|V_k|) items)
-            | "KeepB" >> beam.FlatMap(select_spurious, plan_si, k)  # g, B_k of them
-        )
+            p
+            | "SelectSeed" >> beam.Create([None])
+            | "KeepB" >> beam.ParDo(SelectSpuriousFn(k, self._seed), cands_si, beam.pvalue.AsList(inside), plan_si)
+        )  # g, B_k distinct k-grams outside supp(H_k)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,7 +624,7 @@ class _Spurious(beam.PTransform):
 
 
 class DPNE(beam.PTransform):
-    """(user, text) -> {'ngrams': (k, n-gram), 'levels': level dicts} for ``algorithm``.
+    """(user, text) elements or Arrow batches -> {'ngrams': (k, n-gram), 'levels': level dicts} for ``algorithm``.
 
     With ``params.release_counts`` also ``'counts'``: ``(k, (n-gram, noisy_count))`` for every released
     n-gram whose noisy count is >= ``params.min_users`` (``'ngrams'`` then holds exactly those; the
@@ -436,13 +637,18 @@ class DPNE(beam.PTransform):
       params: :class:`privacy.dpne.DPNEParams`.
       seed: None (production: OS entropy on workers) or the reproducible-mode seed (NOT private
         against anyone who knows it); under a seed the output equals
-        :func:`transforms.dpne.reference.dpne_reference`.
+        :func:`transforms.dpne.reference.dpne_reference`, whatever the batching and sharding.
       tokenizer: ``str -> list[str]`` (module-level function), default
-        :func:`transforms.core.text.default_tokenize`.
-      num_shards: execution option: user shards per join key in the pruning joins (spreads hot
-        (k-1)-grams); changes the cost, never the output.
+        :func:`transforms.core.text.default_tokenize` (vectorised for ASCII texts).
+      num_shards: execution option: the minimum number of user and item shards (the shard count is
+        ``max(num_shards, ceil(tokens / rows_per_shard))``); changes the cost, never the output.
       allowlist: optional PUBLIC list of candidate n-grams (words joined by single spaces; an iterable
         or a PCollection): n-grams not in it are dropped at every level before bounding (docs/counts.md).
+      batch_rows: records per Arrow batch gathered from the element API (execution option).
+      rows_per_shard: target tokens per user shard (execution option).
+
+    Input elements: ``(user, text)`` pairs and/or ``pyarrow`` RecordBatches/Tables with columns
+    ``user`` (string, binary or integer) and ``text`` (string). Global window only.
     """
 
     def __init__(
@@ -454,6 +660,8 @@ class DPNE(beam.PTransform):
         tokenizer=tx.default_tokenize,
         num_shards: int = 8,
         allowlist=None,
+        batch_rows: int = DEFAULT_BATCH_ROWS,
+        rows_per_shard: int = DEFAULT_ROWS_PER_SHARD,
         label=None,
     ):
         super().__init__(label)
@@ -463,44 +671,65 @@ class DPNE(beam.PTransform):
         self._seed = seed
         self._tokenizer = tokenizer
         self._shards = max(1, int(num_shards))
+        self._batch_rows = check_int("batch_rows", batch_rows, 1)
+        self._rows_per_shard = check_int("rows_per_shard", rows_per_shard, 1)
         self.counts = plan_dpne_counts(algorithm, params)  # privacy.counts.CountPlan or None
         self.allowlist = check_allowlist(allowlist)
 
     def expand(self, texts):
         randomness.warn_if_seeded(self._seed)
-        tokens = texts | "Tokenize" >> beam.ParDo(TokenizeFn(self._tokenizer))  # (user, [[token]])
+        tokens, num_shards = texts | "Tokens" >> TokensByUser(
+            self._tokenizer, self._batch_rows, self._rows_per_shard, self._shards
+        )  # (user shard, Table(user, token, rem)), S
+        self._num_shards = beam.pvalue.AsSingleton(num_shards)
+        if self._seed is not None:
+            self._seed_arg = self._seed
+        else:
+            self._seed_arg = beam.pvalue.AsSingleton(texts.pipeline | "RunSeed" >> RunSeed(None))  # OS entropy
+        if self.allowlist is None:
+            self._allow_arg = None
+        elif isinstance(self.allowlist, beam.pvalue.PCollection):
+            self._allow_arg = beam.pvalue.AsList(self.allowlist)
+        else:
+            self._allow_arg = sorted(self.allowlist)
         if self.algorithm == "dpne":
             return self._dpne(tokens)
         return self._dpsu(tokens)
+
+    def _run(self, name, tokens, run, round_, level, s_prev=None, s1=None):
+        prm = self._params
+        pruning = prm.pruning if s_prev is not None else None
+        run_args = (run.lengths, pruning, run.sigma, run.max_contributions, round_, prm.weighting, prm.d_max)
+        side = [
+            beam.pvalue.AsList(s_prev) if s_prev is not None else None,
+            beam.pvalue.AsList(s1) if s1 is not None else None,
+            self._allow_arg,
+        ]
+        return tokens | f"{name}/Run" >> _NoisyRun(
+            run_args, level, self._seed, self._seed_arg, self._num_shards, side
+        )  # (g, holders), support, user_sets (MAD)
 
     def _finish_level(self, name, released, level):
         count = released | f"{name}/CountReleased" >> beam.combiners.Count.Globally()  # |S_k|
         return count | f"{name}/Report" >> beam.Map(with_released, beam.pvalue.AsSingleton(level))  # level dict
 
-    def _dpne(self, texts):
+    def _dpne(self, tokens):
         prm = self._params
-        p = texts.pipeline
+        p = tokens.pipeline
         outputs, reports, counted = [], [], []
         s1 = s_prev = None
         s1_count = None
         for run in self.runs:
             k = run.lengths[0]
             name = f"L{k}"
-            pairs = texts | f"{name}/Grams" >> beam.FlatMap(user_grams, (k,))  # (user, kgram)
-            if self.allowlist is not None:
-                pairs = pairs | f"{name}/Allowlist" >> KeepAllowlisted(self.allowlist)  # (user, kgram) allowed
             if k == 1:
                 level = (
                     p
                     | f"{name}/LevelSeed" >> beam.Create([None])
                     | f"{name}/Level" >> beam.Map(level_one, run, prm.weighting, prm.beta)
                 )  # {rho_1, ...}
-                released, _, user_sets = pairs | f"{name}/Run" >> _NoisyRun(
-                    level, run.sigma, run.max_contributions, k, prm.weighting, prm.d_max, self._seed
-                )  # w
-                s_k = released | f"{name}/Checkpoint" >> beam.Reshuffle()  # S_1, materialised
-                s1 = s_k
-                s1_count = s1 | f"{name}/CountS1" >> beam.combiners.Count.Globally()  # |S_1|
+                kept, _, user_sets = self._run(name, tokens, run, k, level)  # (w, holders)
+                released = kept
             else:
                 v_exact = s_prev | f"{name}/ValidCount" >> ExactValidCount(prm.pruning, s1_count)  # |V_k|
                 if prm.vk_method == "sample" and prm.pruning == "both":
@@ -533,33 +762,34 @@ class DPNE(beam.PTransform):
                         beam.pvalue.AsSingleton(v_used),
                     )
                 )  # {rho_k, q_k, |V_k|, ...}
-                valid = pairs | f"{name}/Prune" >> PruneToValid(s_prev, s1, prm.pruning, self._shards)  # (user, w)
-                released, support, user_sets = valid | f"{name}/Run" >> _NoisyRun(
-                    level, run.sigma, run.max_contributions, k, prm.weighting, prm.d_max, self._seed
-                )  # w
+                kept, support, user_sets = self._run(name, tokens, run, k, level, s_prev, s1)  # (w, holders)
                 spurious = support | f"{name}/Spurious" >> _Spurious(
-                    k, level, v_exact, s_prev, s1, prm.pruning, self._seed
-                )  # w (spurious)
-                s_k = (
-                    (released, spurious)
-                    | f"{name}/Union" >> beam.Flatten()  # w in S_k
-                    | f"{name}/Checkpoint" >> beam.Reshuffle()  # S_k, materialised
-                )
+                    k, level, v_exact, s_prev, s1, prm.pruning, self._seed, prm.weighting != "mad"
+                )  # w (spurious, 0 holders)
+                released = (
+                    kept,
+                    spurious | f"{name}/ZeroHolders" >> beam.Map(with_zero_holders),
+                ) | f"{name}/Union" >> beam.Flatten()  # (w, holders) in S_k
+            s_k_holders = checkpoint(released, f"{name}/Checkpoint")  # (w, holders) of S_k, materialised
+            s_k = s_k_holders | f"{name}/Ngrams" >> beam.Keys()  # w in S_k
+            if k == 1:
+                s1 = s_k
+                s1_count = s1 | f"{name}/CountS1" >> beam.combiners.Count.Globally()  # |S_1|
             outputs.append(s_k | f"{name}/TagK" >> beam.Map(tag_k, k))  # (k, w)
             reports.append(self._finish_level(name, s_k, level))
             if self.counts is not None:
-                counted.append(self._count(name, user_sets, s_k, run))  # (k, (w, noisy_count))
+                counted.append(self._count(name, s_k_holders, s_k, user_sets, run))  # (k, (w, noisy_count))
             s_prev = s_k
         return self._outputs(outputs, reports, counted, "AllLevels")
 
-    def _count(self, name, user_sets, released, run):
+    def _count(self, name, holders, released, user_sets, run):
         """The run's released n-grams with their noisy counts on its capped sets: (k, (g, count))."""
         plan = dataclasses.replace(self.counts, round=run.round_)  # count noise keyed (seed, 'count_noise', round, g)
-        return (
-            user_sets
-            | f"{name}/Counts" >> ReleaseCounts(released, plan, self._seed, self._params.min_users)  # (g, count)
-            | f"{name}/TagCounts" >> beam.Map(tag_count)  # (k, (g, count))
-        )
+        if user_sets is not None:  # MAD: per-element capped sets
+            noisy = user_sets | f"{name}/Counts" >> ReleaseCounts(released, plan, self._seed, self._params.min_users)
+        else:  # holders came with the release (spurious n-grams have none)
+            noisy = holders | f"{name}/Counts" >> NoisyCounts(plan, self._seed, self._params.min_users)
+        return noisy | f"{name}/TagCounts" >> beam.Map(tag_count)  # (k, (g, count))
 
     def _outputs(self, outputs, reports, counted, label):
         levels = tuple(reports) | "AllReports" >> beam.Flatten()  # level / run dict
@@ -568,9 +798,9 @@ class DPNE(beam.PTransform):
         counts = tuple(counted) | "AllCounts" >> beam.Flatten()  # (k, (n-gram, noisy_count)), >= min_users
         return {"ngrams": counts | "KeptNgrams" >> beam.Map(untag_count), "counts": counts, "levels": levels}
 
-    def _dpsu(self, texts):
+    def _dpsu(self, tokens):
         prm = self._params
-        p = texts.pipeline
+        p = tokens.pipeline
         outputs, reports, counted = [], [], []
         for run in self.runs:
             name = run.name
@@ -579,15 +809,11 @@ class DPNE(beam.PTransform):
                 | f"{name}/LevelSeed" >> beam.Create([None])
                 | f"{name}/Level" >> beam.Map(baseline_level, run, prm.weighting, prm.beta)
             )  # {rho, ...}
-            pairs = texts | f"{name}/Grams" >> beam.FlatMap(user_grams, run.lengths)  # (user, g)
-            if self.allowlist is not None:
-                pairs = pairs | f"{name}/Allowlist" >> KeepAllowlisted(self.allowlist)  # (user, g) allowed
-            released, _, user_sets = pairs | f"{name}/Run" >> _NoisyRun(
-                level, run.sigma, run.max_contributions, run.round_, prm.weighting, prm.d_max, self._seed
-            )  # g
+            kept, _, user_sets = self._run(name, tokens, run, run.round_, level)  # (g, holders)
+            released_h = checkpoint(kept, f"{name}/Checkpoint")  # (g, holders), materialised
+            released = released_h | f"{name}/Ngrams" >> beam.Keys()  # g
             if self.counts is not None:
-                released = released | f"{name}/Checkpoint" >> beam.Reshuffle()  # read by output and counts
-                counted.append(self._count(name, user_sets, released, run))  # (k, (g, noisy_count))
-            outputs.append(released | f"{name}/TagK" >> beam.Map(tag_length))  # (k, g)
+                counted.append(self._count(name, released_h, released, user_sets, run))  # (k, (g, noisy_count))
+            outputs.append(released_h | f"{name}/TagK" >> beam.Map(tag_length))  # (k, g)
             reports.append(self._finish_level(name, released, level))
         return self._outputs(outputs, reports, counted, "AllRuns")

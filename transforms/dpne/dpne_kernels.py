@@ -26,11 +26,6 @@ from transforms.core.text import first_word, head, join, last_word, tail
 PRUNINGS = ("both", "single")
 
 
-def suffix_key(kgram: str, pruning: str) -> str:
-    """What the end of ``w`` must match: ``yz`` in S_{k-1} ('both') or ``z`` in S_1 ('single')."""
-    return tail(kgram) if pruning == "both" else last_word(kgram)
-
-
 def is_valid(kgram: str, s_prev: Set[str], s1: Set[str], pruning: str = "both") -> bool:
     """Supplement Alg. 3 (CheckValidity) for 'both'; ``V_k = S_{k-1} x S_1`` for 'single'.
 
