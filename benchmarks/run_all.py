@@ -604,7 +604,7 @@ def summary_markdown(args, cfg, utility, speed, scaling, wall, started, speed_ru
     ]
     if FAILURES:
         lines += ["## Failed runs", ""] + [f"- {f}" for f in FAILURES] + [""]
-    lines += ["## Targets (issue 8), evaluated on this run", ""]
+    lines += ["## Targets (issues 8 and 16), evaluated on this run", ""]
     if args.quick:
         lines += [
             "Quick mode: sizes far below the targets' 4M pairs, where start-up costs dominate; the "

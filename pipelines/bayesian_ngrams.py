@@ -33,7 +33,7 @@ from typing import List, Optional
 import apache_beam as beam
 
 from pipelines import cli, observability, outputs
-from pipelines.io import FailIfEmpty, ReadRecords, load_public_counts
+from pipelines.io import FailIfEmpty, ReadRecordBatches, RecordsRead, batch_records, load_public_counts
 from privacy.bayesian import MECHANISMS, BayesianParams
 from transforms.bayesian.bayesian import BayesianNgrams
 
@@ -102,7 +102,7 @@ def build_report(_, base: dict, infos: list) -> str:
 def build_pipeline(pipeline: beam.Pipeline, args, params: BayesianParams):
     prior = load_public_counts(args.public, params.n)
     tokenizer = cli.load_tokenizer(args.tokenizer)
-    read = pipeline | "ReadPrivate" >> ReadRecords(
+    batches = pipeline | "ReadPrivate" >> ReadRecordBatches(
         args.private,
         args.input_format,
         args.user_column,
@@ -110,7 +110,10 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: BayesianParams):
         args.skip_bad_records,
         allow_newlines=True,
         max_value_length=args.max_text_length,
-    )  # records: (user, text)
+        value_name="text",
+    )  # records: pa.RecordBatch (user, text); bad: skipped records per work item
+    # (user, text) elements until the Bayesian transform takes batches
+    read = RecordsRead(batches.records | "BatchRecords" >> beam.FlatMap(batch_records), batches.bad)
     _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.private)  # fails the run on zero records
     records = observability.mark(read.records, "Read", args)  # (user, text)
     out = records | "Bayesian" >> BayesianNgrams(args.mechanism, prior, params, seed=args.seed, tokenizer=tokenizer)

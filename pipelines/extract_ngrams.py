@@ -30,7 +30,7 @@ from typing import List, Optional
 import apache_beam as beam
 
 from pipelines import cli, io, observability, outputs
-from pipelines.io import FailIfEmpty, ReadRecords
+from pipelines.io import FailIfEmpty, ReadRecordBatches, RecordsRead, batch_records
 from pipelines.reporting import Evaluation
 from privacy.dpne import DPNE_ALGORITHMS, DPNEParams, release_privacy
 from transforms.core import text as tx
@@ -96,7 +96,7 @@ def build_report(_, base: dict, levels: list, kept=None) -> str:
 
 
 def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
-    read = pipeline | "Read" >> ReadRecords(
+    batches = pipeline | "Read" >> ReadRecordBatches(
         args.input,
         args.input_format,
         args.user_column,
@@ -104,7 +104,10 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
         args.skip_bad_records,
         allow_newlines=True,
         max_value_length=args.max_text_length,
-    )
+        value_name="text",
+    )  # records: pa.RecordBatch (user, text); bad: skipped records per work item
+    # (user, text) elements until DPNE takes batches
+    read = RecordsRead(batches.records | "BatchRecords" >> beam.FlatMap(batch_records), batches.bad)
     _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
     dpne = DPNE(
         args.algorithm,
@@ -170,10 +173,17 @@ def true_ngram_lines(record, max_n: int, tokenizer):
 
 def evaluation_pairs(pipeline: beam.Pipeline, path: str, args):
     """NON-PRIVATE evaluation input (``--evaluate_against``): (user, ``k<TAB>n-gram``) of the true data."""
-    read = pipeline | "ReadTrue" >> ReadRecords(
-        path, args.input_format, args.user_column, args.text_column, args.skip_bad_records, allow_newlines=True
-    )
-    return read.records | "TrueNgrams" >> beam.FlatMap(
+    read = pipeline | "ReadTrue" >> ReadRecordBatches(
+        path,
+        args.input_format,
+        args.user_column,
+        args.text_column,
+        args.skip_bad_records,
+        allow_newlines=True,
+        value_name="text",
+    )  # records: pa.RecordBatch (user, text)
+    records = read.records | "TrueRecords" >> beam.FlatMap(batch_records)  # (user, text)
+    return records | "TrueNgrams" >> beam.FlatMap(
         true_ngram_lines, args.max_n, cli.load_tokenizer(args.tokenizer)
     )  # (user, k<TAB>n-gram)
 

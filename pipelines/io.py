@@ -31,18 +31,27 @@ Documented handling (not errors):
     whitespace-only values are bad records.
   * empty input (no files match: an error; files exist but hold no record at all) fails with
     :class:`EmptyInputError` from :class:`FailIfEmpty`.
+Batched reading: :class:`ReadRecordBatches` gives the same records as Arrow record batches (columns
+``user`` and the value's name), with the same errors and skip counts (its ``bad`` output holds one
+count per work item instead of one 1 per record). Uncompressed tsv/jsonl files are split into byte
+ranges read by separate work items; each range is checked in large blocks with numpy/Arrow, and
+only the lines those checks cannot clear go through the per-line rules above (:class:`_LineParser`).
 Memory: a line is read with a bounded ``readline``; an over-long line is reported as a bad record
 (and skipped in chunks with ``skip_bad_records``) without loading it whole.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import apache_beam as beam
+import numpy as np
+import pyarrow as pa
 from apache_beam.io import fileio
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.bayesian.bayesian_kernels import PublicPrior
@@ -113,7 +122,7 @@ def check_not_empty(count: int, pattern: str) -> int:
 
 
 class FailIfEmpty(beam.PTransform):
-    """records -> nothing; fails the pipeline with :class:`EmptyInputError` if there is no record.
+    """records (elements or Arrow batches) -> nothing; fails with :class:`EmptyInputError` if there is no record.
 
     The count never leaves the pipeline (it is compared with 0 and dropped).
     """
@@ -125,9 +134,16 @@ class FailIfEmpty(beam.PTransform):
     def expand(self, records):
         return (
             records
-            | "CountRecords" >> beam.combiners.Count.Globally()  # number of records (stays inside)
+            | "RecordsOf" >> beam.Map(records_in)  # rows of a batch, or 1 per record
+            | "CountRecords" >> beam.CombineGlobally(sum)  # number of records (stays inside)
             | "CheckNotEmpty" >> beam.Map(check_not_empty, self._pattern)  # fails on 0
         )
+
+
+def records_in(element) -> int:
+    """The number of records an element carries: a batch's rows, else 1."""
+    num_rows = getattr(element, "num_rows", None)
+    return 1 if num_rows is None else int(num_rows)
 
 
 def _as_user(value) -> Optional[str]:
@@ -162,6 +178,111 @@ def _as_value(value, allow_newlines: bool, max_length: Optional[int] = None) -> 
     return value, ""
 
 
+class _Bad:
+    """A bad record's reason (``{value}`` not yet replaced by the value column's name)."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _has_surrogate(text: str) -> bool:
+    """True for a str holding a lone surrogate (JSON ``"\\ud800"``): not valid Unicode, not encodable."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _check_max_value_length(max_value_length, value_column):
+    if max_value_length is not None and (
+        isinstance(max_value_length, bool) or not isinstance(max_value_length, int) or max_value_length < 1
+    ):
+        raise ValueError(f"max_{value_column}_length must be an integer >= 1, got {max_value_length!r}")
+
+
+class _LineParser:
+    """The per-record rules shared by :class:`ParseFileFn` and :class:`ReadRecordBatches`.
+
+    ``line(data, overlong, first_line)`` -> ``(user, value)``, ``None`` (no record: blank line or
+    header) or :class:`_Bad`; ``row(user, value)`` does the same for one parquet row.
+    """
+
+    def __init__(self, input_format, user_column, value_column, allow_newlines, max_value_length):
+        self.format = input_format
+        self.user_col = user_column
+        self.value_col = value_column
+        self.allow_newlines = allow_newlines
+        self.max_len = max_value_length
+        self.line_cap = None if max_value_length is None else _LINE_BYTES_PER_CHAR * max_value_length + _LINE_SLACK
+
+    def line(self, data: bytes, overlong: bool, first_line: bool):
+        if overlong:
+            return _Bad(
+                f"line longer than {self.line_cap} bytes (value limit "
+                f"{self.max_len} characters; raise it with --max_{{value}}_length)"
+            )
+        try:
+            line = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return _Bad(f"not valid UTF-8 ({e.reason} at byte {e.start})")
+        line = line.rstrip("\n").rstrip("\r")
+        if not line.strip():
+            return None
+        if self.format == "tsv":
+            return self._tsv(line, first_line)
+        return self._jsonl(line)
+
+    def _tsv(self, line, first_line):
+        if "\t" not in line:
+            return _Bad("expected user<TAB>value")
+        user, value = line.split("\t", 1)
+        if first_line and user == self.user_col and value == self.value_col:
+            return None  # header
+        if user == "":
+            return _Bad("empty user")
+        value, reason = _as_value(value, self.allow_newlines, self.max_len)
+        if value is None:
+            return _Bad(reason)
+        return user, value
+
+    def _jsonl(self, line):
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            return _Bad(f"invalid JSON ({e})")
+        if not isinstance(obj, dict):
+            return _Bad("expected a JSON object")
+        if self.user_col not in obj or self.value_col not in obj:
+            return _Bad(f"missing key {self.user_col!r} or {self.value_col!r}")
+        user = _as_user(obj[self.user_col])
+        if user is None:
+            return _Bad(f"{self.user_col!r} must be a non-empty string or an integer")
+        value, reason = _as_value(obj[self.value_col], self.allow_newlines, self.max_len)
+        if value is None:
+            return _Bad(f"{self.value_col!r}: {reason}")
+        if _has_surrogate(user) or _has_surrogate(value):
+            return _Bad("a lone surrogate escape (\\ud800-\\udfff) is not valid Unicode")
+        return user, value
+
+    def row(self, user, value):
+        u = _as_user(user)
+        if u is None:
+            return _Bad(f"{self.user_col!r} null or empty")
+        v, reason = _as_value(value, self.allow_newlines, self.max_len)
+        if v is None:
+            return _Bad(f"{self.value_col!r}: {reason}")
+        return u, v
+
+    def message(self, path, line_no, reason: str) -> str:
+        reason = reason.replace("{value}", self.value_col)
+        return f"{path}:{line_no}: {reason} (use --skip_bad_records to skip and count bad records)"
+
+
 class ParseFileFn(beam.DoFn):
     """FileMetadata -> (user, value) records; bad records raise or go to the 'bad' output."""
 
@@ -178,22 +299,17 @@ class ParseFileFn(beam.DoFn):
     ):
         if input_format not in INPUT_FORMATS:
             raise ValueError(f"input_format must be one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
+        _check_max_value_length(max_value_length, value_column)
         self._format = input_format
         self._user_col = user_column
         self._value_col = value_column
         self._skip = skip_bad_records
-        self._allow_newlines = allow_newlines
-        if max_value_length is not None and (
-            isinstance(max_value_length, bool) or not isinstance(max_value_length, int) or max_value_length < 1
-        ):
-            raise ValueError(f"max_{value_column}_length must be an integer >= 1, got {max_value_length!r}")
-        self._max_len = max_value_length
-        self._line_cap = None if max_value_length is None else _LINE_BYTES_PER_CHAR * max_value_length + _LINE_SLACK
+        self._parser = _LineParser(input_format, user_column, value_column, allow_newlines, max_value_length)
+        self._line_cap = self._parser.line_cap
 
     def _bad(self, path, line_no, reason):
-        reason = reason.replace("{value}", self._value_col)
         if not self._skip:
-            raise BadRecordError(f"{path}:{line_no}: {reason} (use --skip_bad_records to skip and count bad records)")
+            raise BadRecordError(self._parser.message(path, line_no, reason))
         return beam.pvalue.TaggedOutput(self.BAD, 1)
 
     def process(self, metadata):
@@ -205,58 +321,13 @@ class ParseFileFn(beam.DoFn):
             line_no = 0
             for data, overlong in read_lines(raw, self._line_cap):
                 line_no += 1
-                if overlong:
-                    yield self._bad(
-                        path,
-                        line_no,
-                        f"line longer than {self._line_cap} bytes (value limit "
-                        f"{self._max_len} characters; raise it with --max_{{value}}_length)",
-                    )
+                out = self._parser.line(data, overlong, line_no == 1)
+                if out is None:
                     continue
-                try:
-                    line = data.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    yield self._bad(path, line_no, f"not valid UTF-8 ({e.reason} at byte {e.start})")
-                    continue
-                line = line.rstrip("\n").rstrip("\r")
-                if not line.strip():
-                    continue
-                if self._format == "tsv":
-                    out = self._tsv(path, line_no, line)
+                if isinstance(out, _Bad):
+                    yield self._bad(path, line_no, out.reason)
                 else:
-                    out = self._jsonl(path, line_no, line)
-                if out is not None:
                     yield out
-
-    def _tsv(self, path, line_no, line):
-        if "\t" not in line:
-            return self._bad(path, line_no, "expected user<TAB>value")
-        user, value = line.split("\t", 1)
-        if line_no == 1 and user == self._user_col and value == self._value_col:
-            return None  # header
-        if user == "":
-            return self._bad(path, line_no, "empty user")
-        value, reason = _as_value(value, self._allow_newlines, self._max_len)
-        if value is None:
-            return self._bad(path, line_no, reason)
-        return user, value
-
-    def _jsonl(self, path, line_no, line):
-        try:
-            obj = json.loads(line)
-        except ValueError as e:
-            return self._bad(path, line_no, f"invalid JSON ({e})")
-        if not isinstance(obj, dict):
-            return self._bad(path, line_no, "expected a JSON object")
-        if self._user_col not in obj or self._value_col not in obj:
-            return self._bad(path, line_no, f"missing key {self._user_col!r} or {self._value_col!r}")
-        user = _as_user(obj[self._user_col])
-        if user is None:
-            return self._bad(path, line_no, f"{self._user_col!r} must be a non-empty string or an integer")
-        value, reason = _as_value(obj[self._value_col], self._allow_newlines, self._max_len)
-        if value is None:
-            return self._bad(path, line_no, f"{self._value_col!r}: {reason}")
-        return user, value
 
     def _parquet(self, path):
         import pyarrow.parquet as pq
@@ -273,15 +344,11 @@ class ParseFileFn(beam.DoFn):
                 values = batch.column(1).to_pylist()
                 for user, value in zip(users, values):
                     row += 1
-                    u = _as_user(user)
-                    if u is None:
-                        yield self._bad(path, f"row {row}", f"{self._user_col!r} null or empty")
-                        continue
-                    v, reason = _as_value(value, self._allow_newlines, self._max_len)
-                    if v is None:
-                        yield self._bad(path, f"row {row}", f"{self._value_col!r}: {reason}")
-                        continue
-                    yield u, v
+                    out = self._parser.row(user, value)
+                    if isinstance(out, _Bad):
+                        yield self._bad(path, f"row {row}", out.reason)
+                    else:
+                        yield out
 
 
 class ReadRecords(beam.PTransform):
@@ -319,6 +386,645 @@ class ReadRecords(beam.PTransform):
             | "Parse" >> beam.ParDo(self._fn).with_outputs(ParseFileFn.BAD, main="records")
         )  # records: (user, value); bad: 1 per skipped record
         return outputs
+
+
+# ---------------------------------------------------------------------------------------------
+# Batched reading: Arrow record batches, byte ranges, vectorised checks
+# ---------------------------------------------------------------------------------------------
+
+DEFAULT_BATCH_ROWS = 65536
+DEFAULT_BLOCK_BYTES = 64 << 20
+# pyarrow.json parses the candidate lines of a block in pieces of about this many bytes, so a line it
+# rejects sends only its piece to the per-line parser.
+_JSON_PIECE_BYTES = 4 << 20
+# Text is checked with numpy in blocks of at most this many bytes (a range of block_bytes is read in
+# several), which bounds the per-line index arrays (~70 bytes per line) of one block.
+_VECTOR_BYTES = 16 << 20
+# First bytes of the UTF-8 encodings of the characters str.strip() removes (str.isspace): a value
+# made only of whitespace starts with one of them (tests/test_io_batches.py checks the list).
+_WS_LEAD_BYTES = (9, 10, 11, 12, 13, 28, 29, 30, 31, 32, 0xC2, 0xE1, 0xE2, 0xE3)
+_WS_LEAD = np.zeros(256, dtype=bool)
+_WS_LEAD[list(_WS_LEAD_BYTES)] = True
+# Substrings that Arrow's JSON parser accepts as numbers and Python's json module does not.
+_JSON_LENIENT = (b"Inf", b"NaN")
+
+
+class _Piece(NamedTuple):
+    """One work item: a byte range of a text file or a run of row groups of a parquet file.
+
+    tsv/jsonl: the lines that START in ``[start, end)`` (``end`` None: to the end of the file; a
+    compressed file is one piece ``(0, None)``). parquet: row groups ``[start, end)``, with
+    ``row_offset`` rows in the groups before ``start``.
+    """
+
+    path: str
+    start: int
+    end: Optional[int]
+    row_offset: int = 0
+
+
+def _is_compressed(path: str) -> bool:
+    return CompressionTypes.detect_compression_type(path) != CompressionTypes.UNCOMPRESSED
+
+
+def _split_file(metadata, input_format: str, block_bytes: int):
+    """FileMetadata -> the file's work items (:class:`_Piece`)."""
+    path = metadata.path
+    if input_format == "parquet":
+        import pyarrow.parquet as pq
+
+        with FileSystems.open(path) as raw:
+            meta = pq.ParquetFile(raw).metadata
+        first, offset, rows, size = 0, 0, 0, 0
+        for g in range(meta.num_row_groups):
+            rows += meta.row_group(g).num_rows
+            size += meta.row_group(g).total_byte_size
+            if size >= block_bytes or g == meta.num_row_groups - 1:
+                yield _Piece(path, first, g + 1, offset)
+                first, offset, size = g + 1, offset + rows, 0
+                rows = 0
+        if meta.num_row_groups == 0:
+            yield _Piece(path, 0, 0, 0)  # still checks the columns
+        return
+    size = metadata.size_in_bytes
+    if _is_compressed(path) or size <= block_bytes:
+        yield _Piece(path, 0, None)
+        return
+    for start in range(0, size, block_bytes):
+        yield _Piece(path, start, start + block_bytes if start + block_bytes < size else None)
+
+
+def _read_upto(raw, n: int) -> bytes:
+    """Up to ``n`` bytes; fewer only at the end of the stream."""
+    out = raw.read(n)
+    if len(out) < n and out:
+        parts = [out]
+        got = len(out)
+        while got < n:
+            more = raw.read(n - got)
+            if not more:
+                break
+            parts.append(more)
+            got += len(more)
+        out = b"".join(parts)
+    return out
+
+
+def _first_line_start(raw, start: int, end: Optional[int]) -> Optional[int]:
+    """The offset of the first line starting in ``[start, end)`` (``start`` > 0), or None."""
+    pos = start - 1
+    raw.seek(pos)
+    while end is None or pos < end - 1:
+        chunk = raw.read(1 << 20 if end is None else min(1 << 20, end - 1 - pos))
+        if not chunk:
+            return None
+        nl = chunk.find(b"\n")
+        if nl >= 0:
+            return pos + nl + 1
+        pos += len(chunk)
+    return None
+
+
+def _line_blocks(raw, limit: Optional[int], block_bytes: int, cap: Optional[int]):
+    """Blocks of whole lines from a stream positioned at a line start.
+
+    Yields ``bytes`` (whole lines; the last one lacks its newline only at the end of the stream) and
+    ``None`` for a line longer than ``cap`` bytes that was skipped without being held. Covers the
+    lines starting in the first ``limit`` bytes (None: all) and reads on to the end of the last one.
+    """
+    carry = b""
+    skipping = False
+    remaining = limit
+    eof = False
+    while remaining is None or remaining > 0:
+        chunk = _read_upto(raw, block_bytes if remaining is None else min(block_bytes, remaining))
+        if not chunk:
+            eof = True
+            break
+        if remaining is not None:
+            remaining -= len(chunk)
+        if skipping:
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                continue
+            chunk = chunk[nl + 1 :]
+            skipping = False
+        data = carry + chunk if carry else chunk
+        last = data.rfind(b"\n")
+        if last >= 0:
+            yield data[: last + 1] if last + 1 < len(data) else data
+            carry = data[last + 1 :]
+        else:
+            carry = data
+        if cap is not None and len(carry) > cap:
+            yield None
+            carry, skipping = b"", True
+    while not eof and (carry or skipping):  # the last line started before the limit: read to its end
+        chunk = raw.read(1 << 16)
+        if not chunk:
+            break
+        nl = chunk.find(b"\n")
+        if skipping:
+            if nl >= 0:
+                skipping = False
+                break
+            continue
+        carry += chunk if nl < 0 else chunk[: nl + 1]
+        if nl >= 0:
+            yield carry  # an over-long line here is flagged by its length
+            carry = b""
+            break
+        if cap is not None and len(carry) > cap:
+            yield None
+            carry, skipping = b"", True
+    if carry:
+        yield None if cap is not None and len(carry) > cap else carry
+
+
+def _utf8_ok(data) -> bool:
+    """Arrow's (SIMD) UTF-8 validation of a whole block; as strict as Python's decoder."""
+    array = pa.LargeStringArray.from_buffers(
+        1, pa.py_buffer(np.array([0, len(data)], dtype=np.int64)), pa.py_buffer(data)
+    )
+    try:
+        array.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+def _string_parts(array: pa.Array):
+    """(offsets, data) of a string array as numpy views (offsets relative to ``data``)."""
+    buffers = array.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=np.int32)[array.offset : array.offset + len(array) + 1]
+    data = np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+    return offsets, data
+
+
+def _rows_containing(offsets: np.ndarray, data: np.ndarray, byte_values) -> np.ndarray:
+    """Boolean per row: the row's bytes contain one of ``byte_values``."""
+    hit = np.zeros(len(offsets) - 1, dtype=bool)
+    if len(offsets) < 2:
+        return hit
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    region = data[lo:hi]
+    mask = region == byte_values[0]
+    for b in byte_values[1:]:
+        mask |= region == b
+    pos = np.flatnonzero(mask) + lo
+    if len(pos):
+        hit[np.searchsorted(offsets, pos, side="right") - 1] = True
+    return hit
+
+
+class _BatchReader:
+    """Reads one :class:`_Piece` into Arrow batches; the per-record rules are :class:`_LineParser`'s.
+
+    ``read(piece)`` yields ``pa.RecordBatch`` es and ints (numbers of skipped bad records). Every
+    record a vectorised check cannot clear (or a whole block/batch that fails a block-level check)
+    goes through the per-record parser, which gives the same record, skip or message as
+    :class:`ParseFileFn`.
+    """
+
+    def __init__(
+        self,
+        input_format,
+        user_column,
+        value_column,
+        skip_bad_records,
+        allow_newlines,
+        max_value_length,
+        value_name,
+        batch_rows,
+        block_bytes,
+    ):
+        self.format = input_format
+        self.skip = skip_bad_records
+        self.parser = _LineParser(input_format, user_column, value_column, allow_newlines, max_value_length)
+        self.batch_rows = batch_rows
+        self.block_bytes = block_bytes
+        self.schema = pa.schema(
+            [pa.field("user", pa.string(), nullable=False), pa.field(value_name, pa.string(), nullable=False)]
+        )
+
+    # -- shared ---------------------------------------------------------------------------------
+
+    def _strict(self) -> "_BatchReader":
+        strict = copy.copy(self)
+        strict.skip = False
+        return strict
+
+    def _batches(self, users: pa.Array, values: pa.Array):
+        """Batches of at most batch_rows rows, each with buffers of its own (take copies)."""
+        for a in range(0, len(users), self.batch_rows):
+            idx = pa.array(np.arange(a, min(a + self.batch_rows, len(users)), dtype=np.int64))
+            yield pa.RecordBatch.from_arrays([users.take(idx), values.take(idx)], schema=self.schema)
+
+    def _py_batches(self, records):
+        for a in range(0, len(records), self.batch_rows):
+            part = records[a : a + self.batch_rows]
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([u for u, _ in part], pa.string()), pa.array([v for _, v in part], pa.string())],
+                schema=self.schema,
+            )
+
+    def read(self, piece: _Piece):
+        """Yields the piece's batches and skipped-record counts (ints); raises on a bad record if strict."""
+        if self.format == "parquet":
+            return self._parquet(piece)
+        return self._text(piece)
+
+    # -- tsv / jsonl ----------------------------------------------------------------------------
+
+    def _text(self, piece: _Piece):
+        """Generator; its return value is the number of lines read."""
+        path, start, end = piece.path, piece.start, piece.end
+        cap = self.parser.line_cap
+        lines = 0
+        if start == 0:
+            raw = FileSystems.open(path)  # decompresses .gz etc.
+        else:
+            raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+        with raw:
+            limit = end
+            if start > 0:
+                p0 = _first_line_start(raw, start, end)
+                if p0 is None:
+                    return 0
+                raw.seek(p0)
+                limit = None if end is None else end - p0
+            for block in _line_blocks(raw, limit, min(self.block_bytes, _VECTOR_BYTES), cap):
+                first = start == 0 and lines == 0
+
+                def fail(index, reason, base=lines):
+                    self._fail(piece, base + index, reason)
+
+                if block is None:
+                    out = self.parser.line(b"", True, first)
+                    if self.skip:
+                        yield 1
+                    else:
+                        fail(0, out.reason)
+                    lines += 1
+                    continue
+                n = yield from self._text_block(block, first, fail)
+                lines += n
+        return lines
+
+    def _fail(self, piece: _Piece, index: int, reason: str):
+        """Raises the file's first bad record: the pieces before this one are checked first."""
+        base = 0
+        if self.format == "parquet":
+            if piece.start > 0:
+                for _ in self._strict()._parquet(_Piece(piece.path, 0, piece.start, 0)):
+                    pass
+            raise BadRecordError(self.parser.message(piece.path, f"row {index + 1}", reason))
+        if piece.start > 0:  # line numbers: count the lines before the piece (raising an earlier bad one)
+            gen = self._strict()._text(_Piece(piece.path, 0, piece.start))
+            while True:
+                try:
+                    next(gen)
+                except StopIteration as stop:
+                    base = stop.value
+                    break
+        raise BadRecordError(self.parser.message(piece.path, base + index + 1, reason))
+
+    def _text_block(self, data: bytes, first_is_file_start: bool, fail):
+        """Whole lines -> batches and skip counts; returns the number of lines."""
+        arr = np.frombuffer(data, dtype=np.uint8)
+        size = len(arr)
+        nls = np.flatnonzero(arr == 10)
+        n = len(nls) + (1 if size and arr[-1] != 10 else 0)
+        if n == 0:
+            return 0
+        line_end = np.empty(n, dtype=np.int64)  # offset of the line's newline (or of the end)
+        line_end[: len(nls)] = nls
+        if n > len(nls):
+            line_end[-1] = size
+        starts = np.empty(n, dtype=np.int64)
+        starts[0] = 0
+        starts[1:] = line_end[:-1] + 1
+        full_len = np.minimum(line_end + 1, size) - starts
+        ends = line_end.copy()  # content end after rstrip("\r")
+        special = np.zeros(n, dtype=bool)  # decided by the per-line parser
+        for _ in range(4):
+            cr = (ends > starts) & (arr[np.maximum(ends - 1, 0)] == 13)
+            if not cr.any():
+                break
+            ends[cr] -= 1
+        else:
+            special |= (ends > starts) & (arr[np.maximum(ends - 1, 0)] == 13)
+        cap = self.parser.line_cap
+        overlong = full_len > cap if cap is not None else np.zeros(n, dtype=bool)
+        special |= overlong
+        empty = (ends == starts) & ~overlong  # blank line: no record
+        if first_is_file_start and self.format == "tsv":  # the header check
+            header = f"{self.parser.user_col}\t{self.parser.value_col}".encode("utf-8", "surrogatepass")
+            special[0] = "\t" in self.parser.user_col or data[starts[0] : ends[0]] == header
+        if not _utf8_ok(data):
+            special |= ~empty
+        if self.format == "tsv":
+            good, batches = self._tsv_block(data, arr, starts, ends, special, empty)
+        else:
+            good, batches = self._jsonl_block(data, arr, starts, ends, line_end, special, empty)
+        yield from batches
+        special = ~good & ~empty
+        records, bad = [], 0
+        for i in np.flatnonzero(special):
+            i = int(i)
+            raw = b"" if overlong[i] else data[starts[i] : min(line_end[i] + 1, size)]
+            out = self.parser.line(raw, bool(overlong[i]), first_is_file_start and i == 0)
+            if out is None:
+                continue
+            if isinstance(out, _Bad):
+                if not self.skip:
+                    fail(i, out.reason)
+                bad += 1
+            else:
+                records.append(out)
+        yield from self._py_batches(records)
+        if bad:
+            yield bad
+        return n
+
+    def _tsv_block(self, data, arr, starts, ends, special, empty):
+        """Vectorised tsv: (rows cleared as good records, their batches)."""
+        tabs = np.flatnonzero(arr == 9)
+        if len(tabs) == 0:
+            return np.zeros(len(starts), dtype=bool), []
+        k = np.searchsorted(tabs, starts)
+        tab = tabs[np.minimum(k, len(tabs) - 1)]
+        has_tab = (k < len(tabs)) & (tab < ends)
+        vstart = tab + 1
+        ok = has_tab & ~special & ~empty & (tab > starts) & (vstart < ends)
+        ok &= ~_WS_LEAD[arr[np.minimum(vstart, len(arr) - 1)]]
+        p = self.parser
+        if not p.allow_newlines:
+            crs = np.flatnonzero(arr == 13)
+            if len(crs):
+                ok &= np.searchsorted(crs, ends) == np.searchsorted(crs, vstart)
+        if p.max_len is not None:
+            ok &= ends - vstart <= p.max_len  # bytes >= characters
+        rows = np.flatnonzero(ok)
+        if len(rows) == 0:
+            return ok, []
+        offsets = np.empty(4 * len(rows), dtype=np.int64)
+        offsets[0::4] = starts[rows]
+        offsets[1::4] = tab[rows]
+        offsets[2::4] = vstart[rows]
+        offsets[3::4] = ends[rows]
+        # users and values are every 4th element of one array over the block: user, TAB, value, gap
+        if len(data) < 2**31 - 1:
+            segments = pa.StringArray.from_buffers(
+                len(offsets) - 1, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)
+            )
+        else:
+            segments = pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(data))
+        batches = []
+        for a in range(0, len(rows), self.batch_rows):
+            idx = np.arange(a, min(a + self.batch_rows, len(rows)), dtype=np.int64) * 4
+            users = segments.take(pa.array(idx)).cast(pa.string())
+            values = segments.take(pa.array(idx + 2)).cast(pa.string())
+            batches.append(pa.RecordBatch.from_arrays([users, values], schema=self.schema))
+        return ok, batches
+
+    def _jsonl_block(self, data, arr, starts, ends, line_end, special, empty):
+        """Vectorised jsonl via pyarrow.json: (rows cleared as good records, their batches)."""
+        import pyarrow.json as pj
+
+        n = len(starts)
+        cand = ~special & ~empty & (arr[starts] == ord("{")) & (arr[np.maximum(ends - 1, 0)] == ord("}"))
+        for word in _JSON_LENIENT:
+            at = data.find(word)
+            while at >= 0:
+                cand[np.searchsorted(starts, at, side="right") - 1] = False
+                at = data.find(word, at + 1)
+        good = np.zeros(n, dtype=bool)
+        if not cand.any():
+            return good, []
+        buf = data
+        if (~cand & ~empty).any():  # blank out the other lines (pyarrow skips whitespace-only lines)
+            delta = np.zeros(len(arr) + 1, dtype=np.int32)
+            other = np.flatnonzero(~cand & ~empty)
+            np.add.at(delta, starts[other], 1)
+            np.add.at(delta, line_end[other], -1)
+            blank = np.cumsum(delta[:-1]) > 0
+            copy_ = arr.copy()
+            copy_[blank] = 32
+            buf = copy_.tobytes()
+        p = self.parser
+        schema_str = pa.schema([(p.user_col, pa.string()), (p.value_col, pa.string())])
+        schema_int = pa.schema([(p.user_col, pa.int64()), (p.value_col, pa.string())])
+        cuts = np.searchsorted(starts, np.arange(_JSON_PIECE_BYTES, len(arr), _JSON_PIECE_BYTES))
+        bounds = [0, *sorted(set(int(c) for c in cuts if 0 < c < n)), n]
+        batches = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            lines = np.flatnonzero(cand[a:b]) + a
+            if len(lines) == 0:
+                continue
+            lo = int(starts[a])
+            hi = int(starts[b]) if b < n else len(arr)
+            table = None
+            for schema in (schema_str, schema_int):
+                try:
+                    table = pj.read_json(
+                        pa.BufferReader(pa.py_buffer(buf)[lo:hi]),
+                        read_options=pj.ReadOptions(use_threads=False, block_size=max(hi - lo, 1 << 16) + 1),
+                        parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+                    )
+                    break
+                except pa.ArrowInvalid as e:
+                    if schema is schema_int or f"Column(/{p.user_col}) changed from string to number" not in str(e):
+                        break
+            if table is None or table.num_rows != len(lines):
+                continue  # these lines go to the per-line parser
+            users = table.column(0).combine_chunks()
+            values = table.column(1).combine_chunks()
+            ok = ~np.asarray(values.is_null())
+            if pa.types.is_integer(users.type):
+                ok &= ~np.asarray(users.is_null())
+                users = users.cast(pa.string())
+            else:
+                u_off, _ = _string_parts(users)
+                ok &= ~np.asarray(users.is_null()) & (np.diff(u_off) > 0)
+            v_off, v_data = _string_parts(values)
+            v_len = np.diff(v_off)
+            ok &= v_len > 0
+            if len(v_data):
+                ok &= ~_WS_LEAD[v_data[np.minimum(v_off[:-1], len(v_data) - 1)]]
+            if not p.allow_newlines:
+                ok &= ~_rows_containing(v_off, v_data, (10, 13))
+            if p.max_len is not None:
+                ok &= v_len <= p.max_len
+            good[lines[ok]] = True
+            keep = pa.array(np.flatnonzero(ok))
+            if len(keep):
+                batches.extend(self._batches(users.take(keep), values.take(keep)))
+        return good, batches
+
+    # -- parquet --------------------------------------------------------------------------------
+
+    def _parquet(self, piece: _Piece):
+        import pyarrow.parquet as pq
+
+        path = piece.path
+        p = self.parser
+        with FileSystems.open(path) as raw:
+            pf = pq.ParquetFile(raw)
+            names = pf.schema_arrow.names
+            for col in (p.user_col, p.value_col):
+                if col not in names:
+                    raise BadRecordError(f"{path}: no column {col!r} (columns: {', '.join(names)})")
+            groups = list(range(piece.start, piece.end))
+            if not groups:
+                return
+            row = piece.row_offset
+            for batch in pf.iter_batches(
+                batch_size=self.batch_rows, row_groups=groups, columns=[p.user_col, p.value_col]
+            ):
+                yield from self._parquet_batch(piece, row, batch.column(0), batch.column(1))
+                row += batch.num_rows
+
+    def _parquet_batch(self, piece, row0, raw_users, raw_values):
+        n = len(raw_users)
+        users, values = _as_string_column(raw_users), _as_string_column(raw_values)
+        ok = np.zeros(n, dtype=bool)
+        if users is not None and values is not None and n:
+            u_off, _ = _string_parts(users)
+            v_off, v_data = _string_parts(values)
+            v_len = np.diff(v_off)
+            ok = ~np.asarray(users.is_null()) & ~np.asarray(values.is_null()) & (np.diff(u_off) > 0) & (v_len > 0)
+            if len(v_data):
+                ok &= ~_WS_LEAD[v_data[np.minimum(v_off[:-1], len(v_data) - 1)]]
+            if not self.parser.allow_newlines:
+                ok &= ~_rows_containing(v_off, v_data, (10, 13))
+            if self.parser.max_len is not None:
+                ok &= v_len <= self.parser.max_len
+            keep = pa.array(np.flatnonzero(ok))
+            if len(keep):
+                yield from self._batches(users.take(keep), values.take(keep))
+        records, bad = [], 0
+        for i in np.flatnonzero(~ok):
+            i = int(i)
+            out = self.parser.row(raw_users[i].as_py(), raw_values[i].as_py())
+            if isinstance(out, _Bad):
+                if not self.skip:
+                    self._fail(piece, row0 + i, out.reason)
+                bad += 1
+            else:
+                records.append(out)
+        yield from self._py_batches(records)
+        if bad:
+            yield bad
+
+
+def _as_string_column(array: pa.Array) -> Optional[pa.Array]:
+    """A string column as ``pa.string`` (integers as their decimal text), or None for other types."""
+    if pa.types.is_string(array.type):
+        return array
+    if pa.types.is_large_string(array.type) or pa.types.is_integer(array.type):
+        return array.cast(pa.string())
+    return None
+
+
+class _ReadPiecesFn(beam.DoFn):
+    """_Piece -> Arrow batches; the piece's number of skipped bad records to the 'bad' output."""
+
+    BAD = "bad"
+
+    def __init__(self, reader: _BatchReader):
+        self._reader = reader
+
+    def process(self, piece):
+        bad = 0
+        for out in self._reader.read(piece):
+            if isinstance(out, int):
+                bad += out
+            else:
+                yield out
+        if bad:
+            yield beam.pvalue.TaggedOutput(self.BAD, bad)
+
+
+class ReadRecordBatches(beam.PTransform):
+    """Reads (user, value) records as Arrow record batches, with the rules of :class:`ReadRecords`.
+
+    Returns ``result.records``: a PCollection of ``pyarrow.RecordBatch`` with two non-null
+    ``pa.string()`` columns, ``"user"`` and ``value_name``, at most ``batch_rows`` rows each, every
+    batch holding only its own buffers (cheap to pickle); and ``result.bad``: per work item with
+    skipped bad records, their number (sum them; nothing when none is skipped).
+
+    The records (as a multiset), the skip counts and the error of the first bad record of a file
+    (``BadRecordError: FILE:LINE: reason``, parquet ``FILE:row N``) are those of
+    :class:`ReadRecords`. Uncompressed tsv/jsonl files are split into byte ranges of
+    ``block_bytes`` (a line belongs to the range where it starts), read by separate work items;
+    each range is checked with numpy/Arrow over blocks of whole lines (UTF-8, line lengths, TABs,
+    empty users, values that start with whitespace, line breaks, lengths; jsonl through
+    ``pyarrow.json``) and only the lines a check cannot clear go through the per-line parser of
+    :class:`ParseFileFn`. Compressed files (.gz, .bz2, ...) are one work item each, streamed in
+    blocks. Parquet files are split into runs of row groups of about ``block_bytes``.
+    """
+
+    def __init__(
+        self,
+        file_pattern: str,
+        input_format: str,
+        user_column: str = "user",
+        value_column: str = "item",
+        skip_bad_records: bool = False,
+        allow_newlines: bool = False,
+        max_value_length: Optional[int] = None,
+        value_name: str = "item",
+        batch_rows: int = DEFAULT_BATCH_ROWS,
+        block_bytes: int = DEFAULT_BLOCK_BYTES,
+        label=None,
+    ):
+        super().__init__(label)
+        if input_format not in INPUT_FORMATS:
+            raise ValueError(f"input_format must be one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
+        _check_max_value_length(max_value_length, value_column)
+        for name, v in (("batch_rows", batch_rows), ("block_bytes", block_bytes)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        self._pattern = file_pattern
+        self._format = input_format
+        self._block_bytes = block_bytes
+        self._reader = _BatchReader(
+            input_format,
+            user_column,
+            value_column,
+            skip_bad_records,
+            allow_newlines,
+            max_value_length,
+            value_name,
+            batch_rows,
+            block_bytes,
+        )
+
+    def expand(self, pbegin):
+        return (
+            pbegin
+            | "MatchFiles"
+            >> fileio.MatchFiles(
+                self._pattern, empty_match_treatment=fileio.EmptyMatchTreatment.DISALLOW
+            )  # FileMetadata (fails if nothing matches)
+            | "SplitFiles" >> beam.FlatMap(_split_file, self._format, self._block_bytes)  # _Piece
+            | "SpreadPieces" >> beam.Reshuffle()  # _Piece, one per work item
+            | "Parse" >> beam.ParDo(_ReadPiecesFn(self._reader)).with_outputs(_ReadPiecesFn.BAD, main="records")
+        )  # records: pa.RecordBatch (user, value); bad: skipped records per work item
+
+
+class RecordsRead(NamedTuple):
+    """What the pipelines consume from a reader: ``records`` ((user, value) elements) and ``bad``
+    (numbers of skipped bad records, to be summed)."""
+
+    records: beam.PCollection
+    bad: beam.PCollection
+
+
+def batch_records(batch):
+    """One batch of :class:`ReadRecordBatches` -> its ``(user, value)`` records."""
+    return zip(batch.column(0).to_pylist(), batch.column(1).to_pylist())
 
 
 # ---------------------------------------------------------------------------------------------

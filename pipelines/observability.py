@@ -109,9 +109,11 @@ class StageMarker(beam.DoFn):
 
     def process(self, element):
         if self._count:
-            self._counter.inc()
+            n = getattr(element, "num_rows", None)  # an Arrow batch counts its rows
+            n = 1 if n is None else int(n)
+            self._counter.inc(n)
             with _PROGRESS_LOCK:
-                _PROGRESS[self._stage]["elements"] += 1
+                _PROGRESS[self._stage]["elements"] += n
         yield element
 
 
@@ -200,8 +202,8 @@ def attach_diagnostics(
 ):
     """Adds the NON-PRIVATE diagnostics branch when ``args.diagnostics`` is set; else nothing.
 
-    ``read`` is the output of :class:`pipelines.io.ReadRecords` (``records``: (user, value),
-    ``bad``: one 1 per skipped record). ``max_contributions`` (Delta_0) adds pairs_after_bounding.
+    ``read`` is a :class:`pipelines.io.RecordsRead` (``records``: (user, value), ``bad``: numbers
+    of skipped records, summed here). ``max_contributions`` (Delta_0) adds pairs_after_bounding.
     """
     if not getattr(args, "diagnostics", None):
         return None

@@ -24,7 +24,7 @@ from typing import List, Optional
 import apache_beam as beam
 
 from pipelines import cli, io, observability, outputs
-from pipelines.io import FailIfEmpty, ReadRecords
+from pipelines.io import FailIfEmpty, ReadRecordBatches, RecordsRead, batch_records
 from pipelines.reporting import Evaluation
 from privacy.selection import ALGORITHMS, SelectionParams
 from transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
@@ -79,16 +79,17 @@ def params_from_args(args) -> SelectionParams:
 
 def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> SelectPartitions:
     """Adds the whole job to ``pipeline``; returns the selection transform (for its plan)."""
-    read = pipeline | "Read" >> ReadRecords(
+    batches = pipeline | "Read" >> ReadRecordBatches(
         args.input,
         args.input_format,
         args.user_column,
         args.item_column,
         args.skip_bad_records,
         max_value_length=args.max_item_length,
-    )
-    _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
-    records = observability.mark(read.records, "Read", args)  # (user, item)
+        value_name="item",
+    )  # records: pa.RecordBatch (user, item); bad: skipped records per work item
+    _ = batches.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
+    records = observability.mark(batches.records, "Read", args)  # pa.RecordBatch (user, item)
     allowlist = io.read_allowlist(pipeline, args.allowlist) if args.allowlist else None
     select = SelectPartitions(
         args.algorithm,
@@ -110,7 +111,9 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
         | "Rounds" >> beam.Keys()  # round
         | "CountPerRound" >> beam.combiners.Count.PerElement()  # (round, released)
     )
-    observability.attach_diagnostics(pipeline, read, args, "select_partitions", params.max_contributions)
+    if getattr(args, "diagnostics", None):  # NON-PRIVATE, opt-in: counts per (user, item) element
+        read = RecordsRead(batches.records | "BatchRecords" >> beam.FlatMap(batch_records), batches.bad)
+        observability.attach_diagnostics(pipeline, read, args, "select_partitions", params.max_contributions)
     base = {
         "algorithm": args.algorithm,
         **outputs.params_report(params),  # every SelectionParams field
@@ -138,10 +141,10 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
 
 def evaluation_pairs(pipeline: beam.Pipeline, path: str, args):
     """NON-PRIVATE evaluation input (``--evaluate_against``): (user, item) of the true data, read like --input."""
-    read = pipeline | "ReadTrue" >> ReadRecords(
-        path, args.input_format, args.user_column, args.item_column, args.skip_bad_records
-    )
-    return read.records  # (user, item)
+    read = pipeline | "ReadTrue" >> ReadRecordBatches(
+        path, args.input_format, args.user_column, args.item_column, args.skip_bad_records, value_name="item"
+    )  # records: pa.RecordBatch (user, item)
+    return read.records | "TrueRecords" >> beam.FlatMap(batch_records)  # (user, item)
 
 
 def evaluation_group(line: str) -> str:

@@ -91,9 +91,9 @@ def test_speed_and_scaling_csv(results):
 def test_markdown_and_plots(results):
     out, stdout = results
     md = open(os.path.join(out, "summary.md")).read()
-    for heading in ("## Utility", "## Speed", "## Scaling", "## Targets (issue 8)"):
+    for heading in ("## Utility", "## Speed", "## Scaling", "## Targets (issues 8 and 16)"):
         assert heading in md
-    assert "basic >= 3x PipelineDP Gaussian pairs/s" in md and "mad <= 2.5x basic's wall time" in md
+    assert "basic >= 5x PipelineDP Gaussian pairs/s" in md and "mad <= 2.0x basic's wall time" in md
     assert md in stdout  # the tables are printed too
     for png in ("coverage.png", "scaling.png"):
         with open(os.path.join(out, png), "rb") as f:

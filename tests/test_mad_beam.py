@@ -163,9 +163,16 @@ def test_mad_weights_broadcast_and_join_modes_are_identical(biased):
 
 
 @pytest.mark.parametrize("algorithm", ["mad", "mad2r"])
-@pytest.mark.parametrize("rows_per_shard,batch_rows", [(10**9, 65_536), (700, 50), (3000, 1)])
-def test_mad_family_output_does_not_depend_on_shards_or_batches(algorithm, rows_per_shard, batch_rows):
-    """The columnar MAD/MAD2R under a seed: one shard, many user/item shards, tiny batches: same rounds."""
+@pytest.mark.parametrize("rows_per_shard,batch_rows,chunk_rows", [(10**9, 65_536, None), (700, 50, 37), (3000, 1, 500)])
+def test_mad_family_output_does_not_depend_on_shards_or_batches(
+    algorithm, rows_per_shard, batch_rows, chunk_rows, monkeypatch
+):
+    """The columnar MAD/MAD2R under a seed: one shard, many user/item shards, tiny batches, pieces of
+    a few users (what a big shard is cut into before every shuffle): same rounds."""
+    from transforms.core import batches
+
+    if chunk_rows:
+        monkeypatch.setattr(batches, "DEFAULT_CHUNK_ROWS", chunk_rows)
     sets = random_user_sets(random.Random(4), 1500, 300, 15)
     params = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=8, d_max=6)
     _, per_round = reference.select_rounds(sets, algorithm, params, seed=123)

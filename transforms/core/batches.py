@@ -239,3 +239,44 @@ def dictionary_codes(column) -> Tuple[np.ndarray, pa.Array]:
     if isinstance(enc, pa.ChunkedArray):
         enc = enc.combine_chunks()
     return enc.indices.to_numpy(zero_copy_only=False).astype(np.int64), enc.dictionary
+
+
+#: the most rows of a table that crosses a shuffle or a materialisation: Flink's sort buffers reject
+#: records larger than a memory segment ("Record too large"), so no element may grow with the data
+DEFAULT_CHUNK_ROWS = DEFAULT_BATCH_ROWS
+
+
+def chunks(table: pa.Table, max_rows: Optional[int] = None) -> Iterator[pa.Table]:
+    """``table`` in pieces of at most ``max_rows`` (default DEFAULT_CHUNK_ROWS) rows, each owning its buffers."""
+    max_rows = max_rows or DEFAULT_CHUNK_ROWS
+    if table.num_rows <= max_rows:
+        if table.num_rows:
+            yield table
+        return
+    for start in range(0, table.num_rows, max_rows):
+        yield owned(table.slice(start, max_rows))
+
+
+def user_chunks(table: pa.Table, user_codes: np.ndarray, max_rows: Optional[int] = None) -> Iterator[pa.Table]:
+    """Pieces of ``table`` (rows grouped by user: ``user_codes`` non-decreasing runs) of about
+    ``max_rows`` rows, cut only between users, so every user's rows stay in one piece (a single user
+    with more rows is one piece of its own). Each piece owns its buffers."""
+    max_rows = max_rows or DEFAULT_CHUNK_ROWS
+    n = table.num_rows
+    if n <= max_rows:
+        if n:
+            yield table
+        return
+    starts = np.flatnonzero(np.r_[True, user_codes[1:] != user_codes[:-1]])  # first row of each user
+    lo = 0
+    while lo < n:
+        # the last user start at or before lo + max_rows (beyond lo), or the end
+        cut_at = np.searchsorted(starts, lo + max_rows, side="right") - 1
+        hi = int(starts[cut_at]) if cut_at >= 0 and starts[cut_at] > lo else None
+        if hi is None:  # one user holds more than max_rows rows from lo: end at its last row
+            nxt = np.searchsorted(starts, lo, side="right")
+            hi = int(starts[nxt]) if nxt < len(starts) else n
+        if lo + max_rows >= n:
+            hi = n
+        yield owned(table.slice(lo, hi - lo))
+        lo = hi

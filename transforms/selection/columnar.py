@@ -36,10 +36,12 @@ from transforms.core.batches import (
     ITEM,
     USER,
     ShardCount,
+    chunks,
     concat,
     dictionary_codes,
     shard_ids,
     split_by_shard,
+    user_chunks,
 )
 from transforms.core.dofns import WorkerRngDoFn
 from transforms.core.fingerprint import fingerprint64, from_key_bytes
@@ -92,13 +94,20 @@ class ShardUsersFn(beam.DoFn):
         yield from split_by_shard(table, shards, num_shards)
 
 
-def concat_shard(shard, tables):
-    """(shard, [Table]) -> (shard, Table)."""
-    return shard, concat(tables)
+def distinct_user_chunks(shard, tables):
+    """(shard, [Table(user, item)]) -> (shard, Table) pieces of the shard's distinct pairs, sorted by
+    user and cut between users (every user's rows in one piece of about DEFAULT_CHUNK_ROWS rows)."""
+    table, user_codes = C.distinct_sorted_by_user(concat(tables))
+    for piece in user_chunks(table, user_codes):
+        yield shard, piece
 
 
 class ShardedUsers(beam.PTransform):
-    """Table(user, item) batches -> (user shard, Table(user, item)): all rows of a user in one element.
+    """Table(user, item) batches -> (user shard, Table(user, item)): every user's rows in one element.
+
+    The elements are pieces of a shard's distinct pairs cut between users (about 65k rows: no element
+    grows with the data, see transforms.core.batches.DEFAULT_CHUNK_ROWS), so every per-user step runs
+    per piece.
 
     Args:
       seed: singleton side input (``beam.pvalue.AsSingleton``) of the run's seed (:class:`RunSeed`).
@@ -119,7 +128,7 @@ class ShardedUsers(beam.PTransform):
             | "ShardUsers" >> beam.ParDo(ShardUsersFn(self._k, 0), beam.pvalue.AsSingleton(num_shards), self._seed)
             # (user shard, Table(user, item))
             | "GroupUsers" >> beam.GroupByKey()  # (user shard, [Table])
-            | "Concat" >> beam.MapTuple(concat_shard)  # (user shard, Table(user, item))
+            | "UserChunks" >> beam.FlatMapTuple(distinct_user_chunks)  # (user shard, Table(user, item))
         )
         return sharded, num_shards
 
@@ -216,12 +225,22 @@ def decode_key_value(element):
 
 
 def barrier(pcoll, label: str):
-    """(shard, table) materialised (a GroupByKey on the unique shard keys: a few elements).
+    """(shard, table) pieces materialised (a GroupByKey on the shard keys: one group per shard).
 
     A consumer that reads a side input computed from ``pcoll`` itself must not be fused into the stage
     that produces ``pcoll`` (the FnApiRunner would wait for its own output); this break prevents it.
+    Also the checkpoint of noisy tables: a retried consumer reads the same materialised draw.
     """
-    return checkpoint(pcoll, label)
+    return (
+        pcoll
+        | f"{label}" >> beam.GroupByKey()  # (shard, [table])
+        | f"{label}Pieces" >> beam.FlatMapTuple(each_piece)  # (shard, table)
+    )
+
+
+def each_piece(shard, tables):
+    for table in tables:
+        yield shard, table
 
 
 def checkpoint(pcoll, label: str):
@@ -403,9 +422,9 @@ class MADExcessFn(beam.DoFn):
     def process(self, element):
         shard, partials = element
         hot, trunc = C.mad_item_excess(C.merge_partials(partials), self._tau)
-        if hot.num_rows:
-            yield hot
-        yield beam.pvalue.TaggedOutput(self.TRUNC, (shard, trunc))
+        yield from chunks(hot)
+        for piece in chunks(trunc):
+            yield beam.pvalue.TaggedOutput(self.TRUNC, (shard, piece))
 
 
 class MADContributionFn(beam.DoFn):
@@ -600,7 +619,7 @@ class ColumnarMAD2R(beam.PTransform):
         sharded, num_shards = batches | "Users" >> ShardedUsers(seed_arg, k, self._rows_per_shard)
         shards_si = beam.pvalue.AsSingleton(num_shards)
         capped = sharded | "Cap" >> beam.ParDo(CapFn(k, 0), seed_arg)  # (user shard, capped) (line 1)
-        status = checkpoint(
+        status = barrier(
             capped
             | "R1MADWeights" >> MADWeightsColumnar(r1.tau, p.d_max, 1.0, 1.0, shards_si)  # (item shard, [parts])
             | "R1Status" >> beam.ParDo(Round1StatusFn(r1, r2, p, self._seed)),

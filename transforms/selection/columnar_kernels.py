@@ -57,6 +57,13 @@ def _distinct_rows(pairs: pa.Table):
     return rows, ucode[rows]
 
 
+def distinct_sorted_by_user(pairs: pa.Table):
+    """(Table(user, item) of the distinct pairs with each user's rows contiguous, their user codes)."""
+    rows, ucode = _distinct_rows(pairs)
+    table = pa.table({USER: pairs.column(USER).take(rows), ITEM: pairs.column(ITEM).take(rows)}).combine_chunks()
+    return table, ucode
+
+
 def distinct_pairs(pairs: pa.Table) -> pa.Table:
     """Table(user, item) without repeated rows (sorted by user code, compact buffers)."""
     rows, _ = _distinct_rows(pairs)
