@@ -106,9 +106,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
         max_value_length=args.max_text_length,
         value_name="text",
     )  # records: pa.RecordBatch (user, text); bad: skipped records per work item
-    # (user, text) elements until DPNE takes batches
-    read = RecordsRead(batches.records | "BatchRecords" >> beam.FlatMap(batch_records), batches.bad)
-    _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
+    _ = batches.records | "FailIfEmpty" >> FailIfEmpty(args.input)  # fails the run on zero records
     dpne = DPNE(
         args.algorithm,
         params,
@@ -117,7 +115,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
         num_shards=args.num_shards,
         allowlist=io.read_allowlist(pipeline, args.allowlist) if args.allowlist else None,
     )
-    records = observability.mark(read.records, "Read", args)  # (user, text)
+    records = observability.mark(batches.records, "Read", args)  # pa.RecordBatch (user, text)
     out = records | "DPNE" >> dpne  # {'ngrams': (k, n-gram), 'levels': dict[, 'counts': (k, (n-gram, count))]}
     if dpne.counts is None:
         released = observability.mark(out["ngrams"], "DPNE", args)  # (k, n-gram)
@@ -126,7 +124,9 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
         released = observability.mark(out["counts"], "DPNE", args)  # (k, (n-gram, count))
         lines = released | "Format" >> beam.Map(format_ngram_count)  # k<TAB>n-gram<TAB>count
     _ = lines | "WriteNgrams" >> beam.io.WriteToText(args.output)
-    observability.attach_diagnostics(pipeline, read, args, "extract_ngrams")
+    if getattr(args, "diagnostics", None):  # NON-PRIVATE, opt-in: counts per (user, text) element
+        read = RecordsRead(batches.records | "BatchRecords" >> beam.FlatMap(batch_records), batches.bad)
+        observability.attach_diagnostics(pipeline, read, args, "extract_ngrams")
     summary = {
         "params": outputs.params_report(params),  # every DPNEParams field
         "algorithm": args.algorithm,

@@ -80,10 +80,13 @@ from transforms.core.batches import (
     ITEM,
     USER,
     ShardCount,
+    concat,
+    dictionary_codes,
     owned,
     require_global_window,
     shard_ids,
     split_by_shard,
+    user_chunks,
 )
 from transforms.core.dofns import WorkerRngDoFn, in_global_window
 from transforms.core.fingerprint import from_key_bytes
@@ -91,7 +94,7 @@ from transforms.core.noise import AddNoise
 from transforms.dpne import columnar_kernels as CK
 from transforms.dpne import dpne_kernels
 from transforms.selection import columnar_kernels as C
-from transforms.selection.columnar import BasicPartialsFn, RunSeed, checkpoint, concat_shard
+from transforms.selection.columnar import BasicPartialsFn, RunSeed, checkpoint
 from transforms.selection.counts import NoisyCounts, ReleaseCounts
 from transforms.selection.mad import MADWeights
 
@@ -170,6 +173,18 @@ class ShardTokensFn(beam.DoFn):
         yield from split_by_shard(table, shard_ids(table.column(USER), num_shards), num_shards)
 
 
+def token_user_pieces(shard, tables):
+    """(shard, [Table(user, token, rem)]) -> (shard, piece): the shard's rows grouped by user (stable: a
+    user's tokens keep their order) and cut between users into pieces of about DEFAULT_CHUNK_ROWS rows,
+    so no element grows with the data (Flink rejects records larger than its sort buffer)."""
+    table = concat(tables)
+    codes, _ = dictionary_codes(table.column(USER))
+    order = np.argsort(codes, kind="stable")
+    table = table.take(pa.array(order))
+    for piece in user_chunks(table, codes[order]):
+        yield shard, piece
+
+
 class TokensByUser(beam.PTransform):
     """(user, text) elements / Arrow batches -> ((user shard, Table(user, token, rem)), S)."""
 
@@ -195,7 +210,7 @@ class TokensByUser(beam.PTransform):
             | "ShardUsers" >> beam.ParDo(ShardTokensFn(), beam.pvalue.AsSingleton(num_shards))
             # (user shard, Table(user, token, rem))
             | "GroupUsers" >> beam.GroupByKey()  # (user shard, [Table])
-            | "Concat" >> beam.MapTuple(concat_shard)  # (user shard, Table(user, token, rem))
+            | "UserPieces" >> beam.FlatMapTuple(token_user_pieces)  # (user shard, Table(user, token, rem))
         )
         return sharded, num_shards
 
