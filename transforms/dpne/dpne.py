@@ -42,9 +42,9 @@ side inputs):
   Level        {rho_k, q_k, |V_k|, ...}                 singleton: |V_k| = sum_y L(y) R(y) by a keyed
                                                        combine over S_{k-1} (or the sampling estimator)
 
-MAD weighting (``weighting='mad'``) still runs its weights per element (the columnar MAD weights are
-not written yet): the capped shard tables are exploded to ``(user, [k-gram])`` sets for
-:class:`transforms.selection.mad.MADWeights`, with tau_k = rho_k + beta sigma_k a side input.
+MAD weighting (``weighting='mad'``) replaces the Partials/GroupItems steps by
+:class:`transforms.selection.columnar.MADWeightsColumnar` (MAD paper Alg. 3 on the same capped tables),
+with tau_k = rho_k + beta sigma_k a side input (it depends on rho_k, known once S_{k-1} is released).
 
 Memory: a user shard holds ~rows_per_shard tokens (plus the n-grams of one level while it is capped);
 one user's tokens are never split, so a user with 10^7 tokens makes one shard of that size. An item
@@ -90,13 +90,11 @@ from transforms.core.batches import (
 )
 from transforms.core.dofns import WorkerRngDoFn, in_global_window
 from transforms.core.fingerprint import from_key_bytes
-from transforms.core.noise import AddNoise
 from transforms.dpne import columnar_kernels as CK
 from transforms.dpne import dpne_kernels
 from transforms.selection import columnar_kernels as C
-from transforms.selection.columnar import BasicPartialsFn, RunSeed, checkpoint
-from transforms.selection.counts import NoisyCounts, ReleaseCounts
-from transforms.selection.mad import MADWeights
+from transforms.selection.columnar import BasicPartialsFn, MADWeightsColumnar, RunSeed, checkpoint
+from transforms.selection.counts import NoisyCounts
 
 # ---------------------------------------------------------------------------------------------
 # Entry: (user, text) elements or Arrow batches -> token tables sharded by user
@@ -317,11 +315,6 @@ class InSupportFn(beam.DoFn):
             yield g.decode("utf-8")
 
 
-def in_candidates(g, candidates) -> bool:
-    """Whether a support n-gram was drawn as a candidate (``candidates``: side-input dict)."""
-    return g in candidates
-
-
 def decode_holders(element):
     """(item key bytes, holders) -> (n-gram, holders)."""
     item, holders = element
@@ -329,22 +322,8 @@ def decode_holders(element):
 
 
 def with_zero_holders(g):
-    """g -> (g, 0) (a spurious or MAD-released n-gram: holders are not carried)."""
+    """g -> (g, 0) (a spurious k-gram: outside supp(H_k), no capped user holds it)."""
     return g, 0
-
-
-def sets_of_shard(element):
-    """(user shard, Table(user, item, degree)) -> (user, [n-gram]) per user (MAD's per-element weights)."""
-    _, capped = element
-    if capped.num_rows == 0:
-        return
-    users = capped.column(USER)
-    codes, distinct = C.dictionary_codes(users)
-    order = np.argsort(codes, kind="stable")
-    starts = np.searchsorted(codes[order], np.arange(len(distinct) + 1))
-    items = [from_key_bytes(b) for b in capped.column(ITEM).take(pa.array(order)).to_pylist()]
-    for j, u in enumerate(distinct.to_pylist()):
-        yield from_key_bytes(u), items[starts[j] : starts[j + 1]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -526,13 +505,11 @@ class ExactValidCount(beam.PTransform):
 
 
 class _NoisyRun(beam.PTransform):
-    """(user shard, tokens) -> the run's noise-released n-grams, the support, the capped sets.
+    """(user shard, tokens) -> the run's noise-released n-grams and the histogram H.
 
-    Returns ``(kept, support, user_sets)``:
-      kept       (n-gram, holders) with H + sigma Z >= rho (holders: capped users holding it; 0 for MAD,
-                 whose counts come from ``user_sets``)
-      support    columnar: (item shard, Table(item, weight, holders)); MAD: n-gram in supp(H)
-      user_sets  MAD only, (user, [n-gram]) capped sets (the count release's input), else None
+    Returns ``(kept, support)``:
+      kept       (n-gram, holders) with H + sigma Z >= rho (holders: capped users holding it)
+      support    (item shard, Table(item, weight, holders)): H over supp(H), partitioned by item shard
     """
 
     def __init__(self, run_args, level, seed, seed_arg, num_shards, side_args, label=None):
@@ -547,55 +524,42 @@ class _NoisyRun(beam.PTransform):
         )  # (user shard, Table(user, item, degree)) <= Delta_k per user
         level_si = beam.pvalue.AsSingleton(self._level)
         if self._weighting == "mad":
-            user_sets = capped | "Sets" >> beam.FlatMap(sets_of_shard)  # (user, [g])
             tau = beam.pvalue.AsSingleton(self._level | "Tau" >> beam.Map(level_tau))  # tau_k = rho_k + beta sigma_k
-            hist = user_sets | "MADWeights" >> MADWeights(tau, self._d_max)  # (g, w)
-            kept = (
-                hist
-                | "AddNoise"
-                >> AddNoise("gaussian", self._sigma, self._seed, self._round, checkpoint=True)  # (g, noisy)
-                | "KeepAboveRho" >> beam.Filter(keep_at_or_above_rho, level_si)  # (g, noisy)
-                | "Released" >> beam.Map(first)  # g
-                | "NoHolders" >> beam.Map(with_zero_holders)  # (g, 0)
+            grouped = capped | "MADWeights" >> MADWeightsColumnar(tau, self._d_max, 1.0, 1.0, self._num_shards)
+            # (item shard, [partials]) of MAD's w(i)
+        else:
+            grouped = (
+                capped
+                | "Partials" >> beam.ParDo(BasicPartialsFn("weighted_gaussian"), self._num_shards)
+                # (item shard, Table(item, hi, mid, lo, holders))
+                | "GroupItems" >> beam.GroupByKey()  # (item shard, [partials])
             )
-            support = hist | "Support" >> beam.Map(first)  # g in supp(H)
-            return kept, support, user_sets
-        merged = (
-            capped
-            | "Partials" >> beam.ParDo(BasicPartialsFn("weighted_gaussian"), self._num_shards)
-            # (item shard, Table(item, hi, mid, lo, holders))
-            | "GroupItems" >> beam.GroupByKey()  # (item shard, [partials])
-            | "Merge" >> beam.MapTuple(merge_shard)  # (item shard, Table(item, weight, holders)) = H
-        )
+        merged = grouped | "Merge" >> beam.MapTuple(merge_shard)  # (item shard, Table(item, weight, holders)) = H
         kept = (
             merged
             | "NoisyKeep" >> beam.ParDo(NoisyKeepFn(self._sigma, self._round, self._seed), level_si)
             # (item bytes, holders), noisy >= rho
             | "Decode" >> beam.Map(decode_holders)  # (g, holders)
         )
-        return kept, merged, None
+        return kept, merged
 
 
 class _Spurious(beam.PTransform):
     """Uniform spurious k-grams of V_k minus supp(H_k): support -> g (B_k of them)."""
 
-    def __init__(self, k, level, v_exact, s_prev, s1, pruning, seed, columnar, label=None):
+    def __init__(self, k, level, v_exact, s_prev, s1, pruning, seed, label=None):
         super().__init__(label)
         self._k, self._level, self._v_exact = k, level, v_exact
         self._s_prev, self._s1, self._pruning, self._seed = s_prev, s1, pruning, seed
-        self._columnar = columnar
 
     def expand(self, support):
         p = support.pipeline
         k = self._k
-        if self._columnar:
-            n_supp = (
-                support
-                | "SupportRows" >> beam.Map(shard_support_size)  # rows of an item shard
-                | "CountSupport" >> beam.CombineGlobally(sum)  # |supp H_k| (private, internal)
-            )
-        else:
-            n_supp = support | "CountSupport" >> beam.combiners.Count.Globally()  # |supp H_k| (private, internal)
+        n_supp = (
+            support
+            | "SupportRows" >> beam.Map(shard_support_size)  # rows of an item shard
+            | "CountSupport" >> beam.CombineGlobally(sum)  # |supp H_k| (private, internal)
+        )
         plan = (
             p
             | "PlanSeed" >> beam.Create([None])
@@ -621,11 +585,7 @@ class _Spurious(beam.PTransform):
             )  # g ~ uniform(V_k), with repeats
         )
         cands_si = beam.pvalue.AsList(cands)
-        if self._columnar:
-            inside = support | "InSupport" >> beam.ParDo(InSupportFn(), cands_si)  # candidate g in supp(H_k)
-        else:
-            cand_set = beam.pvalue.AsDict(cands | "CandSet" >> beam.Map(with_zero_holders))  # {g: 0}
-            inside = support | "InSupport" >> beam.Filter(in_candidates, cand_set)  # candidate g in supp(H_k)
+        inside = support | "InSupport" >> beam.ParDo(InSupportFn(), cands_si)  # candidate g in supp(H_k)
         return (
             p
             | "SelectSeed" >> beam.Create([None])
@@ -722,7 +682,7 @@ class DPNE(beam.PTransform):
         ]
         return tokens | f"{name}/Run" >> _NoisyRun(
             run_args, level, self._seed, self._seed_arg, self._num_shards, side
-        )  # (g, holders), support, user_sets (MAD)
+        )  # (g, holders), H by item shard
 
     def _finish_level(self, name, released, level):
         count = released | f"{name}/CountReleased" >> beam.combiners.Count.Globally()  # |S_k|
@@ -743,7 +703,7 @@ class DPNE(beam.PTransform):
                     | f"{name}/LevelSeed" >> beam.Create([None])
                     | f"{name}/Level" >> beam.Map(level_one, run, prm.weighting, prm.beta)
                 )  # {rho_1, ...}
-                kept, _, user_sets = self._run(name, tokens, run, k, level)  # (w, holders)
+                kept, _ = self._run(name, tokens, run, k, level)  # (w, holders)
                 released = kept
             else:
                 v_exact = s_prev | f"{name}/ValidCount" >> ExactValidCount(prm.pruning, s1_count)  # |V_k|
@@ -777,9 +737,9 @@ class DPNE(beam.PTransform):
                         beam.pvalue.AsSingleton(v_used),
                     )
                 )  # {rho_k, q_k, |V_k|, ...}
-                kept, support, user_sets = self._run(name, tokens, run, k, level, s_prev, s1)  # (w, holders)
+                kept, support = self._run(name, tokens, run, k, level, s_prev, s1)  # (w, holders)
                 spurious = support | f"{name}/Spurious" >> _Spurious(
-                    k, level, v_exact, s_prev, s1, prm.pruning, self._seed, prm.weighting != "mad"
+                    k, level, v_exact, s_prev, s1, prm.pruning, self._seed
                 )  # w (spurious, 0 holders)
                 released = (
                     kept,
@@ -793,17 +753,17 @@ class DPNE(beam.PTransform):
             outputs.append(s_k | f"{name}/TagK" >> beam.Map(tag_k, k))  # (k, w)
             reports.append(self._finish_level(name, s_k, level))
             if self.counts is not None:
-                counted.append(self._count(name, s_k_holders, s_k, user_sets, run))  # (k, (w, noisy_count))
+                counted.append(self._count(name, s_k_holders, run))  # (k, (w, noisy_count))
             s_prev = s_k
         return self._outputs(outputs, reports, counted, "AllLevels")
 
-    def _count(self, name, holders, released, user_sets, run):
-        """The run's released n-grams with their noisy counts on its capped sets: (k, (g, count))."""
+    def _count(self, name, holders, run):
+        """The run's released n-grams with their noisy counts on its capped sets: (k, (g, count)).
+
+        ``holders``: (g, capped users holding g) of every released n-gram (0 for the spurious ones).
+        """
         plan = dataclasses.replace(self.counts, round=run.round_)  # count noise keyed (seed, 'count_noise', round, g)
-        if user_sets is not None:  # MAD: per-element capped sets
-            noisy = user_sets | f"{name}/Counts" >> ReleaseCounts(released, plan, self._seed, self._params.min_users)
-        else:  # holders came with the release (spurious n-grams have none)
-            noisy = holders | f"{name}/Counts" >> NoisyCounts(plan, self._seed, self._params.min_users)
+        noisy = holders | f"{name}/Counts" >> NoisyCounts(plan, self._seed, self._params.min_users)  # (g, count)
         return noisy | f"{name}/TagCounts" >> beam.Map(tag_count)  # (k, (g, count))
 
     def _outputs(self, outputs, reports, counted, label):
@@ -824,11 +784,11 @@ class DPNE(beam.PTransform):
                 | f"{name}/LevelSeed" >> beam.Create([None])
                 | f"{name}/Level" >> beam.Map(baseline_level, run, prm.weighting, prm.beta)
             )  # {rho, ...}
-            kept, _, user_sets = self._run(name, tokens, run, run.round_, level)  # (g, holders)
+            kept, _ = self._run(name, tokens, run, run.round_, level)  # (g, holders)
             released_h = checkpoint(kept, f"{name}/Checkpoint")  # (g, holders), materialised
             released = released_h | f"{name}/Ngrams" >> beam.Keys()  # g
             if self.counts is not None:
-                counted.append(self._count(name, released_h, released, user_sets, run))  # (k, (g, noisy_count))
+                counted.append(self._count(name, released_h, run))  # (k, (g, noisy_count))
             outputs.append(released_h | f"{name}/TagK" >> beam.Map(tag_length))  # (k, g)
             reports.append(self._finish_level(name, released, level))
         return self._outputs(outputs, reports, counted, "AllRuns")

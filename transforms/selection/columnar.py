@@ -416,12 +416,12 @@ class MADExcessFn(beam.DoFn):
 
     TRUNC = "trunc"
 
-    def __init__(self, tau: float):
+    def __init__(self, tau: Optional[float]):
         self._tau = tau
 
-    def process(self, element):
+    def process(self, element, tau=None):  # tau: a float at construction, or a side input (DPNE's tau_k)
         shard, partials = element
-        hot, trunc = C.mad_item_excess(C.merge_partials(partials), self._tau)
+        hot, trunc = C.mad_item_excess(C.merge_partials(partials), self._tau if tau is None else tau)
         yield from chunks(hot)
         for piece in chunks(trunc):
             yield beam.pvalue.TaggedOutput(self.TRUNC, (shard, piece))
@@ -437,10 +437,11 @@ class MADContributionFn(beam.DoFn):
         self._params = (tau, d_max, b_min, b_max)
         self._cache = (None, None)
 
-    def process(self, element, hot_tables, num_shards):
+    def process(self, element, hot_tables, num_shards, tau=None):
         if self._cache[0] is not hot_tables:
             self._cache = (hot_tables, C.concat(hot_tables) if hot_tables else None)
-        partials = C.mad_contribution_partials(element[1], self._cache[1], *self._params)
+        params = self._params if tau is None else (tau, *self._params[1:])
+        partials = C.mad_contribution_partials(element[1], self._cache[1], *params)
         yield from split_by_shard(partials, shard_ids(partials.column(ITEM), num_shards), num_shards)
 
 
@@ -460,9 +461,16 @@ class MADWeightsColumnar(beam.PTransform):
 
     def __init__(self, tau, d_max, b_min, b_max, num_shards, label=None):
         super().__init__(label)
-        K.check_mad_params(tau, d_max, b_min, b_max)
-        self._tau, self._d_max, self._b_min, self._b_max = float(tau), d_max, b_min, b_max
+        # tau: a float, or a singleton side input when it is known only at run time (DPNE's tau_k = rho_k +
+        # beta sigma_k, privacy.calibration.mad_tau, always >= 1)
+        self._tau_si = tau if isinstance(tau, beam.pvalue.AsSideInput) else None
+        K.check_mad_params(1.0 if self._tau_si is not None else tau, d_max, b_min, b_max)
+        tau = None if self._tau_si is not None else float(tau)
+        self._tau, self._d_max, self._b_min, self._b_max = tau, d_max, b_min, b_max
         self._num_shards = num_shards
+
+    def _tau_arg(self):
+        return [] if self._tau_si is None else [self._tau_si]
 
     def expand(self, capped):
         excess = (
@@ -470,12 +478,14 @@ class MADWeightsColumnar(beam.PTransform):
             | "InitPartials" >> beam.ParDo(MADInitPartialsFn(self._b_min, self._d_max), self._num_shards)
             # (item shard, w_init partials)
             | "GroupInit" >> beam.GroupByKey()  # (item shard, [partials])
-            | "Excess" >> beam.ParDo(MADExcessFn(self._tau)).with_outputs(MADExcessFn.TRUNC, main="hot")
+            | "Excess"
+            >> beam.ParDo(MADExcessFn(self._tau), *self._tau_arg()).with_outputs(MADExcessFn.TRUNC, main="hot")
         )  # hot: Table(item, r); trunc: (item shard, w_trunc partials)
         contributions = barrier(capped, "Barrier") | "Contrib" >> beam.ParDo(
             MADContributionFn(self._tau, self._d_max, self._b_min, self._b_max),
             beam.pvalue.AsList(excess.hot),
             self._num_shards,
+            *self._tau_arg(),
         )  # (item shard, contribution partials)
         return (
             (excess[MADExcessFn.TRUNC], contributions)
