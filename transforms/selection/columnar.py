@@ -416,12 +416,9 @@ class MADExcessFn(beam.DoFn):
 
     TRUNC = "trunc"
 
-    def __init__(self, tau: Optional[float]):
-        self._tau = tau
-
-    def process(self, element, tau=None):  # tau: a float at construction, or a side input (DPNE's tau_k)
+    def process(self, element, tau):  # tau: a float, or a singleton side input (DPNE's tau_k)
         shard, partials = element
-        hot, trunc = C.mad_item_excess(C.merge_partials(partials), self._tau if tau is None else tau)
+        hot, trunc = C.mad_item_excess(C.merge_partials(partials), tau)
         yield from chunks(hot)
         for piece in chunks(trunc):
             yield beam.pvalue.TaggedOutput(self.TRUNC, (shard, piece))
@@ -433,15 +430,14 @@ class MADContributionFn(beam.DoFn):
     The hot items' r(i) arrive as a side-input list of tables (one per item shard that has any).
     """
 
-    def __init__(self, tau, d_max, b_min, b_max):
-        self._params = (tau, d_max, b_min, b_max)
+    def __init__(self, d_max, b_min, b_max):
+        self._params = (d_max, b_min, b_max)
         self._cache = (None, None)
 
-    def process(self, element, hot_tables, num_shards, tau=None):
+    def process(self, element, hot_tables, num_shards, tau):  # tau: a float or a singleton side input
         if self._cache[0] is not hot_tables:
             self._cache = (hot_tables, C.concat(hot_tables) if hot_tables else None)
-        params = self._params if tau is None else (tau, *self._params[1:])
-        partials = C.mad_contribution_partials(element[1], self._cache[1], *params)
+        partials = C.mad_contribution_partials(element[1], self._cache[1], tau, *self._params)
         yield from split_by_shard(partials, shard_ids(partials.column(ITEM), num_shards), num_shards)
 
 
@@ -470,7 +466,7 @@ class MADWeightsColumnar(beam.PTransform):
         self._num_shards = num_shards
 
     def _tau_arg(self):
-        return [] if self._tau_si is None else [self._tau_si]
+        return self._tau if self._tau_si is None else self._tau_si
 
     def expand(self, capped):
         excess = (
@@ -478,14 +474,13 @@ class MADWeightsColumnar(beam.PTransform):
             | "InitPartials" >> beam.ParDo(MADInitPartialsFn(self._b_min, self._d_max), self._num_shards)
             # (item shard, w_init partials)
             | "GroupInit" >> beam.GroupByKey()  # (item shard, [partials])
-            | "Excess"
-            >> beam.ParDo(MADExcessFn(self._tau), *self._tau_arg()).with_outputs(MADExcessFn.TRUNC, main="hot")
+            | "Excess" >> beam.ParDo(MADExcessFn(), self._tau_arg()).with_outputs(MADExcessFn.TRUNC, main="hot")
         )  # hot: Table(item, r); trunc: (item shard, w_trunc partials)
         contributions = barrier(capped, "Barrier") | "Contrib" >> beam.ParDo(
-            MADContributionFn(self._tau, self._d_max, self._b_min, self._b_max),
+            MADContributionFn(self._d_max, self._b_min, self._b_max),
             beam.pvalue.AsList(excess.hot),
             self._num_shards,
-            *self._tau_arg(),
+            self._tau_arg(),
         )  # (item shard, contribution partials)
         return (
             (excess[MADExcessFn.TRUNC], contributions)
