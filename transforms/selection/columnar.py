@@ -424,6 +424,16 @@ class MADExcessFn(beam.DoFn):
             yield beam.pvalue.TaggedOutput(self.TRUNC, (shard, piece))
 
 
+class MADExcessConstFn(MADExcessFn):
+    """:class:`MADExcessFn` with a constant tau held by the DoFn (selection: tau is known at construction)."""
+
+    def __init__(self, tau: float):
+        self._tau_const = float(tau)
+
+    def process(self, element):
+        yield from MADExcessFn.process(self, element, self._tau_const)
+
+
 class MADContributionFn(beam.DoFn):
     """(user shard, capped[+bias]) -> (item shard, partials of the users' contributions) (Alg. 3 l.9-17).
 
@@ -439,6 +449,17 @@ class MADContributionFn(beam.DoFn):
             self._cache = (hot_tables, C.concat(hot_tables) if hot_tables else None)
         partials = C.mad_contribution_partials(element[1], self._cache[1], tau, *self._params)
         yield from split_by_shard(partials, shard_ids(partials.column(ITEM), num_shards), num_shards)
+
+
+class MADContributionConstFn(MADContributionFn):
+    """:class:`MADContributionFn` with a constant tau held by the DoFn (selection)."""
+
+    def __init__(self, tau, d_max, b_min, b_max):
+        MADContributionFn.__init__(self, d_max, b_min, b_max)
+        self._tau_const = float(tau)
+
+    def process(self, element, hot_tables, num_shards):
+        yield from MADContributionFn.process(self, element, hot_tables, num_shards, self._tau_const)
 
 
 class MADWeightsColumnar(beam.PTransform):
@@ -474,14 +495,23 @@ class MADWeightsColumnar(beam.PTransform):
             | "InitPartials" >> beam.ParDo(MADInitPartialsFn(self._b_min, self._d_max), self._num_shards)
             # (item shard, w_init partials)
             | "GroupInit" >> beam.GroupByKey()  # (item shard, [partials])
-            | "Excess" >> beam.ParDo(MADExcessFn(), self._tau_arg()).with_outputs(MADExcessFn.TRUNC, main="hot")
+            | "Excess"
+            >> (
+                beam.ParDo(MADExcessFn(), self._tau_si)
+                if self._tau_si is not None
+                else beam.ParDo(MADExcessConstFn(self._tau))
+            ).with_outputs(MADExcessFn.TRUNC, main="hot")
         )  # hot: Table(item, r); trunc: (item shard, w_trunc partials)
-        contributions = barrier(capped, "Barrier") | "Contrib" >> beam.ParDo(
-            MADContributionFn(self._d_max, self._b_min, self._b_max),
-            beam.pvalue.AsList(excess.hot),
-            self._num_shards,
-            self._tau_arg(),
-        )  # (item shard, contribution partials)
+        hot = beam.pvalue.AsList(excess.hot)
+        if self._tau_si is not None:
+            contrib = beam.ParDo(
+                MADContributionFn(self._d_max, self._b_min, self._b_max), hot, self._num_shards, self._tau_si
+            )
+        else:
+            contrib = beam.ParDo(
+                MADContributionConstFn(self._tau, self._d_max, self._b_min, self._b_max), hot, self._num_shards
+            )
+        contributions = barrier(capped, "Barrier") | "Contrib" >> contrib  # (item shard, contribution partials)
         return (
             (excess[MADExcessFn.TRUNC], contributions)
             | "AllParts" >> beam.Flatten()  # (item shard, partials)
