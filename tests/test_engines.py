@@ -92,8 +92,9 @@ CASES = {
 # How often the engines try a failed task (Flink: restarts of the job's failed region, counted per job;
 # Spark: attempts of one task). The fault-injection test fails every package DoFn class on the first
 # attempt of its first FAILURES_PER_DOFN_CLASS bundles, so a job sees at most
-# FAILURES_PER_DOFN_CLASS * (package DoFn classes: 30) injected failures, well under this.
-MAX_TASK_FAILURES = 200
+# FAILURES_PER_DOFN_CLASS * (package DoFn classes: 51 since the columnar path) injected failures; the
+# test asserts twice that stays under this (a restarted Flink region may fail again on replayed input).
+MAX_TASK_FAILURES = 500
 FAILURES_PER_DOFN_CLASS = 2
 ENGINE_TIMEOUT = 900  # seconds for one pipeline run (a few hundred users take well under a minute)
 
