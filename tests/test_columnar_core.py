@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from transforms.core import fingerprint as fp
 from transforms.core import randomness
-from transforms.core.batches import concat, normalise_batch, pairs_table
+from transforms.core.batches import concat, normalise_batch, pack, pack_pairs, pairs_table, unpack_all
 from transforms.core.fixed64 import exact_sum64, fixed64_of, limbs_of, value_of_limbs
 from transforms.selection import columnar_kernels as C
 
@@ -158,6 +158,34 @@ def test_emitted_tables_own_their_buffers():
     partials = C.basic_partials(capped, "weighted_gaussian")
     for table in (capped, partials):
         assert len(pickle.dumps(table)) < 1.2 * table.nbytes + 10_000
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.binary(max_size=6), st.binary(max_size=6), st.integers(-(2**62), 2**62)), max_size=60),
+    lo=st.integers(0, 30),
+    dictionary=st.booleans(),
+)
+def test_packed_tables_round_trip_exactly(rows, lo, dictionary):
+    users, items, xs = (list(c) for c in zip(*rows)) if rows else ([], [], [])
+    table = pa.table(
+        {"user": pa.array(users, pa.binary()), "item": pa.array(items, pa.binary()), "x": pa.array(xs, pa.int64())}
+    ).slice(min(lo, len(rows)))  # a slice: packs only its rows
+    packed = pickle.loads(pickle.dumps(pack(table, dictionary)))
+    assert packed.num_rows == table.num_rows
+    got = packed.table()
+    assert got.schema == table.schema and got.equals(table)  # types (binary, not dictionary) and values
+    assert unpack_all([packed, pack(table)]).equals(concat([table, table]))
+
+
+def test_packing_shrinks_pair_tables():
+    rng = random.Random(0)
+    pairs = [(f"u{i // 10}", f"w{int(rng.paretovariate(1.1))}") for i in range(200_000)]
+    table = pairs_table(*zip(*pairs))
+    plain, packed = len(pickle.dumps(table)), len(pickle.dumps(pack_pairs(table)))
+    assert packed < plain / 2.5, (plain, packed)  # zstd + dictionary keys: what the shuffles carry
+    parts = C.basic_partials(C.cap_pairs(table, 100, 1, 0), "weighted_gaussian")
+    assert len(pickle.dumps(pack(parts))) < len(pickle.dumps(parts)) / 1.5
 
 
 def test_batches_accept_string_and_binary_columns_and_reject_nulls():

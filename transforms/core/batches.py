@@ -24,6 +24,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.ipc as ipc
 
 from privacy.validation import check_int
 from transforms.core.dofns import in_global_window, is_batch
@@ -40,6 +41,14 @@ __all__ = [
     "split_by_shard",
     "shard_ids",
     "concat",
+    "Packed",
+    "pack",
+    "pack_pairs",
+    "unpack",
+    "unpack_all",
+    "unpacked",
+    "split_packed",
+    "by_item_shard",
     "ToBatches",
     "ShardCount",
     "require_global_window",
@@ -122,6 +131,105 @@ def concat(tables: Iterable[pa.Table]) -> pa.Table:
     if len(tables) == 1:
         return tables[0].combine_chunks()
     return pa.concat_tables(tables).combine_chunks()
+
+
+#: Arrow IPC compression of :class:`Packed` tables. zstd level 1 on Zipf (user, item) rows: ~6.6 bytes per
+#: row (4.1 with dictionary keys) against ~17.6 pickled, ~40 ns/row to pack and ~17 to unpack; levels 3
+#: and 6 gain < 2% for 1.4x and 4x the time; lz4 packs to ~11.7 bytes (measured 2026-11-23, 2 cores).
+PACK_CODEC = "zstd"
+PACK_LEVEL = 1
+
+
+class Packed:
+    """A table that travels compressed: the zstd-compressed Arrow IPC stream of its rows.
+
+    Shuffled and materialised PCollections of the columnar path carry ``Packed`` tables instead of
+    ``pa.Table``: a runner keeps whole PCollections (the in-memory DirectRunner holds every buffer
+    until the pipeline ends) or writes them to its shuffle, so their size is the run's memory and
+    shuffle volume. Packing is lossless and deterministic; :meth:`table` gives the rows back.
+
+    Attributes:
+      data: the IPC stream bytes (schema and compression recorded in the stream).
+      num_rows: the number of rows (readable without unpacking).
+    """
+
+    __slots__ = ("data", "num_rows")
+
+    def __init__(self, data: bytes, num_rows: int):
+        self.data, self.num_rows = data, num_rows
+
+    @classmethod
+    def of(cls, table: pa.Table, dictionary: bool = False) -> "Packed":
+        """``table`` packed (only its rows' buffers: a slice packs as a copy).
+
+        ``dictionary``: dictionary-encode the binary key columns first (each distinct key once per
+        table: ~4 instead of ~7 bytes per (user, item) row on Zipf data); :meth:`table` decodes them.
+        """
+        if dictionary:
+            table = pa.table(
+                [pc.dictionary_encode(c) if c.type == _BINARY else c for c in table.columns], names=table.column_names
+            )
+        sink = pa.BufferOutputStream()
+        options = ipc.IpcWriteOptions(compression=_pack_codec())
+        with ipc.new_stream(sink, table.schema, options=options) as writer:
+            writer.write_table(table)
+        return cls(sink.getvalue().to_pybytes(), table.num_rows)
+
+    def table(self) -> pa.Table:
+        """The rows, unpacked (one chunk per packed batch; dictionary-encoded key columns decoded)."""
+        table = ipc.open_stream(pa.py_buffer(self.data)).read_all()
+        if not any(pa.types.is_dictionary(c.type) for c in table.columns):
+            return table
+        cols = [c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in table.columns]
+        return pa.table(cols, names=table.column_names)
+
+    def __reduce__(self):
+        return Packed, (self.data, self.num_rows)
+
+    def __repr__(self):
+        return f"Packed({self.num_rows} rows, {len(self.data)} bytes)"
+
+
+def _pack_codec():
+    if pa.Codec.is_available(PACK_CODEC):
+        return pa.Codec(PACK_CODEC, compression_level=PACK_LEVEL)
+    return None  # a pyarrow built without zstd: uncompressed IPC (still one bytes object)
+
+
+def pack(table: pa.Table, dictionary: bool = False) -> Packed:
+    """``Packed.of(table, dictionary)``."""
+    return Packed.of(table, dictionary)
+
+
+def pack_pairs(table: pa.Table) -> Packed:
+    """A Table(user, item, ...) packed with its key columns dictionary-encoded."""
+    return Packed.of(table, dictionary=True)
+
+
+def unpack(packed: Packed) -> pa.Table:
+    """The rows of ``packed`` as one-chunk-per-batch table."""
+    return packed.table()
+
+
+def split_packed(table: pa.Table, shards: np.ndarray, num_shards: int) -> Iterator[Tuple[int, Packed]]:
+    """``(shard, Packed rows of that shard)`` for every non-empty shard (:func:`split_by_shard`, packed)."""
+    for shard, rows in split_by_shard(table, shards, num_shards):
+        yield shard, Packed.of(rows)
+
+
+def by_item_shard(table: pa.Table, num_shards: int) -> Iterator[Tuple[int, Packed]]:
+    """``(item shard, Packed rows)``: per-item rows (partial sums) to their item shard, packed."""
+    return split_packed(table, shard_ids(table.column(ITEM), num_shards), num_shards)
+
+
+def unpacked(packed: Iterable[Packed]) -> List[pa.Table]:
+    """The tables of ``packed`` (e.g. the grouped partial sums of one item shard)."""
+    return [p.table() for p in packed]
+
+
+def unpack_all(packed: Iterable[Packed]) -> pa.Table:
+    """One table of the rows of every packed table (same schema), chunks combined."""
+    return concat(p.table() for p in packed)
 
 
 class _ToBatchesFn(beam.DoFn):

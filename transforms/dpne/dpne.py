@@ -19,7 +19,7 @@ Stages (Beam elements are Arrow tables; shapes after each step):
                                                        bundle, batches cut)
   Tokenize     Table(user, token, rem)                 one row per token, rem = tokens left on its line
   ShardCount   S = max(num_shards, ceil(tokens / rows_per_shard))   singleton
-  ShardUsers   (user shard, Table(user, token, rem))   fingerprint(user) mod S: every token of a user
+  ShardUsers   (user shard, Packed(user, token, rem))  fingerprint(user) mod S: every token of a user
                                                        in one element, tokenized once for all levels
 Per level k (per DPSU run: its lengths, no pruning; S_{k-1}, S_1 are released, hence public, and small:
 side inputs):
@@ -28,8 +28,8 @@ side inputs):
                                                        materialised), allowlist, distinct, bottom-k to
                                                        Delta_k (randomness.subsample's priorities,
                                                        round k)
-  Partials     (item shard, Table(item, hi, mid, lo, holders))  exact fixed-point sums of 1/sqrt(d)
-  GroupItems   (item shard, [partials])                 a hot k-gram is one row per user shard
+  Partials     (item shard, Packed(item, hi, mid, lo, holders))  exact fixed-point sums of 1/sqrt(d)
+  GroupItems   (item shard, [Packed])                   a hot k-gram is one row per user shard
   Merge        (item shard, Table(item, weight, holders))  H_k over its support
   NoisyKeep    (item bytes, holders)                    H_k + sigma_k Z >= rho_k (rho_k: side input)
   Spurious     n-gram                                   B_k ~ Bin(|V_k| - |supp H_k|, q_k) uniform
@@ -80,12 +80,13 @@ from transforms.core.batches import (
     ITEM,
     USER,
     ShardCount,
-    concat,
     dictionary_codes,
     owned,
     require_global_window,
     shard_ids,
-    split_by_shard,
+    split_packed,
+    unpack_all,
+    unpacked,
     user_chunks,
 )
 from transforms.core.dofns import WorkerRngDoFn, in_global_window
@@ -168,14 +169,14 @@ class ShardTokensFn(beam.DoFn):
     """Table(user, token, rem) -> (user shard, rows of that shard) (whole lines: a user's rows stay together)."""
 
     def process(self, table, num_shards):
-        yield from split_by_shard(table, shard_ids(table.column(USER), num_shards), num_shards)
+        yield from split_packed(table, shard_ids(table.column(USER), num_shards), num_shards)
 
 
 def token_user_pieces(shard, tables):
     """(shard, [Table(user, token, rem)]) -> (shard, piece): the shard's rows grouped by user (stable: a
     user's tokens keep their order) and cut between users into pieces of about DEFAULT_CHUNK_ROWS rows,
     so no element grows with the data (Flink rejects records larger than its sort buffer)."""
-    table = concat(tables)
+    table = unpack_all(tables)
     codes, _ = dictionary_codes(table.column(USER))
     order = np.argsort(codes, kind="stable")
     table = table.take(pa.array(order))
@@ -206,8 +207,8 @@ class TokensByUser(beam.PTransform):
         sharded = (
             tokens
             | "ShardUsers" >> beam.ParDo(ShardTokensFn(), beam.pvalue.AsSingleton(num_shards))
-            # (user shard, Table(user, token, rem))
-            | "GroupUsers" >> beam.GroupByKey()  # (user shard, [Table])
+            # (user shard, Packed(user, token, rem))
+            | "GroupUsers" >> beam.GroupByKey()  # (user shard, [Packed])
             | "UserPieces" >> beam.FlatMapTuple(token_user_pieces)  # (user shard, Table(user, token, rem))
         )
         return sharded, num_shards
@@ -273,8 +274,8 @@ class LevelCapFn(beam.DoFn):
 
 
 def merge_shard(shard, partials):
-    """(item shard, [partials]) -> (item shard, Table(item, weight, holders))."""
-    return shard, C.merge_partials(partials)
+    """(item shard, [Packed partials]) -> (item shard, Table(item, weight, holders))."""
+    return shard, C.merge_partials(unpacked(partials))
 
 
 class NoisyKeepFn(WorkerRngDoFn):
@@ -526,13 +527,13 @@ class _NoisyRun(beam.PTransform):
         if self._weighting == "mad":
             tau = beam.pvalue.AsSingleton(self._level | "Tau" >> beam.Map(level_tau))  # tau_k = rho_k + beta sigma_k
             grouped = capped | "MADWeights" >> MADWeightsColumnar(tau, self._d_max, 1.0, 1.0, self._num_shards)
-            # (item shard, [partials]) of MAD's w(i)
+            # (item shard, [Packed partials]) of MAD's w(i)
         else:
             grouped = (
                 capped
                 | "Partials" >> beam.ParDo(BasicPartialsFn("weighted_gaussian"), self._num_shards)
-                # (item shard, Table(item, hi, mid, lo, holders))
-                | "GroupItems" >> beam.GroupByKey()  # (item shard, [partials])
+                # (item shard, Packed(item, hi, mid, lo, holders))
+                | "GroupItems" >> beam.GroupByKey()  # (item shard, [Packed partials])
             )
         merged = grouped | "Merge" >> beam.MapTuple(merge_shard)  # (item shard, Table(item, weight, holders)) = H
         kept = (

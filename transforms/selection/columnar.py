@@ -5,16 +5,20 @@ paid per batch, not per pair; the arithmetic is the vectorised kernels of
 :mod:`transforms.selection.columnar_kernels`. Stages of one Basic round (shapes after each step):
 
   Batch          Table(user, item)                        element API gathered per bundle, or batches
+  Pack           Packed(user, item)                       zstd-compressed Arrow IPC (batches.Packed)
   ShardCount     S                                        ceil(rows / rows_per_shard), singleton
-  ShardUsers     (user shard, Table(user, item))          fingerprint(user) mod S; users with more than
+  ShardUsers     (user shard, Packed(user, item))         fingerprint(user) mod S; users with more than
                                                           Delta_0 rows in a batch pre-capped there
-  GroupUsers     (user shard, [Table])                    every row of a user in one element
+  GroupUsers     (user shard, [Packed])                   every row of a user in one element
   Cap            (user shard, Table(user, item, degree))  distinct, bottom-k to Delta_0 (Alg. 1 l.4-5)
-  Partials       (item shard, Table(item, hi, mid, lo, holders))  per-item exact partial sums of the
+  Partials       (item shard, Packed(item, hi, mid, lo, holders))  per-item exact partial sums of the
                                                           weights of this user shard, fingerprint(item) mod S
-  GroupItems     (item shard, [Table])                    one row per (user shard, item): a hot item is
+  GroupItems     (item shard, [Packed])                   one row per (user shard, item): a hot item is
                                                           S rows, never a hot key
   NoisyThreshold (round, item key bytes)                  weight + noise >= rho (Alg. 1 l.7-8)
+
+Everything a runner shuffles or keeps is Packed (docs/columnar.md, "Packed tables"): the encoded size of
+those PCollections is the run's memory on the in-memory DirectRunner and its shuffle volume elsewhere.
 
 Memory: a user shard holds ~rows_per_shard rows (default 2M, ~60-100 MB of Arrow) plus, for a user
 with huge degree, at most Delta_0 rows per input batch (pre-capping); an item shard holds at most
@@ -36,11 +40,14 @@ from transforms.core.batches import (
     ITEM,
     USER,
     ShardCount,
+    by_item_shard,
     chunks,
-    concat,
     dictionary_codes,
-    shard_ids,
+    pack,
+    pack_pairs,
     split_by_shard,
+    unpack_all,
+    unpacked,
     user_chunks,
 )
 from transforms.core.dofns import WorkerRngDoFn
@@ -76,14 +83,15 @@ class RunSeed(beam.PTransform):
 
 
 class ShardUsersFn(beam.DoFn):
-    """Table(user, item) -> (user shard, Table(user, item)); pre-caps users with > k rows in the batch."""
+    """Packed(user, item) -> (user shard, Packed(user, item)); pre-caps users with > k rows in the batch."""
 
     def __init__(self, k: Optional[int], round_: int):
         self._k, self._round = k, round_
 
-    def process(self, table, num_shards, seed):
-        if table.num_rows == 0:
+    def process(self, packed, num_shards, seed):
+        if packed.num_rows == 0:
             return
+        table = packed.table()
         codes, users = dictionary_codes(table.column(USER))
         if self._k is not None and int(np.bincount(codes).max()) > self._k:
             # a subset's bottom-k keeps a superset of the final bottom-k (same priorities): exact
@@ -91,13 +99,14 @@ class ShardUsersFn(beam.DoFn):
             codes, users = dictionary_codes(table.column(USER))
         # one fingerprint per distinct user of the batch (~10 rows each), not per row
         shards = (fingerprint64(users) % np.uint64(num_shards)).astype(np.int64)[codes]
-        yield from split_by_shard(table, shards, num_shards)
+        for shard, rows in split_by_shard(table, shards, num_shards):
+            yield shard, pack_pairs(rows)
 
 
-def distinct_user_chunks(shard, tables):
-    """(shard, [Table(user, item)]) -> (shard, Table) pieces of the shard's distinct pairs, sorted by
+def distinct_user_chunks(shard, packed):
+    """(shard, [Packed(user, item)]) -> (shard, Table) pieces of the shard's distinct pairs, sorted by
     user and cut between users (every user's rows in one piece of about DEFAULT_CHUNK_ROWS rows)."""
-    table, user_codes = C.distinct_sorted_by_user(concat(tables))
+    table, user_codes = C.distinct_sorted_by_user(unpack_all(packed))
     for piece in user_chunks(table, user_codes):
         yield shard, piece
 
@@ -122,12 +131,14 @@ class ShardedUsers(beam.PTransform):
         self._seed, self._k, self._rows_per_shard = seed, precap_k, rows_per_shard
 
     def expand(self, batches):
-        num_shards = batches | "ShardCount" >> ShardCount(self._rows_per_shard)  # S
+        # the input waits for its row count (a side input of ShardUsers): packed, it is ~2.4x smaller
+        packed = batches | "Pack" >> beam.Map(pack_pairs)  # Packed(user, item)
+        num_shards = packed | "ShardCount" >> ShardCount(self._rows_per_shard)  # S
         sharded = (
-            batches
+            packed
             | "ShardUsers" >> beam.ParDo(ShardUsersFn(self._k, 0), beam.pvalue.AsSingleton(num_shards), self._seed)
-            # (user shard, Table(user, item))
-            | "GroupUsers" >> beam.GroupByKey()  # (user shard, [Table])
+            # (user shard, Packed(user, item))
+            | "GroupUsers" >> beam.GroupByKey()  # (user shard, [Packed])
             | "UserChunks" >> beam.FlatMapTuple(distinct_user_chunks)  # (user shard, Table(user, item))
         )
         return sharded, num_shards
@@ -149,7 +160,7 @@ class CapFn(beam.DoFn):
 
 
 class BasicPartialsFn(beam.DoFn):
-    """(user shard, capped) -> (item shard, Table(item, hi, mid, lo, holders)) of Basic's weights."""
+    """(user shard, capped) -> (item shard, Packed(item, hi, mid, lo, holders)) of Basic's weights."""
 
     def __init__(self, weighting: str):
         self._weighting = weighting
@@ -157,7 +168,7 @@ class BasicPartialsFn(beam.DoFn):
     def process(self, element, num_shards):
         _, capped = element
         partials = C.basic_partials(capped, self._weighting)
-        yield from split_by_shard(partials, shard_ids(partials.column(ITEM), num_shards), num_shards)
+        yield from by_item_shard(partials, num_shards)  # packed
 
 
 class NoisyThresholdFn(WorkerRngDoFn):
@@ -172,7 +183,7 @@ class NoisyThresholdFn(WorkerRngDoFn):
 
     def process(self, element):
         _, partials = element
-        w = C.merge_partials(partials)
+        w = C.merge_partials(unpacked(partials))
         p = self._plan
         noisy = C.noisy_weights(
             w.column(ITEM), w.column("weight").to_numpy(), p.noise, p.noise_scale, self._seed, p.index, self._rng
@@ -200,8 +211,8 @@ class BasicRound(beam.PTransform):
         out = (
             capped
             | "Partials" >> beam.ParDo(BasicPartialsFn(self._plan.weighting), self._num_shards)
-            # (item shard, Table(item, hi, mid, lo, holders))
-            | "GroupItems" >> beam.GroupByKey()  # (item shard, [partials])
+            # (item shard, Packed(item, hi, mid, lo, holders))
+            | "GroupItems" >> beam.GroupByKey()  # (item shard, [Packed partials])
             | "NoisyThreshold"
             >> beam.ParDo(NoisyThresholdFn(self._plan, self._seed, self._with_holders)).with_outputs(
                 NoisyThresholdFn.HOLDERS, main="released"
@@ -233,14 +244,25 @@ def barrier(pcoll, label: str):
     """
     return (
         pcoll
-        | f"{label}" >> beam.GroupByKey()  # (shard, [table])
+        | f"{label}Pack" >> beam.MapTuple(pack_piece)  # (shard, Packed table): materialised compressed
+        | f"{label}" >> beam.GroupByKey()  # (shard, [Packed])
         | f"{label}Pieces" >> beam.FlatMapTuple(each_piece)  # (shard, table)
     )
 
 
-def each_piece(shard, tables):
-    for table in tables:
-        yield shard, table
+def pack_piece(shard, table):
+    """(shard, table) -> (shard, Packed table), key columns dictionary-encoded (user-sorted pieces)."""
+    return shard, pack_pairs(table)
+
+
+def unpack_piece(shard, packed):
+    """(shard, Packed table) -> (shard, table)."""
+    return shard, packed.table()
+
+
+def each_piece(shard, packed):
+    for p in packed:
+        yield shard, p.table()
 
 
 def checkpoint(pcoll, label: str):
@@ -263,7 +285,7 @@ class HoldersOfReleasedFn(beam.DoFn):
             return
         if self._cache[0] is not released:
             self._cache = (released, pa.array(list(released), type=pa.binary()))
-        w = C.merge_partials(element[1])
+        w = C.merge_partials(unpacked(element[1]))
         kept = C.keep_items(w, self._cache[1])
         yield from zip(kept.column(ITEM).to_pylist(), kept.column("holders").to_pylist())
 
@@ -346,7 +368,8 @@ class ColumnarDPSIPS(beam.PTransform):
         k = self._params.max_contributions
         seed_arg = _seed_arg(batches, self._seed, "RunSeed")
         full, num_shards = batches | "Users" >> ShardedUsers(seed_arg, None, self._rows_per_shard)
-        # (user shard, Table(user, item)) all rows
+        # (user shard, Table(user, item)) all rows; every round reads them: kept packed
+        full = full | "PackFull" >> beam.MapTuple(pack_piece)  # (user shard, Packed(user, item))
         shards_si = beam.pvalue.AsSingleton(num_shards)
         outputs, released_so_far = [], None  # (round, item bytes) of rounds < r
         for plan in self._plans:
@@ -356,7 +379,11 @@ class ColumnarDPSIPS(beam.PTransform):
                 if released_so_far is None
                 else beam.pvalue.AsList(released_so_far | f"Released{r}" >> beam.Map(released_bytes))
             )
-            capped = full | f"Cap{r}" >> beam.ParDo(CapFn(k, r), seed_arg, removed)  # (shard, capped \\ U_<r)
+            capped = (
+                full
+                | f"Unpack{r}" >> beam.MapTuple(unpack_piece)  # (user shard, Table(user, item))
+                | f"Cap{r}" >> beam.ParDo(CapFn(k, r), seed_arg, removed)
+            )  # (shard, capped \\ U_<r)
             released_r = capped | f"Round{r}" >> BasicRound(plan, self._seed, shards_si)  # (r, item bytes)
             # materialised: the output, the next round's removal and the counts see the same draw
             released_r = checkpoint(released_r | f"ByItem{r}" >> beam.Map(swap), f"Checkpoint{r}") | (
@@ -376,9 +403,10 @@ class ColumnarDPSIPS(beam.PTransform):
         released_list = beam.pvalue.AsList(released | "ReleasedBytes" >> beam.Map(released_bytes))
         holders = (
             full
+            | "UnpackForCounts" >> beam.MapTuple(unpack_piece)  # (user shard, Table(user, item))
             | "CapForCounts" >> beam.ParDo(CapFn(k, 0), seed_arg)  # (shard, capped round 0)
             | "CountPartials" >> beam.ParDo(BasicPartialsFn("count"), shards_si)  # (item shard, partials)
-            | "GroupCounts" >> beam.GroupByKey()  # (item shard, [partials])
+            | "GroupCounts" >> beam.GroupByKey()  # (item shard, [Packed partials])
             | "Holders" >> beam.ParDo(HoldersOfReleasedFn(), released_list)  # (item bytes, holders>0)
         )
         zeros = released | "Zeros" >> beam.Map(zero_holders_of_tagged)  # (item bytes, 0)
@@ -407,7 +435,7 @@ class MADInitPartialsFn(beam.DoFn):
 
     def process(self, element, num_shards):
         partials = C.mad_init_partials(element[1], self._b_min, self._d_max)
-        yield from split_by_shard(partials, shard_ids(partials.column(ITEM), num_shards), num_shards)
+        yield from by_item_shard(partials, num_shards)  # packed
 
 
 class MADExcessFn(beam.DoFn):
@@ -418,10 +446,10 @@ class MADExcessFn(beam.DoFn):
 
     def process(self, element, tau):  # tau: a float, or a singleton side input (DPNE's tau_k)
         shard, partials = element
-        hot, trunc = C.mad_item_excess(C.merge_partials(partials), tau)
+        hot, trunc = C.mad_item_excess(C.merge_partials(unpacked(partials)), tau)
         yield from chunks(hot)
         for piece in chunks(trunc):
-            yield beam.pvalue.TaggedOutput(self.TRUNC, (shard, piece))
+            yield beam.pvalue.TaggedOutput(self.TRUNC, (shard, pack(piece)))
 
 
 class MADExcessConstFn(MADExcessFn):
@@ -452,7 +480,7 @@ class MADContributionFn(beam.DoFn):
             tables = [t for t in hot_tables if isinstance(t, pa.Table)]
             self._cache = (hot_tables, C.concat(tables) if tables else None)
         partials = C.mad_contribution_partials(element[1], self._cache[1], tau, *self._params)
-        yield from split_by_shard(partials, shard_ids(partials.column(ITEM), num_shards), num_shards)
+        yield from by_item_shard(partials, num_shards)  # packed
 
 
 class MADContributionConstFn(MADContributionFn):
@@ -498,7 +526,7 @@ class MADWeightsColumnar(beam.PTransform):
             capped
             | "InitPartials" >> beam.ParDo(MADInitPartialsFn(self._b_min, self._d_max), self._num_shards)
             # (item shard, w_init partials)
-            | "GroupInit" >> beam.GroupByKey()  # (item shard, [partials])
+            | "GroupInit" >> beam.GroupByKey()  # (item shard, [Packed partials])
             | "Excess"
             >> (
                 beam.ParDo(MADExcessFn(), self._tau_si)
@@ -519,7 +547,7 @@ class MADWeightsColumnar(beam.PTransform):
         return (
             (excess[MADExcessFn.TRUNC], contributions)
             | "AllParts" >> beam.Flatten()  # (item shard, partials)
-            | "GroupParts" >> beam.GroupByKey()  # (item shard, [partials])
+            | "GroupParts" >> beam.GroupByKey()  # (item shard, [Packed partials])
         )
 
 
@@ -535,7 +563,7 @@ class MADRound(beam.PTransform):
         p = self._plan
         grouped = capped | "MADWeights" >> MADWeightsColumnar(
             p.tau, self._params.d_max, self._b_min, self._b_max, self._num_shards
-        )  # (item shard, [partials])
+        )  # (item shard, [Packed partials])
         out = grouped | "NoisyThreshold" >> beam.ParDo(
             NoisyThresholdFn(p, self._seed, self._with_holders)
         ).with_outputs(NoisyThresholdFn.HOLDERS, main="released")  # (round, item bytes); holders
@@ -579,7 +607,7 @@ class Round1StatusFn(WorkerRngDoFn):
 
     def process(self, element):
         shard, partials = element
-        w = C.merge_partials(partials)
+        w = C.merge_partials(unpacked(partials))
         r1, r2, p = self._r1, self._r2, self._params
         noisy = C.noisy_weights(
             w.column(ITEM), w.column("weight").to_numpy(), r1.noise, r1.noise_scale, self._seed, r1.index, self._rng
