@@ -248,3 +248,16 @@ def test_mad_contributions_with_biases_equal_the_per_user_kernel_in_any_row_orde
     assert limbs(C.mad_contribution_partials(shuffled, hot, tau, d_max, b_min, b_max)) == limbs(
         C.mad_contribution_partials(capped, hot, tau, d_max, b_min, b_max)
     )
+
+
+def test_side_input_cache_builds_once_per_side_input_object():
+    from transforms.core.dofns import SideInputCache
+
+    built = []
+    cache = SideInputCache()
+    a, b = [b"x"], [b"x"]  # equal lists, two side-input objects
+    assert cache.get(None, built.append) is None and built == []
+    for source in (a, a, b, b, a):
+        cache.get(source, lambda s: built.append(s) or len(built))
+    assert [id(s) for s in built] == [id(a), id(b), id(a)]
+    assert cache.get(a, lambda s: -1) == 3  # the value built for this object

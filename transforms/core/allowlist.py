@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import apache_beam as beam
 
+from transforms.core.batches import binary_array
+from transforms.core.dofns import SideInputCache
+
 __all__ = ["check_allowlist", "in_allowlist", "KeepAllowlisted", "KeepAllowlistedRows"]
 
 
@@ -62,15 +65,13 @@ class KeepAllowlistedRowsFn(beam.DoFn):
     """Table(user, item) -> the rows whose item is in the allowlist (key bytes; a list or a side-input list)."""
 
     def __init__(self):
-        self._cache = (None, None)  # (id of the allowlist list, its Arrow array)
+        self._allowed = SideInputCache()  # the allowlist's Arrow array
 
     def process(self, table, allowed):
-        import pyarrow as pa
         import pyarrow.compute as pc
 
-        if self._cache[0] is not allowed:
-            self._cache = (allowed, pa.array(list(allowed), type=pa.binary()))
-        kept = table.filter(pc.is_in(table.column("item"), value_set=self._cache[1]))
+        value_set = self._allowed.get(allowed, binary_array)
+        kept = table.filter(pc.is_in(table.column("item"), value_set=value_set))
         if kept.num_rows:
             yield kept
 

@@ -41,6 +41,7 @@ __all__ = [
     "split_by_shard",
     "shard_ids",
     "concat",
+    "binary_array",
     "Packed",
     "pack",
     "pack_pairs",
@@ -327,6 +328,11 @@ class ShardCount(beam.PTransform):
             | "Total" >> beam.CombineGlobally(sum)  # int, 0 for empty input
             | "Shards" >> beam.Map(shard_count_of, self._rows_per_shard)  # S >= 1
         )
+
+
+def binary_array(keys: Iterable[bytes]) -> pa.Array:
+    """An Arrow binary array of key bytes (e.g. a side-input list of released or allowed items)."""
+    return pa.array(list(keys), type=_BINARY)
 
 
 def item_array_to_keys(column) -> List:

@@ -6,6 +6,7 @@
   :class:`BundleListsFn`: per-bundle gathering into bounded per-key lists (the joins).
 * :func:`is_batch` / :func:`in_global_window`: the global-window (batch) fast paths and their
   ``finish_bundle`` outputs.
+* :class:`SideInputCache`: a value built from a side input once per side-input object.
 """
 
 from __future__ import annotations
@@ -31,6 +32,31 @@ def is_batch(pcoll) -> bool:
     """Whether ``pcoll`` is in the global window: then DoFns may pre-aggregate per bundle and emit in
     ``finish_bundle`` (other windowings emit one element per input and let the combiners sum)."""
     return isinstance(pcoll.windowing.windowfn, GlobalWindows)
+
+
+_UNSET = object()
+
+
+class SideInputCache:
+    """A value built from a side input (e.g. an Arrow array of a side-input list), rebuilt only when the
+    runner hands the DoFn another side-input object (it passes the same object to every element of a
+    bundle and window). Holds one (source, value) pair: a DoFn keeps one cache per side input.
+
+    ``None`` stands for "no side input" and gives ``None`` (nothing built).
+    """
+
+    __slots__ = ("_source", "_value")
+
+    def __init__(self):
+        self._source, self._value = _UNSET, None
+
+    def get(self, source, build):
+        """``build(source)``, computed once per ``source`` object."""
+        if source is None:
+            return None
+        if self._source is not source:
+            self._value, self._source = build(source), source
+        return self._value
 
 
 class WorkerRngDoFn(beam.DoFn):

@@ -89,7 +89,7 @@ from transforms.core.batches import (
     unpacked,
     user_chunks,
 )
-from transforms.core.dofns import WorkerRngDoFn, in_global_window
+from transforms.core.dofns import SideInputCache, WorkerRngDoFn, in_global_window
 from transforms.core.fingerprint import from_key_bytes
 from transforms.dpne import columnar_kernels as CK
 from transforms.dpne import dpne_kernels
@@ -219,20 +219,6 @@ class TokensByUser(beam.PTransform):
 # ---------------------------------------------------------------------------------------------
 
 
-class _ArrayCache:
-    """The Arrow string array of a side-input list, rebuilt only when the list object changes."""
-
-    def __init__(self):
-        self._src, self._arr = None, None
-
-    def get(self, values):
-        if values is None:
-            return None
-        if self._src is not values:
-            self._src, self._arr = values, CK.string_array(values)
-        return self._arr
-
-
 class LevelCapFn(beam.DoFn):
     """(user shard, tokens) -> (user shard, Table(user, item, degree)): the run's (valid) n-grams of each
     user, allowlisted, distinct, bottom-k subsampled to ``max_contributions`` (round ``round_``).
@@ -250,7 +236,7 @@ class LevelCapFn(beam.DoFn):
         self._caches = None
 
     def setup(self):
-        self._caches = (_ArrayCache(), _ArrayCache(), _ArrayCache())
+        self._caches = (SideInputCache(), SideInputCache(), SideInputCache())
 
     def process(self, element, seed, s_prev=None, s1=None, allowlist=None):
         if self._caches is None:
@@ -263,10 +249,10 @@ class LevelCapFn(beam.DoFn):
             self._cap,
             seed,
             self._round,
-            prev_c.get(s_prev) if self._pruning else None,
-            s1_c.get(s1) if self._pruning else None,
+            prev_c.get(s_prev, CK.string_array) if self._pruning else None,
+            s1_c.get(s1, CK.string_array) if self._pruning else None,
             self._pruning or "both",
-            allow_c.get(allowlist),
+            allow_c.get(allowlist, CK.string_array),
             self._chunk_rows,
         )  # Table(user, item, degree), <= max_contributions per user
         if capped.num_rows:

@@ -40,6 +40,7 @@ from transforms.core.batches import (
     ITEM,
     USER,
     ShardCount,
+    binary_array,
     by_item_shard,
     chunks,
     dictionary_codes,
@@ -50,7 +51,7 @@ from transforms.core.batches import (
     unpacked,
     user_chunks,
 )
-from transforms.core.dofns import WorkerRngDoFn
+from transforms.core.dofns import SideInputCache, WorkerRngDoFn
 from transforms.core.fingerprint import fingerprint64, from_key_bytes
 from transforms.core.noise import only_value
 from transforms.selection import columnar_kernels as C
@@ -278,15 +279,13 @@ class HoldersOfReleasedFn(beam.DoFn):
     """(item shard, [partials]) -> (item key bytes, holders) for the released items (side-input list)."""
 
     def __init__(self):
-        self._cache = (None, None)
+        self._released = SideInputCache()  # Arrow array of the released items
 
     def process(self, element, released):
         if not released:
             return
-        if self._cache[0] is not released:
-            self._cache = (released, pa.array(list(released), type=pa.binary()))
         w = C.merge_partials(unpacked(element[1]))
-        kept = C.keep_items(w, self._cache[1])
+        kept = C.keep_items(w, self._released.get(released, binary_array))
         yield from zip(kept.column(ITEM).to_pylist(), kept.column("holders").to_pylist())
 
 
@@ -470,17 +469,23 @@ class MADContributionFn(beam.DoFn):
 
     def __init__(self, d_max, b_min, b_max):
         self._params = (d_max, b_min, b_max)
-        self._cache = (None, None)
+        self._hot = SideInputCache()  # one table of the hot items' r(i)
 
     def process(self, element, hot_tables, num_shards, tau):  # tau: a float or a singleton side input
-        if self._cache[0] is not hot_tables:
-            # Only the tables: under Beam's BundleBasedDirectRunner with injected bundle failures the list was
-            # seen to hold (shard, table) tuples of the sibling 'trunc' output too (flaky, tests only); any
-            # wrong weight would still fail the Beam == reference comparison.
-            tables = [t for t in hot_tables if isinstance(t, pa.Table)]
-            self._cache = (hot_tables, C.concat(tables) if tables else None)
-        partials = C.mad_contribution_partials(element[1], self._cache[1], tau, *self._params)
+        hot = self._hot.get(hot_tables, hot_items_table)
+        partials = C.mad_contribution_partials(element[1], hot, tau, *self._params)
         yield from by_item_shard(partials, num_shards)  # packed
+
+
+def hot_items_table(hot_tables):
+    """One Table(item, r) of the hot items (side-input list of tables), or None if there are none.
+
+    Only the tables: under Beam's BundleBasedDirectRunner with injected bundle failures the list was seen
+    to hold (shard, table) tuples of the sibling 'trunc' output too (flaky, tests only); any wrong weight
+    would still fail the Beam == reference comparison.
+    """
+    tables = [t for t in hot_tables if isinstance(t, pa.Table)]
+    return C.concat(tables) if tables else None
 
 
 class MADContributionConstFn(MADContributionFn):
@@ -653,16 +658,20 @@ class AttachBiasesFn(beam.DoFn):
     """(user shard, capped) -> (user shard, Table(user, item, degree, bias)) of the round-2 items (line 13)."""
 
     def __init__(self):
-        self._cache = (None, None)
+        self._biases = SideInputCache()  # one Table(item, bias)
 
     def process(self, element, bias_tables):
-        if self._cache[0] is not bias_tables:
-            self._cache = (bias_tables, C.concat(bias_tables) if bias_tables else None)
-        if self._cache[1] is None or self._cache[1].num_rows == 0:
+        biases = self._biases.get(bias_tables, concat_or_none)
+        if biases is None or biases.num_rows == 0:
             return
-        sets = C.attach_biases(element[1], self._cache[1])
+        sets = C.attach_biases(element[1], biases)
         if sets.num_rows:
             yield element[0], sets
+
+
+def concat_or_none(tables):
+    """One table of a side-input list of tables, or None if the list is empty."""
+    return C.concat(tables) if tables else None
 
 
 class ColumnarMAD2R(beam.PTransform):

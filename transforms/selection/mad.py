@@ -1,7 +1,8 @@
 """MAD weights (MAD paper Alg. 3) as a per-element Beam building block: (user, [item]) -> (item, w).
 
-SelectPartitions runs MAD and MAD2R on the columnar path (:mod:`transforms.selection.columnar`);
-this transform serves pipelines whose data are already per-user sets (DPNE's MAD levels, custom pipelines).
+SelectPartitions and DPNE's MAD levels run MAD and MAD2R on the columnar path
+(:mod:`transforms.selection.columnar`); this transform is a building block for custom pipelines whose
+data are already per-user sets (exported as ``transforms.MADWeights``; same bits as the columnar path).
 
 The per-user and per-item arithmetic is in :mod:`transforms.selection.mad_kernels` (shared with the
 in-memory reference); this module only moves data between those kernels.
