@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
-import gzip
 import hashlib
 import json
 import math
@@ -52,7 +51,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from benchmarks import bench_mad, bench_select  # noqa: E402
 from benchmarks.peers import PEER_STRATEGIES  # noqa: E402
-from benchmarks.shared_data import shared_data_path  # noqa: E402
+from benchmarks.shared_data import read_user_sets, shared_data_path  # noqa: E402
 from privacy.selection import ALGORITHMS, SelectionParams  # noqa: E402
 from transforms import reference  # noqa: E402
 from transforms.testing.synthetic import zipf_pair_count  # noqa: E402
@@ -121,9 +120,7 @@ def load_sets(name, corpus):
     if name in ("debian_words", "section62"):
         return bench_mad.load_dataset(name)
     if name == "commits_full":
-        with gzip.open(corpus, "rt", encoding="utf-8") as f:
-            next(f)  # header user<TAB>word
-            return reference.user_sets_from_pairs(tuple(line.rstrip("\n").split("\t", 1)) for line in f)
+        return read_user_sets(corpus)
     if name.startswith("zipf_"):
         n_chunks = max(1, round(_size(name[5:]) / (bench_select.USERS_PER_CHUNK * 10)))
         return reference.user_sets_from_pairs(bench_select.zipf_pairs(n_chunks, bench_select.USERS_PER_CHUNK))

@@ -18,6 +18,7 @@ file, the folders tried and the variable; tests fail with it rather than skip.
 
 from __future__ import annotations
 
+import gzip
 import os
 
 ENV_VAR = "DP_SHARED_DATA"
@@ -43,3 +44,14 @@ def shared_data_path(name: str) -> str:
         f"shared data file {name!r} not found ({where}). Set {ENV_VAR} to the folder that holds the "
         f"project's shared corpora (commits, msnbc, imdb, higgs, retail, debian_b) to run this."
     )
+
+
+def read_user_sets(path: str) -> dict:
+    """dict user -> [distinct item] of a ``user<TAB>item`` .tsv.gz with a header line (the shared
+    corpora's ``*.user_words.tsv.gz``). Lines are split at ``\n`` only: some IMDb items hold C1 control
+    characters that universal newlines or ``str.splitlines`` would break (README.mad_datasets.md)."""
+    from transforms.selection.reference import user_sets_from_pairs
+
+    with gzip.open(path, "rt", encoding="utf-8", newline="\n") as f:
+        next(f)  # header user<TAB>item
+        return user_sets_from_pairs(tuple(line.rstrip("\n").split("\t", 1)) for line in f)
