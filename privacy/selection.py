@@ -17,6 +17,10 @@ Rounds per algorithm (the ``shape`` of its :class:`AlgorithmSpec`):
   mad              MAD weights, 1 round, tau = rho + beta*sigma (MAD paper Alg. 3, Cor. 5.2)
   mad2r            2 rounds (MAD paper Alg. 4); round 2 uses h(t) = b_max/sqrt(t)
   dp_sips          len(budget_split) rounds of Basic (DP-SIPS, MAD paper sec. 1.3)
+  mad_sips         len(budget_split) rounds of MAD; released items removed and the remaining sets
+                   re-subsampled every round (as DP-SIPS), hopeless items dropped and the rest biased from
+                   the previous round's noisy weights (as MAD2R round 2); h(t) = b_max/sqrt(t) from round 2
+                   (docs/mad_sips.md)
   policy_laplace   l1-descent histogram, Laplace, 1 round  (DPSU paper Alg. 3-4, Theorem 4.1)
   policy_gaussian  l2-descent histogram, Gaussian, 1 round (DPSU paper Alg. 5-6, Theorem 5.1)
 
@@ -50,6 +54,7 @@ __all__ = [
     "ALGORITHMS",
     "SEQUENTIAL_ALGORITHMS",
     "SHAPES",
+    "MULTI_ROUND_SHAPES",
     "ACCOUNTINGS",
     "DEFAULT_MAX_SEQUENTIAL_PAIRS",
     "SelectionParams",
@@ -64,8 +69,12 @@ __all__ = [
 
 #: How an algorithm's rounds are executed (the Beam transform and the reference each have one runner
 #: per shape): one weight-and-threshold round, DP-SIPS's rounds of Basic with removal and
-#: re-subsampling, MAD2R's two rounds with biases, or the sequential single-worker policy histogram.
-SHAPES = ("single", "dp_sips", "mad2r", "sequential")
+#: re-subsampling, MAD2R's two rounds with biases, MAD-SIPS's rounds of biased MAD with removal and
+#: re-subsampling (docs/mad_sips.md), or the sequential single-worker policy histogram.
+SHAPES = ("single", "dp_sips", "mad2r", "mad_sips", "sequential")
+
+#: the shapes whose Gaussian rounds are calibrated together by privacy.accounting.multi_round_calibration
+MULTI_ROUND_SHAPES = ("dp_sips", "mad2r", "mad_sips")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,6 +185,17 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             "rounds of Basic; released items removed and sets re-subsampled each round",
             "MAD paper sec. 1.3, 7.2",
             ("budget_split", "accounting"),
+        ),
+        AlgorithmSpec(
+            "mad_sips",
+            "mad_sips",
+            "mad",
+            "weighted_gaussian",
+            "1/sqrt(t); b_max/sqrt(t)",
+            "rounds of MAD; found items removed, sets re-subsampled, hopeless items dropped and the rest "
+            "biased from the previous round's noisy weights",
+            "docs/mad_sips.md (MAD paper Alg. 3-4 + DP-SIPS)",
+            ("d_max", "beta", "b_min", "b_max", "c_lb", "c_ub", "budget_split", "accounting"),
         ),
         AlgorithmSpec(
             "policy_gaussian",
@@ -367,7 +387,7 @@ def selection_share(spec: AlgorithmSpec, params: SelectionParams) -> Optional[co
     if not params.release_counts:
         return None
     args = (params.epsilon, params.delta, params.count_budget, params.max_contributions)
-    if spec.shape in ("dp_sips", "mad2r"):
+    if spec.shape in MULTI_ROUND_SHAPES:
         return (counts.split_gdp if params.accounting == "gdp" else counts.split_basic)(*args)
     if spec.calibration in ("weighted_gaussian", "count_gaussian"):
         return counts.split_gdp(*args)
@@ -410,6 +430,10 @@ def _gaussian_rounds(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[Roun
         b_max = params.b_max
         hs = [None, lambda t: b_max / np.sqrt(t)]  # Alg. 4 lines 4 and 9
         hnames = ["1/sqrt(t)", f"{b_max:g}/sqrt(t)"]
+    elif spec.shape == "mad_sips":  # round 1 unbiased MAD (Lemma 5.3, b_max = 1); later rounds biased
+        b_max = params.b_max
+        hs = [None] + [lambda t: b_max / np.sqrt(t)] * (len(fractions) - 1)
+        hnames = ["1/sqrt(t)"] + [f"{b_max:g}/sqrt(t)"] * (len(fractions) - 1)
     else:  # dp_sips
         hs = [None] * len(fractions)
         hnames = ["1/sqrt(t)"] * len(fractions)
@@ -441,7 +465,13 @@ def _gaussian_rounds(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[Roun
     return tuple(rounds)
 
 
-_PLANNERS = {"single": _one_round, "sequential": _one_round, "dp_sips": _gaussian_rounds, "mad2r": _gaussian_rounds}
+_PLANNERS = {
+    "single": _one_round,
+    "sequential": _one_round,
+    "dp_sips": _gaussian_rounds,
+    "mad2r": _gaussian_rounds,
+    "mad_sips": _gaussian_rounds,
+}
 
 
 def plan_rounds(algorithm: str, params: SelectionParams) -> Tuple[RoundPlan, ...]:

@@ -158,8 +158,60 @@ def _mad2r(user_sets, spec, params, plans, seed, rng):
     return {1: u1, 2: u2}, capped
 
 
+def previous_round_biases(candidates, noisy_prev, prev_plan, plan, params, seed, rng):
+    """MAD-SIPS round ``plan.index`` >= 2: ``{item: bias}`` of the candidates it keeps (docs/mad_sips.md).
+
+    ``candidates``: the items still held by some user after removing the released ones; ``noisy_prev``:
+    the previous round's noisy weights (on that round's union). The previous round's extended noisy vector
+    (MAD paper Alg. 1 line 9) is queried on every candidate: a candidate outside that round's union (no user
+    subsampled it then) gets its pure-noise entry ``sigma_{r-1} * Z`` with Z keyed by (seed, 'noise', r-1,
+    item), the key its noise would have had. Then MAD paper Alg. 4 lines 10-14 with rho_r: items with
+    ``w~ + C_ub sigma_{r-1} < rho_r`` are dropped, the others biased ``min(1, rho_r / w~_lb)``.
+    """
+    absent = [i for i in candidates if i not in noisy_prev]
+    zeros = dict.fromkeys(absent, 0.0)
+    pure_noise = add_noise(zeros, prev_plan.noise, prev_plan.noise_scale, seed, prev_plan.index, rng)
+    biases = {}
+    for item in candidates:
+        w = noisy_prev[item] if item in noisy_prev else pure_noise[item]
+        b = K.round2_bias(w, plan.threshold, prev_plan.noise_scale, params.c_lb, params.c_ub)  # Alg. 4 lines 10-14
+        if b is not None:
+            biases[item] = b
+    return biases
+
+
+def _mad_sips(user_sets, spec, params, plans, seed, rng):
+    """MAD-SIPS (docs/mad_sips.md): R rounds of MAD; every round removes the released items, drops the
+    hopeless ones and biases the rest from the previous round's noisy weights, and re-subsamples each user's
+    remaining items to Delta_0 (randomness round r)."""
+    full = {u: _unique(items) for u, items in user_sets.items()}
+    released: Set[Hashable] = set()
+    per_round = {}
+    prev = None  # (plan, noisy weights) of round r - 1
+    for plan in plans:
+        r = plan.index
+        remaining = {u: [i for i in items if i not in released] for u, items in full.items()}  # remove U_<r
+        biases = None
+        if prev is not None:
+            candidates = _unique(i for items in remaining.values() for i in items)
+            biases = previous_round_biases(candidates, prev[1], prev[0], plan, params, seed, rng)
+            remaining = {u: [i for i in items if i in biases] for u, items in remaining.items()}  # drop U_low
+        remaining = {u: items for u, items in remaining.items() if items}
+        capped = bound_contributions(remaining, params.max_contributions, seed, r, rng)  # re-subsample
+        if biases is None:  # round 1: unbiased MAD (MAD paper Alg. 4 line 5)
+            w = K.mad_weights(capped, plan.tau, params.d_max)
+        else:  # rounds >= 2: biased MAD (Alg. 4 line 15)
+            w = K.mad_weights(capped, plan.tau, params.d_max, biases, params.b_min, params.b_max)
+        noisy = add_noise(w, plan.noise, plan.noise_scale, seed, r, rng)
+        per_round[r] = {i for i, x in noisy.items() if x >= plan.threshold}
+        released |= per_round[r]
+        prev = (plan, noisy)
+    # The rounds re-subsample per round; the counts use one subsample of the full sets (round 0).
+    return per_round, bound_contributions(full, params.max_contributions, seed, 0, rng)
+
+
 #: one runner per shape of the registry (privacy.selection.SHAPES); SelectPartitions has the same table
-_RUNNERS = {"single": _single_round, "sequential": _policy, "dp_sips": _dp_sips, "mad2r": _mad2r}
+_RUNNERS = {"single": _single_round, "sequential": _policy, "dp_sips": _dp_sips, "mad2r": _mad2r, "mad_sips": _mad_sips}
 
 
 @dataclasses.dataclass(frozen=True)
