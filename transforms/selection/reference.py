@@ -180,6 +180,29 @@ def previous_round_biases(candidates, noisy_prev, prev_plan, plan, params, seed,
     return biases
 
 
+def mad_sips_round(full_sets, released, prev, plan, params, seed=None, rng=None):
+    """One MAD-SIPS round (docs/mad_sips.md): ``(capped round-r sets, biases or None, MAD weights)``.
+
+    ``full_sets``: user -> distinct items; ``released``: the items of U_<r; ``prev``: ``(plan, noisy
+    weights)`` of round r - 1, or None in round 1. Everything that depends on the data of earlier rounds
+    comes through ``released`` and ``prev`` (public / noisy outputs), which is what the privacy proof uses.
+    """
+    r = plan.index
+    remaining = {u: [i for i in items if i not in released] for u, items in full_sets.items()}  # remove U_<r
+    biases = None
+    if prev is not None:
+        candidates = _unique(i for items in remaining.values() for i in items)
+        biases = previous_round_biases(candidates, prev[1], prev[0], plan, params, seed, rng)
+        remaining = {u: [i for i in items if i in biases] for u, items in remaining.items()}  # drop U_low
+    remaining = {u: items for u, items in remaining.items() if items}
+    capped = bound_contributions(remaining, params.max_contributions, seed, r, rng)  # re-subsample (round r)
+    if biases is None:  # round 1: unbiased MAD (MAD paper Alg. 4 line 5)
+        w = K.mad_weights(capped, plan.tau, params.d_max)
+    else:  # rounds >= 2: biased MAD (Alg. 4 line 15)
+        w = K.mad_weights(capped, plan.tau, params.d_max, biases, params.b_min, params.b_max)
+    return capped, biases, w
+
+
 def _mad_sips(user_sets, spec, params, plans, seed, rng):
     """MAD-SIPS (docs/mad_sips.md): R rounds of MAD; every round removes the released items, drops the
     hopeless ones and biases the rest from the previous round's noisy weights, and re-subsamples each user's
@@ -189,22 +212,10 @@ def _mad_sips(user_sets, spec, params, plans, seed, rng):
     per_round = {}
     prev = None  # (plan, noisy weights) of round r - 1
     for plan in plans:
-        r = plan.index
-        remaining = {u: [i for i in items if i not in released] for u, items in full.items()}  # remove U_<r
-        biases = None
-        if prev is not None:
-            candidates = _unique(i for items in remaining.values() for i in items)
-            biases = previous_round_biases(candidates, prev[1], prev[0], plan, params, seed, rng)
-            remaining = {u: [i for i in items if i in biases] for u, items in remaining.items()}  # drop U_low
-        remaining = {u: items for u, items in remaining.items() if items}
-        capped = bound_contributions(remaining, params.max_contributions, seed, r, rng)  # re-subsample
-        if biases is None:  # round 1: unbiased MAD (MAD paper Alg. 4 line 5)
-            w = K.mad_weights(capped, plan.tau, params.d_max)
-        else:  # rounds >= 2: biased MAD (Alg. 4 line 15)
-            w = K.mad_weights(capped, plan.tau, params.d_max, biases, params.b_min, params.b_max)
-        noisy = add_noise(w, plan.noise, plan.noise_scale, seed, r, rng)
-        per_round[r] = {i for i, x in noisy.items() if x >= plan.threshold}
-        released |= per_round[r]
+        _, _, w = mad_sips_round(full, released, prev, plan, params, seed, rng)
+        noisy = add_noise(w, plan.noise, plan.noise_scale, seed, plan.index, rng)
+        per_round[plan.index] = {i for i, x in noisy.items() if x >= plan.threshold}
+        released |= per_round[plan.index]
         prev = (plan, noisy)
     # The rounds re-subsample per round; the counts use one subsample of the full sets (round 0).
     return per_round, bound_contributions(full, params.max_contributions, seed, 0, rng)
