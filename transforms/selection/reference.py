@@ -158,15 +158,17 @@ def _mad2r(user_sets, spec, params, plans, seed, rng):
     return {1: u1, 2: u2}, capped
 
 
-def previous_round_biases(candidates, noisy_prev, prev_plan, plan, params, seed, rng):
+def previous_round_biases(candidates, noisy_prev, prev_plan, plan, params, seed, rng, rho_drop=None):
     """MAD-SIPS round ``plan.index`` >= 2: ``{item: bias}`` of the candidates it keeps (docs/mad_sips.md).
 
     ``candidates``: the items still held by some user after removing the released ones; ``noisy_prev``:
     the previous round's noisy weights (on that round's union). The previous round's extended noisy vector
     (MAD paper Alg. 1 line 9) is queried on every candidate: a candidate outside that round's union (no user
     subsampled it then) gets its pure-noise entry ``sigma_{r-1} * Z`` with Z keyed by (seed, 'noise', r-1,
-    item), the key its noise would have had. Then MAD paper Alg. 4 lines 10-14 with rho_r: items with
-    ``w~ + C_ub sigma_{r-1} < rho_r`` are dropped, the others biased ``min(1, rho_r / w~_lb)``.
+    item), the key its noise would have had. Then MAD paper Alg. 4 lines 10-14: items with
+    ``w~ + C_ub sigma_{r-1} < rho_drop`` are dropped (``rho_drop``: the least threshold of rounds r..R, an
+    item that cannot reach rho_r may still reach a later round's; default rho_r), the others biased
+    ``min(1, rho_r / w~_lb)``.
     """
     absent = [i for i in candidates if i not in noisy_prev]
     zeros = dict.fromkeys(absent, 0.0)
@@ -174,17 +176,18 @@ def previous_round_biases(candidates, noisy_prev, prev_plan, plan, params, seed,
     biases = {}
     for item in candidates:
         w = noisy_prev[item] if item in noisy_prev else pure_noise[item]
-        b = K.round2_bias(w, plan.threshold, prev_plan.noise_scale, params.c_lb, params.c_ub)  # Alg. 4 lines 10-14
+        b = K.round2_bias(w, plan.threshold, prev_plan.noise_scale, params.c_lb, params.c_ub, rho_drop)  # l. 10-14
         if b is not None:
             biases[item] = b
     return biases
 
 
-def mad_sips_round(full_sets, released, prev, plan, params, seed=None, rng=None):
+def mad_sips_round(full_sets, released, prev, plan, params, seed=None, rng=None, rho_drop=None):
     """One MAD-SIPS round (docs/mad_sips.md): ``(capped round-r sets, biases or None, MAD weights)``.
 
     ``full_sets``: user -> distinct items; ``released``: the items of U_<r; ``prev``: ``(plan, noisy
-    weights)`` of round r - 1, or None in round 1. Everything that depends on the data of earlier rounds
+    weights)`` of round r - 1, or None in round 1; ``rho_drop``: the least threshold of rounds r..R
+    (:func:`previous_round_biases`). Everything that depends on the data of earlier rounds
     comes through ``released`` and ``prev`` (public / noisy outputs), which is what the privacy proof uses.
     """
     r = plan.index
@@ -192,7 +195,7 @@ def mad_sips_round(full_sets, released, prev, plan, params, seed=None, rng=None)
     biases = None
     if prev is not None:
         candidates = _unique(i for items in remaining.values() for i in items)
-        biases = previous_round_biases(candidates, prev[1], prev[0], plan, params, seed, rng)
+        biases = previous_round_biases(candidates, prev[1], prev[0], plan, params, seed, rng, rho_drop)
         remaining = {u: [i for i in items if i in biases] for u, items in remaining.items()}  # drop U_low
     remaining = {u: items for u, items in remaining.items() if items}
     capped = bound_contributions(remaining, params.max_contributions, seed, r, rng)  # re-subsample (round r)
@@ -211,8 +214,9 @@ def _mad_sips(user_sets, spec, params, plans, seed, rng):
     released: Set[Hashable] = set()
     per_round = {}
     prev = None  # (plan, noisy weights) of round r - 1
-    for plan in plans:
-        _, _, w = mad_sips_round(full, released, prev, plan, params, seed, rng)
+    for k, plan in enumerate(plans):
+        rho_drop = min(p.threshold for p in plans[k:])  # hopeless: below every remaining round's threshold
+        _, _, w = mad_sips_round(full, released, prev, plan, params, seed, rng, rho_drop)
         noisy = add_noise(w, plan.noise, plan.noise_scale, seed, plan.index, rng)
         per_round[plan.index] = {i for i, x in noisy.items() if x >= plan.threshold}
         released |= per_round[plan.index]
