@@ -71,12 +71,37 @@ def parse_config(text: str):
     return algo, out
 
 
+def split_noise_delta(q: float) -> None:
+    """Patches the multi-round planner to give the noise q*delta and the thresholds (1 - q)*delta."""
+    from privacy import accounting, calibration, selection
+
+    original = accounting.multi_round_calibration
+
+    def patched(epsilon, delta, fractions, accounting_="gdp", max_contributions=100, h_per_round=None, sigma=None):
+        if accounting_ != "gdp" or sigma is not None:
+            raise ValueError("--noise_delta supports gdp accounting without counts only")
+        sigma = calibration.analytic_gaussian_sigma(epsilon, q * delta)
+        # the thresholds' delta_r = f_r * (passed delta) spend half of it: pass 2 (1 - q) delta
+        return original(epsilon, 2.0 * (1.0 - q) * delta, fractions, "gdp", max_contributions, h_per_round, sigma)
+
+    selection.accounting = type("PatchedAccounting", (), {"multi_round_calibration": staticmethod(patched)})
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", required=True, choices=sorted(SHARED) + sorted(SYNTHETIC))
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--config", action="append", required=True)
+    ap.add_argument(
+        "--noise_delta",
+        type=float,
+        default=None,
+        help="exploration only: the fraction q of delta spent by the Gaussian noise (sigma = AGM(eps, q delta)), "
+        "the thresholds get (1 - q) delta (the planner's default is q = 1/2); multi-round shapes, no counts",
+    )
     args = ap.parse_args(argv)
+    if args.noise_delta is not None:
+        split_noise_delta(args.noise_delta)
     t0 = time.time()
     sets = load(args.data)
     print(f"# {args.data}: {len(sets):,} users, {sum(map(len, sets.values())):,} pairs ({time.time() - t0:.0f} s)")

@@ -268,7 +268,7 @@ class SelectionParams:
     c_lb: float = _field(1.0, "MAD2R lower confidence constant on round-1 weights, >= 0")
     c_ub: float = _field(3.0, "MAD2R upper confidence constant on round-1 weights, >= 0")
     budget_split: Tuple[float, ...] = _field(
-        (0.1, 0.9), "fractions of (epsilon, delta) per round for mad2r (exactly 2) and dp_sips, summing to 1"
+        (0.1, 0.9), "fractions of (epsilon, delta) per round for mad2r (exactly 2), dp_sips and mad_sips, summing to 1"
     )
     accounting: str = dataclasses.field(
         default="gdp",
