@@ -27,7 +27,9 @@ Rounds per algorithm (the ``shape`` of its :class:`AlgorithmSpec`):
 Multi-round accounting (``params.accounting``) is implemented in
 :func:`privacy.accounting.multi_round_calibration`; see its module docstring for the proof.
 Defaults are those of the MAD paper's experiments (section 7): Delta_0 = 100, d_max = 50, beta = 2,
-b_min = 0.5, b_max = 2, C_lb = 1, C_ub = 3, budget split [0.1, 0.9].
+b_min = 0.5, b_max = 2, C_lb = 1, C_ub = 3, budget split [0.1, 0.9]; MAD-SIPS's own are C_ub = 2 and
+budget split [0.05, 0.15, 0.8] (``budget_split`` and ``c_ub`` left at None take the algorithm's default:
+:func:`resolve_params`).
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ __all__ = [
     "RoundPlan",
     "plan_rounds",
     "plan_counts",
+    "resolve_params",
+    "ALGORITHM_DEFAULTS",
 ]
 
 # --------------------------------------------------------------------------------------------------
@@ -97,6 +101,8 @@ class AlgorithmSpec:
       audit_holders: the number k of users holding the target in D of its empirical privacy audit's
         ``tip`` case (:mod:`transforms.testing.audit`; chosen from this plan with
         ``benchmarks/privacy_audit.py --design NAME/tip`` so the event sits in the noise tail).
+      defaults: ``(field, value)`` pairs for the :class:`SelectionParams` fields left at None
+        (``budget_split``, ``c_ub``) that differ from :data:`ALGORITHM_DEFAULTS` for this algorithm.
     """
 
     name: str
@@ -108,6 +114,7 @@ class AlgorithmSpec:
     paper: str
     options: Tuple[str, ...] = ()
     audit_holders: int = 4
+    defaults: Tuple[Tuple[str, object], ...] = ()
 
     def __post_init__(self):
         check_choice("shape", self.shape, SHAPES)
@@ -196,6 +203,7 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             "biased from the previous round's noisy weights",
             "docs/mad_sips.md (MAD paper Alg. 3-4 + DP-SIPS)",
             ("d_max", "beta", "b_min", "b_max", "c_lb", "c_ub", "budget_split", "accounting"),
+            defaults=(("budget_split", (0.05, 0.15, 0.8)), ("c_ub", 2.0)),  # docs/mad_sips.md, Defaults
         ),
         AlgorithmSpec(
             "policy_gaussian",
@@ -266,9 +274,15 @@ class SelectionParams:
     b_min: float = _field(0.5, "MAD2R round-2 minimum bias, in [0.5, 1]")
     b_max: float = _field(2.0, "MAD2R round-2 maximum bias, >= 1")
     c_lb: float = _field(1.0, "MAD2R lower confidence constant on round-1 weights, >= 0")
-    c_ub: float = _field(3.0, "MAD2R upper confidence constant on round-1 weights, >= 0")
-    budget_split: Tuple[float, ...] = _field(
-        (0.1, 0.9), "fractions of (epsilon, delta) per round for mad2r (exactly 2), dp_sips and mad_sips, summing to 1"
+    c_ub: Optional[float] = _field(
+        None,
+        "MAD2R/MAD-SIPS upper confidence constant on the previous round's noisy weights (hopeless items), >= 0; "
+        "unset: the algorithm's default (3; mad_sips 2)",
+    )
+    budget_split: Optional[Tuple[float, ...]] = _field(
+        None,
+        "fractions of (epsilon, delta) per round for mad2r (exactly 2), dp_sips and mad_sips, summing to 1; "
+        "unset: the algorithm's default (0.1,0.9; mad_sips 0.05,0.15,0.8)",
     )
     accounting: str = dataclasses.field(
         default="gdp",
@@ -315,8 +329,8 @@ class SelectionParams:
             b_min=check_range("b_min", self.b_min, 0.5, 1.0),
             b_max=check_range("b_max", self.b_max, 1.0, math.inf),
             c_lb=check_range("c_lb", self.c_lb, 0.0, math.inf),
-            c_ub=check_range("c_ub", self.c_ub, 0.0, math.inf),
-            budget_split=check_fractions("budget_split", self.budget_split),
+            c_ub=None if self.c_ub is None else check_range("c_ub", self.c_ub, 0.0, math.inf),
+            budget_split=None if self.budget_split is None else check_fractions("budget_split", self.budget_split),
             accounting=check_choice("accounting", self.accounting, ACCOUNTINGS),
             alpha=check_range("alpha", self.alpha, 0.0, math.inf),
             passes=check_int("passes", self.passes, 1, 100),
@@ -336,7 +350,7 @@ class SelectionParams:
     def as_report(self) -> dict:
         """The parameters as the report prints them (JSON types)."""
         d = dataclasses.asdict(self)
-        d["budget_split"] = list(self.budget_split)
+        d["budget_split"] = None if self.budget_split is None else list(self.budget_split)
         return d
 
 
@@ -474,13 +488,27 @@ _PLANNERS = {
 }
 
 
+#: the values of the per-algorithm fields of SelectionParams left at None, unless the algorithm's
+#: AlgorithmSpec.defaults says otherwise (the MAD paper's section 7.2 settings)
+ALGORITHM_DEFAULTS = {"budget_split": (0.1, 0.9), "c_ub": 3.0}
+
+
+def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
+    """``params`` with the fields left at None (``budget_split``, ``c_ub``) set to the algorithm's defaults
+    (:data:`ALGORITHM_DEFAULTS`, overridden by its ``AlgorithmSpec.defaults``). Every entry point
+    (``plan_rounds``, ``reference.release``, ``SelectPartitions``) resolves first; explicit values win."""
+    defaults = {**ALGORITHM_DEFAULTS, **dict(algorithm_spec(algorithm).defaults)}
+    unset = {name: value for name, value in defaults.items() if getattr(params, name) is None}
+    return params.replace(**unset) if unset else params
+
+
 def plan_rounds(algorithm: str, params: SelectionParams) -> Tuple[RoundPlan, ...]:
     """The calibrated rounds of ``algorithm`` under ``params`` (see the module docstring)."""
     spec = algorithm_spec(algorithm)
-    return _PLANNERS[spec.shape](spec, params)
+    return _PLANNERS[spec.shape](spec, resolve_params(algorithm, params))
 
 
 def plan_counts(algorithm: str, params: SelectionParams) -> Optional[counts.CountPlan]:
     """The count release's plan (discrete Gaussian noise, error bound) or None without ``release_counts``."""
-    share = selection_share(algorithm_spec(algorithm), params)
+    share = selection_share(algorithm_spec(algorithm), resolve_params(algorithm, params))
     return None if share is None else share.counts

@@ -61,7 +61,7 @@ def test_two_rounds_without_capped_users_is_mad2r():
     """Documented: with R = 2 and every user at most Delta_0 items, re-subsampling changes nothing and
     every round-2 item was in round 1's union, so MAD-SIPS releases exactly what MAD2R releases."""
     sets = _zipf_sets(max_degree=30)
-    params = PARAMS.replace(budget_split=(0.1, 0.9), max_contributions=40)
+    params = PARAMS.replace(budget_split=(0.1, 0.9), max_contributions=40, c_ub=3.0)  # MAD2R's C_ub
     for seed in range(3):
         assert (
             reference.select_rounds(sets, "mad_sips", params, seed=seed)[1]

@@ -19,7 +19,7 @@ from typing import Dict, Hashable, Iterable, List, Mapping, Optional, Set, Tuple
 import numpy as np
 
 from privacy.counts import CountPlan
-from privacy.selection import RoundPlan, SelectionParams, algorithm_spec, plan_counts, plan_rounds
+from privacy.selection import RoundPlan, SelectionParams, algorithm_spec, plan_counts, plan_rounds, resolve_params
 from privacy.validation import check_choice, check_int
 from transforms.core import randomness
 from transforms.core.fixed64 import exact_sum64
@@ -276,6 +276,7 @@ def release(
 ) -> SelectionResult:
     """The whole release of ``SelectPartitions`` (same output under the same seed): items, rounds, counts."""
     spec = algorithm_spec(algorithm)
+    params = resolve_params(algorithm, params)  # budget_split, c_ub left at None: the algorithm's defaults
     plans = plan_rounds(algorithm, params)
     count_plan = plan_counts(algorithm, params)
     randomness.warn_if_seeded(seed)

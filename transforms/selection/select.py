@@ -21,7 +21,7 @@ from typing import Optional
 import apache_beam as beam
 import pyarrow as pa
 
-from privacy.selection import SelectionParams, algorithm_spec, plan_counts, plan_rounds
+from privacy.selection import SelectionParams, algorithm_spec, plan_counts, plan_rounds, resolve_params
 from privacy.validation import check_int
 from transforms.core import randomness
 from transforms.core.allowlist import KeepAllowlisted, KeepAllowlistedRows, check_allowlist
@@ -101,7 +101,7 @@ class SelectPartitions(beam.PTransform):
         self.algorithm = self.spec.name
         if not isinstance(params, SelectionParams):
             raise TypeError(f"params must be a SelectionParams, got {type(params).__name__}")
-        self.params = params
+        self.params = resolve_params(self.algorithm, params)  # budget_split, c_ub at None: the algorithm's
         self.seed = seed
         self.output_rounds = output_rounds
         self.allowlist = check_allowlist(allowlist)
