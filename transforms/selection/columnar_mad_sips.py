@@ -45,6 +45,7 @@ from transforms.selection.columnar import (
     _counts,
     _seed_arg,
     barrier,
+    bias_table,
     decode_tagged,
     released_bytes,
     zero_holders_of_tagged,
@@ -104,7 +105,7 @@ class CandidatePartialsFn(beam.DoFn):
 
 
 class RoundStatusFn(WorkerRngDoFn):
-    """(item shard, [partials]) -> (item shard, Table(item, released, holders, bias)) of round r's items.
+    """(item shard, [partials]) -> (item shard, Table(item, released, bias)) of round r's items.
 
     One noisy draw per item (round r's key): released = in round r's union (holders > 0) and >= rho_r;
     the others are kept for round r + 1 with their bias (Alg. 4 lines 10, 14 with rho_{r+1} and sigma_r),
@@ -131,17 +132,7 @@ class RoundStatusFn(WorkerRngDoFn):
         kept = ~(noisy + c_ub * p.noise_scale < self._rho_drop)  # lines 11-13 with the least remaining rho
         rows = np.flatnonzero(released | kept)
         if len(rows):
-            yield (
-                shard,
-                pa.table(
-                    {
-                        ITEM: w.column(ITEM).take(rows),
-                        "released": released[rows],
-                        "holders": w.column("holders").take(rows),
-                        "bias": b[rows],
-                    }
-                ),
-            )
+            yield shard, pa.table({ITEM: w.column(ITEM).take(rows), "released": released[rows], "bias": b[rows]})
 
 
 def released_rows(round_: int):
@@ -153,12 +144,6 @@ def released_rows(round_: int):
             yield round_, item
 
     return rows
-
-
-def kept_biases(element):
-    """(item shard, status) -> Table(item, bias) of the items the next round keeps (not released)."""
-    t = element[1]
-    return t.filter(pc.invert(t.column("released"))).select([ITEM, "bias"])
 
 
 class ColumnarMADSIPS(beam.PTransform):
@@ -212,9 +197,9 @@ class ColumnarMADSIPS(beam.PTransform):
                     | f"GroupParts{r}" >> beam.GroupByKey()  # (item shard, [partials])
                     | f"Status{r}" >> beam.ParDo(status_fn),
                     f"Checkpoint{r}",
-                )  # (item shard, Table(item, released, holders, bias)), materialised: one draw per item
+                )  # (item shard, Table(item, released, bias)), materialised: one draw per item
                 released_r = status | f"ReleasedRows{r}" >> beam.FlatMap(released_rows(r))  # (r, item bytes)
-                biases = status | f"Biases{r}" >> beam.Map(kept_biases)  # Table(item, bias)
+                biases = status | f"Biases{r}" >> beam.Map(bias_table)  # Table(item, bias) of the kept items
                 released_so_far = (
                     released_r
                     if released_so_far is None
