@@ -116,7 +116,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
         observability.attach_diagnostics(pipeline, read, args, "select_partitions", params.max_contributions)
     base = {
         "algorithm": args.algorithm,
-        **outputs.params_report(params),  # every SelectionParams field
+        **outputs.params_report(select.params),  # every SelectionParams field, the algorithm's defaults filled in
         "input_format": args.input_format,
         "skip_bad_records": bool(args.skip_bad_records),
         "seed": args.seed,

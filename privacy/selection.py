@@ -17,13 +17,19 @@ Rounds per algorithm (the ``shape`` of its :class:`AlgorithmSpec`):
   mad              MAD weights, 1 round, tau = rho + beta*sigma (MAD paper Alg. 3, Cor. 5.2)
   mad2r            2 rounds (MAD paper Alg. 4); round 2 uses h(t) = b_max/sqrt(t)
   dp_sips          len(budget_split) rounds of Basic (DP-SIPS, MAD paper sec. 1.3)
+  mad_sips         len(budget_split) rounds of MAD; released items removed and the remaining sets
+                   re-subsampled every round (as DP-SIPS), hopeless items dropped and the rest biased from
+                   the previous round's noisy weights (as MAD2R round 2); h(t) = b_max/sqrt(t) from round 2
+                   (docs/mad_sips.md)
   policy_laplace   l1-descent histogram, Laplace, 1 round  (DPSU paper Alg. 3-4, Theorem 4.1)
   policy_gaussian  l2-descent histogram, Gaussian, 1 round (DPSU paper Alg. 5-6, Theorem 5.1)
 
 Multi-round accounting (``params.accounting``) is implemented in
 :func:`privacy.accounting.multi_round_calibration`; see its module docstring for the proof.
 Defaults are those of the MAD paper's experiments (section 7): Delta_0 = 100, d_max = 50, beta = 2,
-b_min = 0.5, b_max = 2, C_lb = 1, C_ub = 3, budget split [0.1, 0.9].
+b_min = 0.5, b_max = 2, C_lb = 1, C_ub = 3, budget split [0.1, 0.9]; MAD-SIPS's own are C_ub = 2 and
+budget split [0.05, 0.15, 0.8] (``budget_split`` and ``c_ub`` left at None take the algorithm's default:
+:func:`resolve_params`).
 """
 
 from __future__ import annotations
@@ -50,12 +56,15 @@ __all__ = [
     "ALGORITHMS",
     "SEQUENTIAL_ALGORITHMS",
     "SHAPES",
+    "MULTI_ROUND_SHAPES",
     "ACCOUNTINGS",
     "DEFAULT_MAX_SEQUENTIAL_PAIRS",
     "SelectionParams",
     "RoundPlan",
     "plan_rounds",
     "plan_counts",
+    "resolve_params",
+    "ALGORITHM_DEFAULTS",
 ]
 
 # --------------------------------------------------------------------------------------------------
@@ -64,8 +73,12 @@ __all__ = [
 
 #: How an algorithm's rounds are executed (the Beam transform and the reference each have one runner
 #: per shape): one weight-and-threshold round, DP-SIPS's rounds of Basic with removal and
-#: re-subsampling, MAD2R's two rounds with biases, or the sequential single-worker policy histogram.
-SHAPES = ("single", "dp_sips", "mad2r", "sequential")
+#: re-subsampling, MAD2R's two rounds with biases, MAD-SIPS's rounds of biased MAD with removal and
+#: re-subsampling (docs/mad_sips.md), or the sequential single-worker policy histogram.
+SHAPES = ("single", "dp_sips", "mad2r", "mad_sips", "sequential")
+
+#: the shapes whose Gaussian rounds are calibrated together by privacy.accounting.multi_round_calibration
+MULTI_ROUND_SHAPES = ("dp_sips", "mad2r", "mad_sips")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +101,8 @@ class AlgorithmSpec:
       audit_holders: the number k of users holding the target in D of its empirical privacy audit's
         ``tip`` case (:mod:`transforms.testing.audit`; chosen from this plan with
         ``benchmarks/privacy_audit.py --design NAME/tip`` so the event sits in the noise tail).
+      defaults: ``(field, value)`` pairs for the :class:`SelectionParams` fields left at None
+        (``budget_split``, ``c_ub``) that differ from :data:`ALGORITHM_DEFAULTS` for this algorithm.
     """
 
     name: str
@@ -99,6 +114,7 @@ class AlgorithmSpec:
     paper: str
     options: Tuple[str, ...] = ()
     audit_holders: int = 4
+    defaults: Tuple[Tuple[str, object], ...] = ()
 
     def __post_init__(self):
         check_choice("shape", self.shape, SHAPES)
@@ -178,6 +194,18 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             ("budget_split", "accounting"),
         ),
         AlgorithmSpec(
+            "mad_sips",
+            "mad_sips",
+            "mad",
+            "weighted_gaussian",
+            "1/sqrt(t); b_max/sqrt(t)",
+            "rounds of MAD; found items removed, sets re-subsampled, hopeless items dropped and the rest "
+            "biased from the previous round's noisy weights",
+            "docs/mad_sips.md (MAD paper Alg. 3-4 + DP-SIPS)",
+            ("d_max", "beta", "b_min", "b_max", "c_lb", "c_ub", "budget_split", "accounting"),
+            defaults=(("budget_split", (0.05, 0.15, 0.8)), ("c_ub", 2.0)),  # docs/mad_sips.md, Defaults
+        ),
+        AlgorithmSpec(
             "policy_gaussian",
             "sequential",
             "l2_descent",
@@ -246,9 +274,15 @@ class SelectionParams:
     b_min: float = _field(0.5, "MAD2R round-2 minimum bias, in [0.5, 1]")
     b_max: float = _field(2.0, "MAD2R round-2 maximum bias, >= 1")
     c_lb: float = _field(1.0, "MAD2R lower confidence constant on round-1 weights, >= 0")
-    c_ub: float = _field(3.0, "MAD2R upper confidence constant on round-1 weights, >= 0")
-    budget_split: Tuple[float, ...] = _field(
-        (0.1, 0.9), "fractions of (epsilon, delta) per round for mad2r (exactly 2) and dp_sips, summing to 1"
+    c_ub: Optional[float] = _field(
+        None,
+        "MAD2R/MAD-SIPS upper confidence constant on the previous round's noisy weights (hopeless items), >= 0; "
+        "unset: the algorithm's default (3; mad_sips 2)",
+    )
+    budget_split: Optional[Tuple[float, ...]] = _field(
+        None,
+        "fractions of (epsilon, delta) per round for mad2r (exactly 2), dp_sips and mad_sips, summing to 1; "
+        "unset: the algorithm's default (0.1,0.9; mad_sips 0.05,0.15,0.8)",
     )
     accounting: str = dataclasses.field(
         default="gdp",
@@ -295,8 +329,8 @@ class SelectionParams:
             b_min=check_range("b_min", self.b_min, 0.5, 1.0),
             b_max=check_range("b_max", self.b_max, 1.0, math.inf),
             c_lb=check_range("c_lb", self.c_lb, 0.0, math.inf),
-            c_ub=check_range("c_ub", self.c_ub, 0.0, math.inf),
-            budget_split=check_fractions("budget_split", self.budget_split),
+            c_ub=None if self.c_ub is None else check_range("c_ub", self.c_ub, 0.0, math.inf),
+            budget_split=None if self.budget_split is None else check_fractions("budget_split", self.budget_split),
             accounting=check_choice("accounting", self.accounting, ACCOUNTINGS),
             alpha=check_range("alpha", self.alpha, 0.0, math.inf),
             passes=check_int("passes", self.passes, 1, 100),
@@ -316,7 +350,7 @@ class SelectionParams:
     def as_report(self) -> dict:
         """The parameters as the report prints them (JSON types)."""
         d = dataclasses.asdict(self)
-        d["budget_split"] = list(self.budget_split)
+        d["budget_split"] = None if self.budget_split is None else list(self.budget_split)
         return d
 
 
@@ -367,7 +401,7 @@ def selection_share(spec: AlgorithmSpec, params: SelectionParams) -> Optional[co
     if not params.release_counts:
         return None
     args = (params.epsilon, params.delta, params.count_budget, params.max_contributions)
-    if spec.shape in ("dp_sips", "mad2r"):
+    if spec.shape in MULTI_ROUND_SHAPES:
         return (counts.split_gdp if params.accounting == "gdp" else counts.split_basic)(*args)
     if spec.calibration in ("weighted_gaussian", "count_gaussian"):
         return counts.split_gdp(*args)
@@ -410,6 +444,10 @@ def _gaussian_rounds(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[Roun
         b_max = params.b_max
         hs = [None, lambda t: b_max / np.sqrt(t)]  # Alg. 4 lines 4 and 9
         hnames = ["1/sqrt(t)", f"{b_max:g}/sqrt(t)"]
+    elif spec.shape == "mad_sips":  # round 1 unbiased MAD (Lemma 5.3, b_max = 1); later rounds biased
+        b_max = params.b_max
+        hs = [None] + [lambda t: b_max / np.sqrt(t)] * (len(fractions) - 1)
+        hnames = ["1/sqrt(t)"] + [f"{b_max:g}/sqrt(t)"] * (len(fractions) - 1)
     else:  # dp_sips
         hs = [None] * len(fractions)
         hnames = ["1/sqrt(t)"] * len(fractions)
@@ -441,16 +479,36 @@ def _gaussian_rounds(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[Roun
     return tuple(rounds)
 
 
-_PLANNERS = {"single": _one_round, "sequential": _one_round, "dp_sips": _gaussian_rounds, "mad2r": _gaussian_rounds}
+_PLANNERS = {
+    "single": _one_round,
+    "sequential": _one_round,
+    "dp_sips": _gaussian_rounds,
+    "mad2r": _gaussian_rounds,
+    "mad_sips": _gaussian_rounds,
+}
+
+
+#: the values of the per-algorithm fields of SelectionParams left at None, unless the algorithm's
+#: AlgorithmSpec.defaults says otherwise (the MAD paper's section 7.2 settings)
+ALGORITHM_DEFAULTS = {"budget_split": (0.1, 0.9), "c_ub": 3.0}
+
+
+def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
+    """``params`` with the fields left at None (``budget_split``, ``c_ub``) set to the algorithm's defaults
+    (:data:`ALGORITHM_DEFAULTS`, overridden by its ``AlgorithmSpec.defaults``). Every entry point
+    (``plan_rounds``, ``reference.release``, ``SelectPartitions``) resolves first; explicit values win."""
+    defaults = {**ALGORITHM_DEFAULTS, **dict(algorithm_spec(algorithm).defaults)}
+    unset = {name: value for name, value in defaults.items() if getattr(params, name) is None}
+    return params.replace(**unset) if unset else params
 
 
 def plan_rounds(algorithm: str, params: SelectionParams) -> Tuple[RoundPlan, ...]:
     """The calibrated rounds of ``algorithm`` under ``params`` (see the module docstring)."""
     spec = algorithm_spec(algorithm)
-    return _PLANNERS[spec.shape](spec, params)
+    return _PLANNERS[spec.shape](spec, resolve_params(algorithm, params))
 
 
 def plan_counts(algorithm: str, params: SelectionParams) -> Optional[counts.CountPlan]:
     """The count release's plan (discrete Gaussian noise, error bound) or None without ``release_counts``."""
-    share = selection_share(algorithm_spec(algorithm), params)
+    share = selection_share(algorithm_spec(algorithm), resolve_params(algorithm, params))
     return None if share is None else share.counts

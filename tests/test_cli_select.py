@@ -90,6 +90,18 @@ def test_report_has_one_entry_per_round_for_dp_sips(tmp_path):
     assert rep["accounting"] == "gdp" and rep["budget_split"] == [0.05, 0.15, 0.8]
 
 
+def test_mad_sips_cli_equals_reference_with_one_report_entry_per_round(tmp_path):
+    path = write_input(tmp_path, "tsv")
+    split = ["--budget_split", "0.2,0.3,0.5", "--d_max", "6"]
+    code, items, rep = run_cli(tmp_path, path, "tsv", "--algorithm", "mad_sips", *split, "--seed", "4")
+    assert code == 0
+    params = SelectionParams(2.0, 1e-4, max_contributions=8, d_max=6, budget_split=(0.2, 0.3, 0.5))
+    assert sorted(items) == sorted(reference.select(SETS, "mad_sips", params, seed=4)) and items
+    assert [r["round"] for r in rep["rounds"]] == [1, 2, 3]
+    assert [r["h"] for r in rep["rounds"]] == ["1/sqrt(t)", "2/sqrt(t)", "2/sqrt(t)"]
+    assert sum(r["released"] for r in rep["rounds"]) == rep["released"] == len(items)
+
+
 def test_report_contains_no_item(tmp_path):
     path = write_input(tmp_path, "tsv")
     _, items, rep = run_cli(tmp_path, path, "tsv", "--seed", "5")

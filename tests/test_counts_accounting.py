@@ -214,7 +214,7 @@ def test_every_plan_with_counts_spends_exactly_the_budget(algorithm, accounting)
         total = C.composed_delta_pure(r.epsilon, counts.sigma_continuous, d0, eps) + r.delta
         assert delta * (1 - 1e-6) <= total <= delta, total
     else:
-        assert spec.shape in ("dp_sips", "mad2r") and accounting == "basic"
+        assert spec.shape in ("dp_sips", "mad2r", "mad_sips") and accounting == "basic"
         assert sum(r.epsilon for r in rounds) + counts.epsilon <= eps * (1 + 1e-12)
         assert sum(r.delta for r in rounds) + counts.delta <= delta * (1 + 1e-12)
         from privacy.calibration import gaussian_delta

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privacy.selection import SelectionParams, plan_rounds
+from privacy.selection import SelectionParams, plan_rounds, resolve_params
 from transforms.core import randomness
 
 
@@ -45,7 +45,7 @@ def test_invalid_parameters_name_parameter_value_and_range(kwargs, name):
 
 
 def test_params_are_frozen_and_defaults_are_the_papers():
-    p = SelectionParams(epsilon=1, delta=1e-5)
+    p = resolve_params("mad2r", SelectionParams(epsilon=1, delta=1e-5))
     assert (p.max_contributions, p.d_max, p.beta, p.b_min, p.b_max, p.c_lb, p.c_ub) == (
         100,
         50,
@@ -58,6 +58,13 @@ def test_params_are_frozen_and_defaults_are_the_papers():
     assert p.budget_split == (0.1, 0.9) and p.accounting == "gdp"
     with pytest.raises(Exception):
         p.epsilon = 2
+    # budget_split and c_ub left unset take the algorithm's defaults; explicit values win
+    unset = SelectionParams(epsilon=1, delta=1e-5)
+    assert (unset.budget_split, unset.c_ub) == (None, None)
+    q = resolve_params("mad_sips", unset)
+    assert (q.budget_split, q.c_ub) == ((0.05, 0.15, 0.8), 2.0)
+    assert resolve_params("mad_sips", unset.replace(c_ub=3.0)).c_ub == 3.0
+    assert resolve_params("dp_sips", unset).budget_split == (0.1, 0.9)
 
 
 def test_plans_mad_tau_and_round_thresholds():

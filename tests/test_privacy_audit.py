@@ -30,6 +30,7 @@ ALPHA = 1e-6 / (4 * len(CASES))
 RUNS = {
     "mad/dmax": 1500,
     "mad2r/tip": 4000,
+    "mad_sips/tip": 4000,
     "mad/tip": 6000,
     "dp_sips/tip": 5000,
     "dpne/tip": 4000,

@@ -727,14 +727,17 @@ def mad_weights(
 # --------------------------------------------------------------------------------------------------
 
 
-def round2_bias(noisy_w1: float, rho2: float, sigma1: float, c_lb: float, c_ub: float) -> Optional[float]:
+def round2_bias(
+    noisy_w1: float, rho2: float, sigma1: float, c_lb: float, c_ub: float, rho_drop: Optional[float] = None
+) -> Optional[float]:
     """Bias b(i) of an item NOT released in round 1, or None if round 2 drops it.
 
     line 11: w_ub = w~1 + C_ub * sigma_1; line 12: U_low = {w_ub < rho_2} (dropped, line 13);
     line 10: w_lb = max(0, w~1 - C_lb * sigma_1); line 14: b = min(1, rho_2 / w_lb) (b = 1 when
-    w_lb = 0, the limit of rho_2 / w_lb).
+    w_lb = 0, the limit of rho_2 / w_lb). ``rho_drop`` (default rho_2) replaces rho_2 in line 12: MAD-SIPS
+    drops only items hopeless for every remaining round (the least threshold of the rounds left).
     """
-    if noisy_w1 + c_ub * sigma1 < rho2:  # Alg. 4 lines 11-13
+    if noisy_w1 + c_ub * sigma1 < (rho2 if rho_drop is None else rho_drop):  # Alg. 4 lines 11-13
         return None
     w_lb = max(0.0, noisy_w1 - c_lb * sigma1)  # Alg. 4 line 10
     if w_lb <= rho2:

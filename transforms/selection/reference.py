@@ -19,7 +19,7 @@ from typing import Dict, Hashable, Iterable, List, Mapping, Optional, Set, Tuple
 import numpy as np
 
 from privacy.counts import CountPlan
-from privacy.selection import RoundPlan, SelectionParams, algorithm_spec, plan_counts, plan_rounds
+from privacy.selection import RoundPlan, SelectionParams, algorithm_spec, plan_counts, plan_rounds, resolve_params
 from privacy.validation import check_choice, check_int
 from transforms.core import randomness
 from transforms.core.fixed64 import exact_sum64
@@ -158,8 +158,75 @@ def _mad2r(user_sets, spec, params, plans, seed, rng):
     return {1: u1, 2: u2}, capped
 
 
+def previous_round_biases(candidates, noisy_prev, prev_plan, plan, params, seed, rng, rho_drop=None):
+    """MAD-SIPS round ``plan.index`` >= 2: ``{item: bias}`` of the candidates it keeps (docs/mad_sips.md).
+
+    ``candidates``: the items still held by some user after removing the released ones; ``noisy_prev``:
+    the previous round's noisy weights (on that round's union). The previous round's extended noisy vector
+    (MAD paper Alg. 1 line 9) is queried on every candidate: a candidate outside that round's union (no user
+    subsampled it then) gets its pure-noise entry ``sigma_{r-1} * Z`` with Z keyed by (seed, 'noise', r-1,
+    item), the key its noise would have had. Then MAD paper Alg. 4 lines 10-14: items with
+    ``w~ + C_ub sigma_{r-1} < rho_drop`` are dropped (``rho_drop``: the least threshold of rounds r..R, an
+    item that cannot reach rho_r may still reach a later round's; default rho_r), the others biased
+    ``min(1, rho_r / w~_lb)``.
+    """
+    absent = [i for i in candidates if i not in noisy_prev]
+    zeros = dict.fromkeys(absent, 0.0)
+    pure_noise = add_noise(zeros, prev_plan.noise, prev_plan.noise_scale, seed, prev_plan.index, rng)
+    biases = {}
+    for item in candidates:
+        w = noisy_prev[item] if item in noisy_prev else pure_noise[item]
+        b = K.round2_bias(w, plan.threshold, prev_plan.noise_scale, params.c_lb, params.c_ub, rho_drop)  # l. 10-14
+        if b is not None:
+            biases[item] = b
+    return biases
+
+
+def mad_sips_round(full_sets, released, prev, plan, params, seed=None, rng=None, rho_drop=None):
+    """One MAD-SIPS round (docs/mad_sips.md): ``(capped round-r sets, biases or None, MAD weights)``.
+
+    ``full_sets``: user -> distinct items; ``released``: the items of U_<r; ``prev``: ``(plan, noisy
+    weights)`` of round r - 1, or None in round 1; ``rho_drop``: the least threshold of rounds r..R
+    (:func:`previous_round_biases`). Everything that depends on the data of earlier rounds
+    comes through ``released`` and ``prev`` (public / noisy outputs), which is what the privacy proof uses.
+    """
+    r = plan.index
+    remaining = {u: [i for i in items if i not in released] for u, items in full_sets.items()}  # remove U_<r
+    biases = None
+    if prev is not None:
+        candidates = _unique(i for items in remaining.values() for i in items)
+        biases = previous_round_biases(candidates, prev[1], prev[0], plan, params, seed, rng, rho_drop)
+        remaining = {u: [i for i in items if i in biases] for u, items in remaining.items()}  # drop U_low
+    remaining = {u: items for u, items in remaining.items() if items}
+    capped = bound_contributions(remaining, params.max_contributions, seed, r, rng)  # re-subsample (round r)
+    if biases is None:  # round 1: unbiased MAD (MAD paper Alg. 4 line 5)
+        w = K.mad_weights(capped, plan.tau, params.d_max)
+    else:  # rounds >= 2: biased MAD (Alg. 4 line 15)
+        w = K.mad_weights(capped, plan.tau, params.d_max, biases, params.b_min, params.b_max)
+    return capped, biases, w
+
+
+def _mad_sips(user_sets, spec, params, plans, seed, rng):
+    """MAD-SIPS (docs/mad_sips.md): R rounds of MAD; every round removes the released items, drops the
+    hopeless ones and biases the rest from the previous round's noisy weights, and re-subsamples each user's
+    remaining items to Delta_0 (randomness round r)."""
+    full = {u: _unique(items) for u, items in user_sets.items()}
+    released: Set[Hashable] = set()
+    per_round = {}
+    prev = None  # (plan, noisy weights) of round r - 1
+    for k, plan in enumerate(plans):
+        rho_drop = min(p.threshold for p in plans[k:])  # hopeless: below every remaining round's threshold
+        _, _, w = mad_sips_round(full, released, prev, plan, params, seed, rng, rho_drop)
+        noisy = add_noise(w, plan.noise, plan.noise_scale, seed, plan.index, rng)
+        per_round[plan.index] = {i for i, x in noisy.items() if x >= plan.threshold}
+        released |= per_round[plan.index]
+        prev = (plan, noisy)
+    # The rounds re-subsample per round; the counts use one subsample of the full sets (round 0).
+    return per_round, bound_contributions(full, params.max_contributions, seed, 0, rng)
+
+
 #: one runner per shape of the registry (privacy.selection.SHAPES); SelectPartitions has the same table
-_RUNNERS = {"single": _single_round, "sequential": _policy, "dp_sips": _dp_sips, "mad2r": _mad2r}
+_RUNNERS = {"single": _single_round, "sequential": _policy, "dp_sips": _dp_sips, "mad2r": _mad2r, "mad_sips": _mad_sips}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +276,7 @@ def release(
 ) -> SelectionResult:
     """The whole release of ``SelectPartitions`` (same output under the same seed): items, rounds, counts."""
     spec = algorithm_spec(algorithm)
+    params = resolve_params(algorithm, params)  # budget_split, c_ub left at None: the algorithm's defaults
     plans = plan_rounds(algorithm, params)
     count_plan = plan_counts(algorithm, params)
     randomness.warn_if_seeded(seed)

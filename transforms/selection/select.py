@@ -5,8 +5,9 @@ Output: the released items, or ``(round, item)`` with ``output_rounds=True`` (ea
 exactly one round); with ``params.release_counts`` ``(item, noisy_count)`` (or ``(round, (item,
 noisy_count))``), the counts of distinct holders in the same capped user sets (docs/counts.md).
 
-Basic, the DPSU weightings, MAD, MAD2R and DP-SIPS run on the columnar path
-(:mod:`transforms.selection.columnar`: Arrow tables through user and item shards, docs/columnar.md);
+Basic, the DPSU weightings, MAD, MAD2R, DP-SIPS and MAD-SIPS run on the columnar path
+(:mod:`transforms.selection.columnar`, :mod:`transforms.selection.columnar_mad_sips`: Arrow tables through
+user and item shards, docs/columnar.md);
 the sequential policies gather one worker's histogram per element (:mod:`transforms.selection.policy`).
 
 Every algorithm follows the calibrated plan of :func:`privacy.selection.plan_rounds`; the in-memory
@@ -20,7 +21,7 @@ from typing import Optional
 import apache_beam as beam
 import pyarrow as pa
 
-from privacy.selection import SelectionParams, algorithm_spec, plan_counts, plan_rounds
+from privacy.selection import SelectionParams, algorithm_spec, plan_counts, plan_rounds, resolve_params
 from privacy.validation import check_int
 from transforms.core import randomness
 from transforms.core.allowlist import KeepAllowlisted, KeepAllowlistedRows, check_allowlist
@@ -29,6 +30,7 @@ from transforms.core.fingerprint import from_key_bytes
 from transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
 from transforms.core.noise import only_value, tag_round
 from transforms.selection.columnar import ColumnarDPSIPS, ColumnarMAD, ColumnarMAD2R, ColumnarSingleRound
+from transforms.selection.columnar_mad_sips import ColumnarMADSIPS
 from transforms.selection.counts import ReleaseCounts
 from transforms.selection.policy import SequentialPolicy
 
@@ -47,7 +49,7 @@ class SelectPartitions(beam.PTransform):
 
     Args:
       algorithm: a key of :data:`privacy.selection.ALGORITHMS`: 'basic' (weighted Gaussian),
-        'weighted_laplace', 'count_gaussian', 'count_laplace', 'mad', 'mad2r', 'dp_sips', and the
+        'weighted_laplace', 'count_gaussian', 'count_laplace', 'mad', 'mad2r', 'dp_sips', 'mad_sips', and the
         sequential single-worker 'policy_gaussian', 'policy_laplace' (DPSU paper Alg. 4 and 6;
         :class:`transforms.selection.policy.SequentialPolicy`, limited to ``params.max_sequential_pairs``).
       params: :class:`privacy.selection.SelectionParams`. With ``params.release_counts`` the output
@@ -99,7 +101,7 @@ class SelectPartitions(beam.PTransform):
         self.algorithm = self.spec.name
         if not isinstance(params, SelectionParams):
             raise TypeError(f"params must be a SelectionParams, got {type(params).__name__}")
-        self.params = params
+        self.params = resolve_params(self.algorithm, params)  # budget_split, c_ub at None: the algorithm's
         self.seed = seed
         self.output_rounds = output_rounds
         self.allowlist = check_allowlist(allowlist)
@@ -195,4 +197,9 @@ def _columnar_single(plans, params, seed, counts_plan, rows_per_shard):
 
 
 #: the columnar runners (batches of rows; MAD's weighting still runs per element, see _RUNNERS)
-_COLUMNAR = {"single": _columnar_single, "dp_sips": ColumnarDPSIPS, "mad2r": ColumnarMAD2R}
+_COLUMNAR = {
+    "single": _columnar_single,
+    "dp_sips": ColumnarDPSIPS,
+    "mad2r": ColumnarMAD2R,
+    "mad_sips": ColumnarMADSIPS,
+}
