@@ -60,6 +60,12 @@ CONFIGS = [
     ("dp_sips [0.1,0.9]", "dp_sips", dict(budget_split=(0.1, 0.9))),
     ("dp_sips [0.05,0.15,0.8]", "dp_sips", dict(budget_split=(0.05, 0.15, 0.8))),
     ("policy_gaussian (alpha 4)", "policy_gaussian", dict(alpha=4.0)),
+    # ours (issue 17, docs/mad_sips.md): its defaults, MAD2R's other settings
+    (
+        "mad_sips [0.05,0.15,0.8]",
+        "mad_sips",
+        dict(MAD, budget_split=(0.05, 0.15, 0.8), b_min=0.5, b_max=2.0, c_lb=1.0, c_ub=2.0),
+    ),
 ]
 
 #: file of each dataset in the shared data folder

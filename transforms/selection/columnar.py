@@ -399,22 +399,28 @@ class ColumnarDPSIPS(beam.PTransform):
         tagged = released | "Decode" >> beam.Map(decode_tagged)  # (round, item)
         if self._counts_plan is None:
             return tagged, None
-        released_list = beam.pvalue.AsList(released | "ReleasedBytes" >> beam.Map(released_bytes))
-        holders = (
-            full
-            | "UnpackForCounts" >> beam.MapTuple(unpack_piece)  # (user shard, Table(user, item))
-            | "CapForCounts" >> beam.ParDo(CapFn(k, 0), seed_arg)  # (shard, capped round 0)
-            | "CountPartials" >> beam.ParDo(BasicPartialsFn("count"), shards_si)  # (item shard, partials)
-            | "GroupCounts" >> beam.GroupByKey()  # (item shard, [Packed partials])
-            | "Holders" >> beam.ParDo(HoldersOfReleasedFn(), released_list)  # (item bytes, holders>0)
-        )
-        zeros = released | "Zeros" >> beam.Map(zero_holders_of_tagged)  # (item bytes, 0)
-        holders = (
-            (holders, zeros)
-            | "HoldersAndZeros" >> beam.Flatten()
-            | "SumHolders" >> beam.CombinePerKey(sum)  # (item bytes, holders) every released item
-        )
+        unpacked_full = full | "UnpackForCounts" >> beam.MapTuple(unpack_piece)  # (user shard, Table(user, item))
+        holders = holders_in_round0_sets(unpacked_full, released, k, seed_arg, shards_si)  # (item bytes, holders)
         return tagged, _counts(holders, self._counts_plan, self._seed, self._params.min_users)
+
+
+def holders_in_round0_sets(full, released, k, seed_arg, shards_si):
+    """(item bytes, holders) of every released item in one round-0 subsample of the full sets (the count
+    release of the re-subsampling algorithms, DP-SIPS and MAD-SIPS)."""
+    released_list = beam.pvalue.AsList(released | "ReleasedBytes" >> beam.Map(released_bytes))
+    holders = (
+        full
+        | "CapForCounts" >> beam.ParDo(CapFn(k, 0), seed_arg)  # (shard, capped round 0)
+        | "CountPartials" >> beam.ParDo(BasicPartialsFn("count"), shards_si)  # (item shard, Packed partials)
+        | "GroupCounts" >> beam.GroupByKey()  # (item shard, [Packed partials])
+        | "Holders" >> beam.ParDo(HoldersOfReleasedFn(), released_list)  # (item bytes, holders>0)
+    )
+    zeros = released | "Zeros" >> beam.Map(zero_holders_of_tagged)  # (item bytes, 0)
+    return (
+        (holders, zeros)
+        | "HoldersAndZeros" >> beam.Flatten()
+        | "SumHolders" >> beam.CombinePerKey(sum)  # (item bytes, holders) every released item
+    )
 
 
 def swap(element):

@@ -32,13 +32,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms.core.batches import DEFAULT_ROWS_PER_SHARD, ITEM, shard_ids, split_by_shard
-from transforms.core.dofns import WorkerRngDoFn
+from transforms.core.batches import DEFAULT_ROWS_PER_SHARD, ITEM, by_item_shard, unpacked
+from transforms.core.dofns import SideInputCache, WorkerRngDoFn
 from transforms.selection import columnar_kernels as C
 from transforms.selection.columnar import (
-    BasicPartialsFn,
-    CapFn,
-    HoldersOfReleasedFn,
     MADRound,
     MADWeightsColumnar,
     ShardedUsers,
@@ -46,9 +43,10 @@ from transforms.selection.columnar import (
     _seed_arg,
     barrier,
     bias_table,
+    concat_or_none,
     decode_tagged,
+    holders_in_round0_sets,
     released_bytes,
-    zero_holders_of_tagged,
 )
 
 __all__ = ["ColumnarMADSIPS"]
@@ -71,16 +69,14 @@ class RoundSetsFn(beam.DoFn):
 
     def __init__(self, k: int, round_: int):
         self._k, self._round = k, round_
-        self._cache = (None, None)
+        self._biases = SideInputCache()  # one Table(item, bias) of round r's items
 
     def process(self, element, seed, released=None, bias_tables=None):
         shard, table = element
         if released:
             table = C.drop_items(table, pa.array(released, type=pa.binary()))  # remove U_<r
         if bias_tables is not None:
-            if self._cache[0] is not bias_tables:
-                self._cache = (bias_tables, C.concat(bias_tables) if bias_tables else None)
-            biased = self._cache[1]
+            biased = self._biases.get(bias_tables, concat_or_none)
             if biased is None or biased.num_rows == 0:
                 return
             table = C.keep_items(table, biased.column(ITEM))  # drop U_low
@@ -92,7 +88,7 @@ class RoundSetsFn(beam.DoFn):
 
 
 class CandidatePartialsFn(beam.DoFn):
-    """(user shard, Table(user, item)) -> (item shard, zero partials) of the items not in U_<r."""
+    """(user shard, Table(user, item)) -> (item shard, Packed zero partials) of the items not in U_<r."""
 
     def process(self, element, num_shards, released=None):
         table = element[1]
@@ -100,8 +96,7 @@ class CandidatePartialsFn(beam.DoFn):
             table = C.drop_items(table, pa.array(released, type=pa.binary()))
         items = pc.unique(table.column(ITEM).combine_chunks())
         if len(items):
-            partials = zero_partials(items)
-            yield from split_by_shard(partials, shard_ids(partials.column(ITEM), num_shards), num_shards)
+            yield from by_item_shard(zero_partials(items), num_shards)  # packed
 
 
 class RoundStatusFn(WorkerRngDoFn):
@@ -120,7 +115,7 @@ class RoundStatusFn(WorkerRngDoFn):
 
     def process(self, element):
         shard, partials = element
-        w = C.merge_partials(partials)
+        w = C.merge_partials(unpacked(partials))
         p, q = self._plan, self._next
         noisy = C.noisy_weights(
             w.column(ITEM), w.column("weight").to_numpy(), p.noise, p.noise_scale, self._seed, p.index, self._rng
@@ -187,14 +182,14 @@ class ColumnarMADSIPS(beam.PTransform):
                 # (r, item bytes)
             else:
                 weights = sets | f"MADWeights{r}" >> MADWeightsColumnar(plan.tau, p.d_max, b_min, b_max, shards_si)
-                # (item shard, [partials])
+                # (item shard, [Packed partials])
                 candidates = source | f"Candidates{r}" >> beam.ParDo(CandidatePartialsFn(), shards_si, removed)
-                # (item shard, zero partials)
+                # (item shard, Packed zero partials)
                 status_fn = RoundStatusFn(plan, self._plans[r], rho_drop(self._plans, r), p, self._seed)
                 status = barrier(
                     (weights | f"Parts{r}" >> beam.FlatMapTuple(each_partial), candidates)
-                    | f"AllParts{r}" >> beam.Flatten()  # (item shard, partials)
-                    | f"GroupParts{r}" >> beam.GroupByKey()  # (item shard, [partials])
+                    | f"AllParts{r}" >> beam.Flatten()  # (item shard, Packed partials)
+                    | f"GroupParts{r}" >> beam.GroupByKey()  # (item shard, [Packed partials])
                     | f"Status{r}" >> beam.ParDo(status_fn),
                     f"Checkpoint{r}",
                 )  # (item shard, Table(item, released, bias)), materialised: one draw per item
@@ -214,31 +209,12 @@ class ColumnarMADSIPS(beam.PTransform):
         return tagged, _counts(holders, self._counts_plan, self._seed, p.min_users)
 
 
-def holders_in_round0_sets(full, released, k, seed_arg, shards_si):
-    """(item bytes, holders) of every released item in one round-0 subsample of the full sets (the count
-    release of the re-subsampling algorithms; the same stages as ColumnarDPSIPS's)."""
-    released_list = beam.pvalue.AsList(released | "ReleasedBytes" >> beam.Map(released_bytes))
-    holders = (
-        full
-        | "CapForCounts" >> beam.ParDo(CapFn(k, 0), seed_arg)  # (shard, capped round 0)
-        | "CountPartials" >> beam.ParDo(BasicPartialsFn("count"), shards_si)  # (item shard, partials)
-        | "GroupCounts" >> beam.GroupByKey()  # (item shard, [partials])
-        | "Holders" >> beam.ParDo(HoldersOfReleasedFn(), released_list)  # (item bytes, holders>0)
-    )
-    zeros = released | "Zeros" >> beam.Map(zero_holders_of_tagged)  # (item bytes, 0)
-    return (
-        (holders, zeros)
-        | "HoldersAndZeros" >> beam.Flatten()
-        | "SumHolders" >> beam.CombinePerKey(sum)  # (item bytes, holders) every released item
-    )
-
-
 def rho_drop(plans, r: int) -> float:
     """The hopeless bound of the round after round r: the least threshold of rounds r+1..R."""
     return min(p.threshold for p in plans[r:])
 
 
 def each_partial(shard, tables):
-    """(item shard, [partials]) -> (item shard, partials) (to regroup them with other partials)."""
+    """(item shard, [Packed partials]) -> (item shard, Packed partials) (to regroup them with others)."""
     for table in tables:
         yield shard, table
