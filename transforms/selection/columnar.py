@@ -373,11 +373,7 @@ class ColumnarDPSIPS(beam.PTransform):
         outputs, released_so_far = [], None  # (round, item bytes) of rounds < r
         for plan in self._plans:
             r = plan.index
-            removed = (
-                None
-                if released_so_far is None
-                else beam.pvalue.AsList(released_so_far | f"Released{r}" >> beam.Map(released_bytes))
-            )
+            removed = removed_before(released_so_far, r)  # side input of U_<r, None in round 1
             capped = (
                 full
                 | f"Unpack{r}" >> beam.MapTuple(unpack_piece)  # (user shard, Table(user, item))
@@ -389,11 +385,7 @@ class ColumnarDPSIPS(beam.PTransform):
                 f"Unswap{r}" >> beam.Map(swap)
             )  # (r, item bytes)
             if r < len(self._plans):
-                released_so_far = (
-                    released_r
-                    if released_so_far is None
-                    else (released_so_far, released_r) | f"Union{r}" >> beam.Flatten()
-                )
+                released_so_far = released_through(released_so_far, released_r, r)  # U_<=r
             outputs.append(released_r)
         released = tuple(outputs) | "AllRounds" >> beam.Flatten()  # (round, item bytes)
         tagged = released | "Decode" >> beam.Map(decode_tagged)  # (round, item)
@@ -402,6 +394,20 @@ class ColumnarDPSIPS(beam.PTransform):
         unpacked_full = full | "UnpackForCounts" >> beam.MapTuple(unpack_piece)  # (user shard, Table(user, item))
         holders = holders_in_round0_sets(unpacked_full, released, k, seed_arg, shards_si)  # (item bytes, holders)
         return tagged, _counts(holders, self._counts_plan, self._seed, self._params.min_users)
+
+
+def removed_before(released_so_far, r: int):
+    """Side input (a list) of the item bytes released in rounds < r, or None in round 1 (nothing yet)."""
+    if released_so_far is None:
+        return None
+    return beam.pvalue.AsList(released_so_far | f"Released{r}" >> beam.Map(released_bytes))
+
+
+def released_through(released_so_far, released_r, r: int):
+    """(round, item bytes) released in rounds <= r: round r's release added to the earlier ones."""
+    if released_so_far is None:
+        return released_r
+    return (released_so_far, released_r) | f"Union{r}" >> beam.Flatten()
 
 
 def holders_in_round0_sets(full, released, k, seed_arg, shards_si):

@@ -46,7 +46,8 @@ from transforms.selection.columnar import (
     concat_or_none,
     decode_tagged,
     holders_in_round0_sets,
-    released_bytes,
+    released_through,
+    removed_before,
 )
 
 __all__ = ["ColumnarMADSIPS"]
@@ -167,11 +168,7 @@ class ColumnarMADSIPS(beam.PTransform):
         last = len(self._plans)
         for plan in self._plans:
             r = plan.index
-            removed = (
-                None
-                if released_so_far is None
-                else beam.pvalue.AsList(released_so_far | f"Released{r}" >> beam.Map(released_bytes))
-            )
+            removed = removed_before(released_so_far, r)  # side input of U_<r, None in round 1
             bias_si = None if biases is None else beam.pvalue.AsList(biases)
             source = full if r == 1 else later
             sets = source | f"Sets{r}" >> beam.ParDo(RoundSetsFn(k, r), seed_arg, removed, bias_si)
@@ -195,11 +192,7 @@ class ColumnarMADSIPS(beam.PTransform):
                 )  # (item shard, Table(item, released, bias)), materialised: one draw per item
                 released_r = status | f"ReleasedRows{r}" >> beam.FlatMap(released_rows(r))  # (r, item bytes)
                 biases = status | f"Biases{r}" >> beam.Map(bias_table)  # Table(item, bias) of the kept items
-                released_so_far = (
-                    released_r
-                    if released_so_far is None
-                    else (released_so_far, released_r) | f"Union{r}" >> beam.Flatten()
-                )
+                released_so_far = released_through(released_so_far, released_r, r)  # U_<=r
             outputs.append(released_r)
         released = tuple(outputs) | "AllRounds" >> beam.Flatten()  # (round, item bytes)
         tagged = released | "Decode" >> beam.Map(decode_tagged)  # (round, item)
