@@ -23,9 +23,15 @@ K = (1, 30, 60)
 
 @pytest.fixture(scope="module")
 def sets():
-    """300 users: item h{j} is held by the first 10 * (j + 1) users, plus one private item each."""
-    logging.getLogger("transforms.core.randomness").setLevel(logging.ERROR)
-    return {f"u{u}": [f"h{j}" for j in range(30) if u < 10 * (j + 1)] + [f"p{u}"] for u in range(300)}
+    """300 users: item h{j} is held by the first 10 * (j + 1) users, plus one private item each.
+
+    The seeded-run warnings are silenced for this module only (the level is restored: other test files
+    assert that the warning is logged)."""
+    logger = logging.getLogger("transforms.core.randomness")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield {f"u{u}": [f"h{j}" for j in range(30) if u < 10 * (j + 1)] + [f"p{u}"] for u in range(300)}
+    logger.setLevel(level)
 
 
 @pytest.fixture(scope="module")
