@@ -45,7 +45,6 @@ __all__ = [
     "Packed",
     "pack",
     "pack_pairs",
-    "unpack",
     "unpack_all",
     "unpacked",
     "split_packed",
@@ -205,11 +204,6 @@ def pack(table: pa.Table, dictionary: bool = False) -> Packed:
 def pack_pairs(table: pa.Table) -> Packed:
     """A Table(user, item, ...) packed with its key columns dictionary-encoded."""
     return Packed.of(table, dictionary=True)
-
-
-def unpack(packed: Packed) -> pa.Table:
-    """The rows of ``packed`` as one-chunk-per-batch table."""
-    return packed.table()
 
 
 def split_packed(table: pa.Table, shards: np.ndarray, num_shards: int) -> Iterator[Tuple[int, Packed]]:

@@ -387,13 +387,18 @@ class ColumnarDPSIPS(beam.PTransform):
             if r < len(self._plans):
                 released_so_far = released_through(released_so_far, released_r, r)  # U_<=r
             outputs.append(released_r)
-        released = tuple(outputs) | "AllRounds" >> beam.Flatten()  # (round, item bytes)
-        tagged = released | "Decode" >> beam.Map(decode_tagged)  # (round, item)
+        released, tagged = all_rounds(outputs)  # (round, item bytes), (round, item)
         if self._counts_plan is None:
             return tagged, None
         unpacked_full = full | "UnpackForCounts" >> beam.MapTuple(unpack_piece)  # (user shard, Table(user, item))
         holders = holders_in_round0_sets(unpacked_full, released, k, seed_arg, shards_si)  # (item bytes, holders)
         return tagged, _counts(holders, self._counts_plan, self._seed, self._params.min_users)
+
+
+def all_rounds(outputs):
+    """The releases of every round: ((round, item bytes), (round, item)) PCollections."""
+    released = tuple(outputs) | "AllRounds" >> beam.Flatten()  # (round, item bytes)
+    return released, released | "Decode" >> beam.Map(decode_tagged)  # (round, item)
 
 
 def removed_before(released_so_far, r: int):

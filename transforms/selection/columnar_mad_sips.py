@@ -41,10 +41,10 @@ from transforms.selection.columnar import (
     ShardedUsers,
     _counts,
     _seed_arg,
+    all_rounds,
     barrier,
     bias_table,
     concat_or_none,
-    decode_tagged,
     holders_in_round0_sets,
     released_through,
     removed_before,
@@ -194,8 +194,7 @@ class ColumnarMADSIPS(beam.PTransform):
                 biases = status | f"Biases{r}" >> beam.Map(bias_table)  # Table(item, bias) of the kept items
                 released_so_far = released_through(released_so_far, released_r, r)  # U_<=r
             outputs.append(released_r)
-        released = tuple(outputs) | "AllRounds" >> beam.Flatten()  # (round, item bytes)
-        tagged = released | "Decode" >> beam.Map(decode_tagged)  # (round, item)
+        released, tagged = all_rounds(outputs)  # (round, item bytes), (round, item)
         if self._counts_plan is None:
             return tagged, None
         holders = holders_in_round0_sets(full, released, k, seed_arg, shards_si)  # (item bytes, holders)
