@@ -4,6 +4,7 @@ that its privacy proof needs, on random neighbouring datasets (hypothesis)."""
 import math
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,7 +13,9 @@ from privacy.accounting import gdp_compose
 from privacy.calibration import analytic_gaussian_sigma
 from privacy.selection import ALGORITHMS, SelectionParams, plan_rounds
 from transforms import reference
-from transforms.selection.reference import mad_sips_round, previous_round_biases
+from transforms.core.batches import ITEM, USER
+from transforms.selection import columnar_kernels as C
+from transforms.selection.reference import drop_hopeless, mad_sips_round, previous_round_biases
 
 PARAMS = SelectionParams(epsilon=1.0, delta=1e-5, budget_split=(0.05, 0.15, 0.8))
 
@@ -58,10 +61,11 @@ def test_seeded_runs_are_deterministic_and_rounds_disjoint():
 
 
 def test_two_rounds_without_capped_users_is_mad2r():
-    """Documented: with R = 2 and every user at most Delta_0 items, re-subsampling changes nothing and
-    every round-2 item was in round 1's union, so MAD-SIPS releases exactly what MAD2R releases."""
+    """Documented: with R = 2, every user at most Delta_0 items and no hopeless item, re-subsampling and
+    the keep rule change nothing and every round-2 item was in round 1's union, so MAD-SIPS releases exactly
+    what MAD2R releases."""
     sets = _zipf_sets(max_degree=30)
-    params = PARAMS.replace(budget_split=(0.1, 0.9), max_contributions=40, c_ub=3.0)  # MAD2R's C_ub
+    params = PARAMS.replace(budget_split=(0.1, 0.9), max_contributions=40, c_ub=100.0)  # nothing hopeless
     for seed in range(3):
         assert (
             reference.select_rounds(sets, "mad_sips", params, seed=seed)[1]
@@ -136,3 +140,62 @@ def test_absent_items_use_the_extended_vectors_pure_noise_entry():
         items, reference.add_noise(dict.fromkeys(items, 0.0), "gaussian", p1.noise_scale, 7, 1), p1, p2, params, 7, None
     )
     assert absent == present and 0 < len(absent) < len(items)
+
+
+# --- the keep rule: a user drops its hopeless items only if it has another item --------------------
+
+
+def test_users_keep_their_hopeless_items_only_when_all_are_hopeless():
+    """Round 2 on constructed round-1 weights: "rare" is hopeless (far below every threshold), "hot" is not.
+    A user holding both sends only "hot" (MAD2R's line 13); a user holding only "rare" still sends it, with
+    bias 1, instead of sending nothing."""
+    params = PARAMS.replace(budget_split=(0.5, 0.5), c_ub=1.0)
+    p1, p2 = plan_rounds("mad_sips", params)
+    sets = {"both": ["hot", "rare"], "only_rare": ["rare"], "only_hot": ["hot"]}
+    prev = (p1, {"hot": p2.threshold, "rare": -10.0 * p1.noise_scale})
+    capped, biases, w = mad_sips_round(sets, set(), prev, p2, params, seed=0)
+    assert capped == {"both": ["hot"], "only_rare": ["rare"], "only_hot": ["hot"]}
+    assert biases["rare"] == 1.0 and w["rare"] > 0
+    assert drop_hopeless(["a", "b"], {"a": 1.0}) == ["a"] and drop_hopeless(["a", "b"], {}) == ["a", "b"]
+
+
+def test_keep_rule_on_noisy_round_one_weights():
+    """On Zipf data of few items per user, with real round-1 noise: the users all of whose items are
+    hopeless exist and send all of them in round 2; every other user sends none of its hopeless items."""
+    sets = _zipf_sets(n_users=300, max_degree=4, seed=5)
+    params = PARAMS.replace(budget_split=(0.1, 0.9), c_ub=1.0)
+    p1, p2 = plan_rounds("mad_sips", params)
+    full = {u: list(dict.fromkeys(v)) for u, v in sets.items()}
+    _, _, w1 = mad_sips_round(full, set(), None, p1, params, seed=2)
+    prev = (p1, reference.add_noise(w1, "gaussian", p1.noise_scale, 2, 1))
+    candidates = {i for v in full.values() for i in v}
+    hopeless = candidates - set(previous_round_biases(sorted(candidates), prev[1], p1, p2, params, 2, None))
+    capped, _, _ = mad_sips_round(full, set(), prev, p2, params, seed=2)
+    all_hopeless = [u for u, v in full.items() if set(v) <= hopeless]
+    assert all_hopeless and len(all_hopeless) < len(full)
+    for u, v in full.items():
+        if u in all_hopeless:
+            assert sorted(capped[u]) == sorted(v)
+        else:
+            assert not set(capped[u]) & hopeless and set(capped[u]) == set(v) - hopeless
+
+
+@given(
+    st.dictionaries(st.text("abc", min_size=1, max_size=2), user_set, min_size=1, max_size=10),
+    st.sets(st.sampled_from(ITEMS), max_size=10),
+)
+@settings(max_examples=200, deadline=None)
+def test_columnar_drop_hopeless_equals_reference(sets, hopeless):
+    """The columnar kernel keeps exactly the rows the reference keeps, for any sets and hopeless items."""
+    rows = [(u, i) for u, items in sets.items() for i in items]
+    table = pa.table(
+        {
+            USER: pa.array([u.encode() for u, _ in rows], pa.binary()),
+            ITEM: pa.array([i.encode() for _, i in rows], pa.binary()),
+        }
+    )
+    out = C.drop_hopeless(table, pa.array([i.encode() for i in sorted(hopeless)], pa.binary()))
+    got = sorted(zip(out.column(USER).to_pylist(), out.column(ITEM).to_pylist()))
+    biases = {i: 1.0 for i in ITEMS if i not in hopeless}
+    want = sorted((u.encode(), i.encode()) for u, items in sets.items() for i in drop_hopeless(items, biases))
+    assert got == want

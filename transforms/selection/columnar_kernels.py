@@ -211,6 +211,21 @@ def keep_items(table: pa.Table, items: pa.Array) -> pa.Table:
     return table.filter(pc.is_in(table.column(ITEM), value_set=items))
 
 
+def drop_hopeless(table: pa.Table, hopeless: Optional[pa.Array]) -> pa.Table:
+    """MAD-SIPS: each user's rows without its hopeless items, unless all of the user's items are hopeless.
+
+    The columnar :func:`transforms.selection.reference.drop_hopeless` (docs/mad_sips.md): a user keeps its
+    hopeless items only when it has no other item to give its l2 budget to.
+    """
+    if hopeless is None or len(hopeless) == 0 or table.num_rows == 0:
+        return table
+    doomed = pc.is_in(table.column(ITEM), value_set=hopeless).to_numpy(zero_copy_only=False)
+    codes, users = dictionary_codes(table.column(USER))
+    has_hope = np.zeros(len(users), dtype=bool)
+    has_hope[codes[~doomed]] = True  # users with at least one item that is not hopeless
+    return table.filter(pa.array(~doomed | ~has_hope[codes]))
+
+
 # --------------------------------------------------------------------------------------------------
 # MAD (MAD paper Alg. 3) and MAD2R's round-2 biases (Alg. 4), vectorised over users and items
 # --------------------------------------------------------------------------------------------------

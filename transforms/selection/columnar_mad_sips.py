@@ -5,7 +5,8 @@ MADWeightsColumnar, MADRound, the count release's holders) and the kernels of
 :mod:`transforms.selection.columnar_kernels`. Stages of round r (shapes after each step):
 
   Sets_r      (user shard, Table(user, item, degree[, bias]))   full distinct sets minus U_<r; r >= 2:
-                                                                only items with a bias (not hopeless),
+                                                                minus the user's hopeless items unless
+                                                                all of its items are hopeless,
                                                                 bottom-k to Delta_0 with round r's
                                                                 priorities (re-subsampling), biases attached
   MADWeights_r (item shard, [partials])                         MAD (Alg. 3), biased from round 2
@@ -13,11 +14,11 @@ MADWeightsColumnar, MADRound, the count release's holders) and the kernels of
   Candidates_r (item shard, zero partials)                      every item of the full sets minus U_<r,
                                                                 weight 0, holders 0: the items whose
                                                                 next-round status round r must decide
-  Status_r    (item shard, Table(item, released, bias))         merged weight + noise of round r (one
+  Status_r    (item shard, Table(item, released, bias, hopeless)) merged weight + noise of round r (one
                                                                 draw per item; items outside round r's
                                                                 union get their pure-noise entry, holders
                                                                 0, never released), U_r = union items
-                                                                >= rho_r, next round's keep/bias
+                                                                >= rho_r, next round's hopeless/bias
                                                                 (Alg. 4 lines 10-14 with rho_{r+1});
                                                                 checkpointed (one draw whatever retries)
   r = R:      NoisyThreshold (round R, item bytes)
@@ -43,7 +44,6 @@ from transforms.selection.columnar import (
     _seed_arg,
     all_rounds,
     barrier,
-    bias_table,
     concat_or_none,
     holders_in_round0_sets,
     released_through,
@@ -64,13 +64,14 @@ def zero_partials(items: pa.Array) -> pa.Table:
 class RoundSetsFn(beam.DoFn):
     """(user shard, Table(user, item)) -> (user shard, Table(user, item, degree[, bias])): round r's sets.
 
-    Drops U_<r (post-processing), keeps only the items of round r's bias table (r >= 2: the others are
-    hopeless, Alg. 4 line 13), then bottom-k with round r's priorities (re-subsampling, as DP-SIPS).
+    Drops U_<r (post-processing), from round 2 each user's hopeless items unless all of its items are
+    hopeless (Alg. 4 line 13; :func:`columnar_kernels.drop_hopeless`), then bottom-k with round r's
+    priorities (re-subsampling, as DP-SIPS).
     """
 
     def __init__(self, k: int, round_: int):
         self._k, self._round = k, round_
-        self._biases = SideInputCache()  # one Table(item, bias) of round r's items
+        self._biases = SideInputCache()  # one Table(item, bias, hopeless) of round r's candidates
 
     def process(self, element, seed, released=None, bias_tables=None):
         shard, table = element
@@ -80,7 +81,9 @@ class RoundSetsFn(beam.DoFn):
             biased = self._biases.get(bias_tables, concat_or_none)
             if biased is None or biased.num_rows == 0:
                 return
-            table = C.keep_items(table, biased.column(ITEM))  # drop U_low
+            table = C.keep_items(table, biased.column(ITEM))  # the candidates (every item not in U_<r)
+            hopeless = biased.column(ITEM).filter(biased.column("hopeless"))
+            table = C.drop_hopeless(table, hopeless.combine_chunks())  # drop U_low (Alg. 4 line 13)
         capped = C.cap_pairs(table, self._k, seed, self._round)  # re-subsample to Delta_0 (round r)
         if bias_tables is not None:
             capped = C.attach_biases(capped, biased)  # Table(user, item, degree, bias)
@@ -101,11 +104,11 @@ class CandidatePartialsFn(beam.DoFn):
 
 
 class RoundStatusFn(WorkerRngDoFn):
-    """(item shard, [partials]) -> (item shard, Table(item, released, bias)) of round r's items.
+    """(item shard, [partials]) -> (item shard, Table(item, released, bias, hopeless)) of round r's items.
 
     One noisy draw per item (round r's key): released = in round r's union (holders > 0) and >= rho_r;
-    the others are kept for round r + 1 with their bias (Alg. 4 lines 10, 14 with rho_{r+1} and sigma_r),
-    or dropped as hopeless (lines 11-13) when below ``rho_drop``, the least threshold of rounds r+1..R.
+    the others go to round r + 1 with their bias (Alg. 4 lines 10, 14 with rho_{r+1} and sigma_r), marked
+    hopeless (lines 11-13) when below ``rho_drop``, the least threshold of rounds r+1..R (bias 1 then).
     Items outside round r's union carry weight 0: their noisy weight is the extended vector's pure-noise
     entry.
     """
@@ -125,10 +128,15 @@ class RoundStatusFn(WorkerRngDoFn):
         released = (holders > 0) & (noisy >= p.threshold)  # U_r
         c_lb, c_ub = self._params.c_lb, self._params.c_ub
         _, b = C.round2_biases(noisy, q.threshold, p.noise_scale, c_lb, c_ub)  # Alg. 4 lines 10, 14 (rho_{r+1})
-        kept = ~(noisy + c_ub * p.noise_scale < self._rho_drop)  # lines 11-13 with the least remaining rho
-        rows = np.flatnonzero(released | kept)
-        if len(rows):
-            yield shard, pa.table({ITEM: w.column(ITEM).take(rows), "released": released[rows], "bias": b[rows]})
+        hopeless = noisy + c_ub * p.noise_scale < self._rho_drop  # lines 11-13 with the least remaining rho
+        if w.num_rows:
+            yield shard, pa.table({ITEM: w.column(ITEM), "released": released, "bias": b, "hopeless": hopeless})
+
+
+def candidate_table(element):
+    """(item shard, status) -> Table(item, bias, hopeless) of the items round r + 1 may send (not released)."""
+    t = element[1]
+    return t.filter(pc.invert(t.column("released"))).select([ITEM, "bias", "hopeless"])
 
 
 def released_rows(round_: int):
@@ -191,7 +199,7 @@ class ColumnarMADSIPS(beam.PTransform):
                     f"Checkpoint{r}",
                 )  # (item shard, Table(item, released, bias)), materialised: one draw per item
                 released_r = status | f"ReleasedRows{r}" >> beam.FlatMap(released_rows(r))  # (r, item bytes)
-                biases = status | f"Biases{r}" >> beam.Map(bias_table)  # Table(item, bias) of the kept items
+                biases = status | f"Biases{r}" >> beam.Map(candidate_table)  # Table(item, bias, hopeless)
                 released_so_far = released_through(released_so_far, released_r, r)  # U_<=r
             outputs.append(released_r)
         released, tagged = all_rounds(outputs)  # (round, item bytes), (round, item)

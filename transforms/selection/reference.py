@@ -182,6 +182,18 @@ def previous_round_biases(candidates, noisy_prev, prev_plan, plan, params, seed,
     return biases
 
 
+def drop_hopeless(items, biases):
+    """A user's round-r items without its hopeless ones (those without a bias), unless all are hopeless.
+
+    Dropping a hopeless item frees l2 budget for the user's other items (MAD paper Alg. 4 line 13); a user
+    whose remaining items are all hopeless has nothing to free it for, so it keeps them (and they keep the
+    small chance to pass that a mistaken "hopeless" leaves them). A function of the user's own set and of
+    the previous round's noisy weights: privacy as in docs/mad_sips.md, step (2).
+    """
+    kept = [i for i in items if i in biases]
+    return kept if kept else list(items)
+
+
 def mad_sips_round(full_sets, released, prev, plan, params, seed=None, rng=None, rho_drop=None):
     """One MAD-SIPS round (docs/mad_sips.md): ``(capped round-r sets, biases or None, MAD weights)``.
 
@@ -196,7 +208,8 @@ def mad_sips_round(full_sets, released, prev, plan, params, seed=None, rng=None,
     if prev is not None:
         candidates = _unique(i for items in remaining.values() for i in items)
         biases = previous_round_biases(candidates, prev[1], prev[0], plan, params, seed, rng, rho_drop)
-        remaining = {u: [i for i in items if i in biases] for u, items in remaining.items()}  # drop U_low
+        remaining = {u: drop_hopeless(items, biases) for u, items in remaining.items()}  # drop U_low
+        biases = {**dict.fromkeys(candidates, 1.0), **biases}  # a kept hopeless item: bias 1 (line 14)
     remaining = {u: items for u, items in remaining.items() if items}
     capped = bound_contributions(remaining, params.max_contributions, seed, r, rng)  # re-subsample (round r)
     if biases is None:  # round 1: unbiased MAD (MAD paper Alg. 4 line 5)
