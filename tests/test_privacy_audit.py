@@ -29,6 +29,8 @@ ALPHA = 1e-6 / (4 * len(CASES))
 # Runs per dataset, by cost of the reference (the whole file stays around a minute on 2 cores).
 RUNS = {
     "mad/dmax": 1500,
+    "mad_sips/resample": 1500,
+    "dp_sips/resample": 2000,
     "mad2r/tip": 4000,
     "mad_sips/tip": 4000,
     "mad/tip": 6000,
@@ -189,3 +191,24 @@ def test_the_count_case_is_on_the_released_count_and_nontrivial_in_expectation()
     released = audit._release(dataclasses.replace(case, min_count=-(10**9)), d_prime)
     with_floor = audit._release(case, d_prime)
     assert len(with_floor) < 0.6 * len(released), (len(with_floor), len(released))
+
+
+def test_the_resample_case_exercises_resubsampling():
+    """mad_sips/resample: the added user holds twice Delta_0 targets; round 1 takes Delta_0 of them and
+    round 2 re-subsamples its unreleased ones, so across the rounds it sends more than Delta_0 targets."""
+    from privacy.selection import plan_rounds, resolve_params
+    from transforms import reference
+    from transforms.selection.reference import mad_sips_round
+
+    case = next(c for c in CASES if c.name == "mad_sips/resample")
+    params = resolve_params("mad_sips", case.params)  # the algorithm's budget split and C_ub
+    d0 = params.max_contributions
+    _, d_prime = audit.case_datasets(case, 1)
+    assert len(d_prime["c0added"]) == case.targets == 2 * d0
+    p1, p2, _ = plan_rounds("mad_sips", params)
+    c1, _, w1 = mad_sips_round(d_prime, set(), None, p1, params, seed=4)
+    noisy = reference.add_noise(w1, "gaussian", p1.noise_scale, 4, 1)
+    released = {i for i, x in noisy.items() if x >= p1.threshold}
+    c2, _, _ = mad_sips_round(d_prime, released, (p1, noisy), p2, params, seed=4)
+    assert len(c1["c0added"]) == d0
+    assert len(set(c1["c0added"]) | set(c2["c0added"])) > d0

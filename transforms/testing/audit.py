@@ -23,6 +23,9 @@ Worst cases (MAD paper section 5; DPSU paper section 3):
   dmax     MAD: the added user has degree d_max and its items sit near tau (truncation + rerouting).
   unique   the added user holds Delta_0 items nobody else has: each must be released with
            probability <= delta in total, so at delta <= 1e-6 it must never be seen.
+  resample MAD-SIPS / DP-SIPS re-subsampling: the added user holds 2 Delta_0 targets (more than one
+           round can take), each also held by ``k`` single-item users; it sends a fresh subsample of
+           its unreleased targets every round. Event: all targets released.
 
 Count release (``params.release_counts``): a case with ``min_count`` has the event "the target is
 released AND its noisy count is >= min_count" (the ``basic/counts`` case: the tip shape, where the
@@ -49,7 +52,7 @@ class AuditCase:
       name: ``<algorithm>/<shape>``.
       algorithm: a selection algorithm (``privacy.params.ALGORITHMS``), or 'dpne'.
       params: SelectionParams (or DPNEParams for 'dpne'); ``params.epsilon`` is the claimed epsilon.
-      shape: 'tip', 'all', 'dmax' or 'unique' (see the module docstring).
+      shape: 'tip', 'all', 'dmax', 'resample' or 'unique' (see the module docstring).
       holders: ``k``, the users holding each target in D.
       targets: number of target items the added user holds.
       copies_per_call: disjoint copies per reference call (1 for order-dependent algorithms).
@@ -97,6 +100,10 @@ def case_datasets(case: AuditCase, copies: int) -> Tuple[UserSets, UserSets]:
                 else:
                     for j, t in enumerate(targets):
                         base[f"c{c}u{h}x{j}"] = [t]
+        elif case.shape == "resample":
+            for h in range(case.holders):
+                for j, t in enumerate(targets):
+                    base[f"c{c}u{h}x{j}"] = [t]
         elif case.shape == "unique":
             base[f"c{c}bg"] = [f"c{c}common"]
         else:
@@ -207,6 +214,9 @@ def standard_cases() -> List[AuditCase]:
         AuditCase("count_gaussian/all", "count_gaussian", _sel(4), "all", holders=13, targets=4),
         AuditCase("count_laplace/all", "count_laplace", _sel(4), "all", holders=15, targets=4),
         AuditCase("mad/dmax", "mad", _sel(4), "dmax", holders=7, targets=4),
+        # the added user holds 8 targets at Delta_0 = 4: rounds 2 and 3 re-subsample its unreleased ones
+        AuditCase("mad_sips/resample", "mad_sips", _sel(4), "resample", holders=10, targets=8),
+        AuditCase("dp_sips/resample", "dp_sips", _sel(4), "resample", holders=9, targets=8),
         # the count release with half the budget (expected epsilon lower bound ~0.9 in 10^4 runs)
         AuditCase(
             "basic/counts", "basic", _sel(1, release_counts=True, count_budget=0.5), "tip", holders=7, min_count=9
