@@ -49,11 +49,11 @@ case "$cmd" in
     out=out
     mkdir -p "$out"
     rm -f "$out"/items-* "$out"/report.json
-    echo "== select_partitions: MAD2R on data/debian_words.tsv.gz (1,754 users), DirectRunner =="
+    echo "== select_partitions: MAD-SIPS (the default algorithm) on data/debian_words.tsv.gz (1,754 users), DirectRunner =="
     .venv/bin/python -m pipelines.select_partitions \
       --input data/debian_words.tsv.gz --input_format tsv \
       --output "$out/items" --report "$out/report.json" \
-      --algorithm mad2r --epsilon 1 --delta 1e-5 --max_contributions 100 \
+      --algorithm mad_sips --epsilon 1 --delta 1e-5 --max_contributions 100 \
       --plots "$out/plots" \
       --runner DirectRunner --direct_running_mode in_memory
     echo "released items: $(cat "$out"/items-* | wc -l) in $out/items-*; report: $out/report.json; chart: $out/plots/released.png"

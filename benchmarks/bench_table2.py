@@ -62,9 +62,9 @@ CONFIGS = [
     ("policy_gaussian (alpha 4)", "policy_gaussian", dict(alpha=4.0)),
     # ours (issue 17, docs/mad_sips.md): its defaults, MAD2R's other settings
     (
-        "mad_sips [0.05,0.15,0.8]",
+        "mad_sips [0.03,0.07,0.9]",
         "mad_sips",
-        dict(MAD, budget_split=(0.05, 0.15, 0.8), b_min=0.5, b_max=2.0, c_lb=1.0, c_ub=2.0),
+        dict(MAD, budget_split=(0.03, 0.07, 0.9), b_min=0.5, b_max=2.0, c_lb=1.0, c_ub=1.5),
     ),
 ]
 

@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--report", required=True, help="path of the JSON report")
     cli.add_algorithm_arg(
-        p, "algorithm", tuple(ALGORITHMS), "basic", {name: spec.summary for name, spec in ALGORITHMS.items()}
+        p, "algorithm", tuple(ALGORITHMS), "mad_sips", {name: spec.summary for name, spec in ALGORITHMS.items()}
     )
     cli.add_params_args(p, SelectionParams)
     cli.add_allowlist_arg(p, "item")

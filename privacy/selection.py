@@ -27,8 +27,8 @@ Rounds per algorithm (the ``shape`` of its :class:`AlgorithmSpec`):
 Multi-round accounting (``params.accounting``) is implemented in
 :func:`privacy.accounting.multi_round_calibration`; see its module docstring for the proof.
 Defaults are those of the MAD paper's experiments (section 7): Delta_0 = 100, d_max = 50, beta = 2,
-b_min = 0.5, b_max = 2, C_lb = 1, C_ub = 3, budget split [0.1, 0.9]; MAD-SIPS's own are C_ub = 2 and
-budget split [0.05, 0.15, 0.8] (``budget_split`` and ``c_ub`` left at None take the algorithm's default:
+b_min = 0.5, b_max = 2, C_lb = 1, C_ub = 3, budget split [0.1, 0.9]; MAD-SIPS's own are C_ub = 1.5 and
+budget split [0.03, 0.07, 0.9] (``budget_split`` and ``c_ub`` left at None take the algorithm's default:
 :func:`resolve_params`).
 """
 
@@ -203,7 +203,7 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             "biased from the previous round's noisy weights",
             "docs/mad_sips.md (MAD paper Alg. 3-4 + DP-SIPS)",
             ("d_max", "beta", "b_min", "b_max", "c_lb", "c_ub", "budget_split", "accounting"),
-            defaults=(("budget_split", (0.05, 0.15, 0.8)), ("c_ub", 2.0)),  # docs/mad_sips.md, Defaults
+            defaults=(("budget_split", (0.03, 0.07, 0.9)), ("c_ub", 1.5)),  # docs/mad_sips.md, Defaults
         ),
         AlgorithmSpec(
             "policy_gaussian",
@@ -277,12 +277,12 @@ class SelectionParams:
     c_ub: Optional[float] = _field(
         None,
         "MAD2R/MAD-SIPS upper confidence constant on the previous round's noisy weights (hopeless items), >= 0; "
-        "unset: the algorithm's default (3; mad_sips 2)",
+        "unset: the algorithm's default (3; mad_sips 1.5)",
     )
     budget_split: Optional[Tuple[float, ...]] = _field(
         None,
         "fractions of (epsilon, delta) per round for mad2r (exactly 2), dp_sips and mad_sips, summing to 1; "
-        "unset: the algorithm's default (0.1,0.9; mad_sips 0.05,0.15,0.8)",
+        "unset: the algorithm's default (0.1,0.9; mad_sips 0.03,0.07,0.9)",
     )
     accounting: str = dataclasses.field(
         default="gdp",

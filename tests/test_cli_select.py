@@ -153,7 +153,8 @@ def test_skip_bad_records_counts_them_only_in_non_private_diagnostics(tmp_path, 
     assert d["counts"]["records_read"] == len(PAIRS)
     assert d["counts"]["users"] == len(SETS)
     assert d["counts"]["pairs_after_bounding"] == sum(min(len(s), 8) for s in SETS.values())
-    want = reference.select(SETS, "basic", SelectionParams(2.0, 1e-4, max_contributions=8), seed=5)
+    # the CLI's default algorithm
+    want = reference.select(SETS, "mad_sips", SelectionParams(2.0, 1e-4, max_contributions=8), seed=5)
     assert set(items) == want  # the good records are all used
 
 
@@ -164,7 +165,7 @@ def test_glob_over_several_gzip_files(tmp_path):
             f.writelines(f"{u}\t{i}\n" for u, i in chunk)
     code, items, _ = run_cli(tmp_path, str(tmp_path / "part-*.tsv.gz"), "tsv", "--seed", "5")
     assert code == 0
-    assert set(items) == reference.select(SETS, "basic", SelectionParams(2.0, 1e-4, max_contributions=8), seed=5)
+    assert set(items) == reference.select(SETS, "mad_sips", SelectionParams(2.0, 1e-4, max_contributions=8), seed=5)
 
 
 def test_missing_input_fails(tmp_path, capsys):
