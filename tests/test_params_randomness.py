@@ -62,7 +62,7 @@ def test_params_are_frozen_and_defaults_are_the_papers():
     unset = SelectionParams(epsilon=1, delta=1e-5)
     assert (unset.budget_split, unset.c_ub) == (None, None)
     q = resolve_params("mad_sips", unset)
-    assert (q.budget_split, q.c_ub) == ((0.05, 0.15, 0.8), 2.0)
+    assert (q.budget_split, q.c_ub) == ((0.03, 0.07, 0.9), 1.5)  # docs/mad_sips.md, Defaults
     assert resolve_params("mad_sips", unset.replace(c_ub=3.0)).c_ub == 3.0
     assert resolve_params("dp_sips", unset).budget_split == (0.1, 0.9)
 
