@@ -81,7 +81,7 @@ class RoundSetsFn(beam.DoFn):
             biased = self._biases.get(bias_tables, concat_or_none)
             if biased is None or biased.num_rows == 0:
                 return
-            table = C.keep_items(table, biased.column(ITEM))  # the candidates (every item not in U_<r)
+            # every item left is a candidate of round r - 1's status (CandidatePartialsFn), so it has a row
             hopeless = biased.column(ITEM).filter(biased.column("hopeless"))
             table = C.drop_hopeless(table, hopeless.combine_chunks())  # drop U_low (Alg. 4 line 13)
         capped = C.cap_pairs(table, self._k, seed, self._round)  # re-subsample to Delta_0 (round r)

@@ -91,19 +91,16 @@ def case_datasets(case: AuditCase, copies: int) -> Tuple[UserSets, UserSets]:
         if case.shape == "tip":
             for h in range(case.holders):
                 base[f"c{c}u{h}"] = [targets[0]]
-        elif case.shape in ("all", "dmax"):
+        elif case.shape in ("all", "dmax", "resample"):
             # 'all': background users hold all targets (same per-user weight as the added user).
-            # 'dmax': single-item background users put each target's w_init at `holders` (near tau).
+            # 'dmax': single-item background users put each target's w_init at `holders` (near tau);
+            # 'resample': the same background, the added user holds more targets than Delta_0.
             for h in range(case.holders):
                 if case.shape == "all":
                     base[f"c{c}u{h}"] = list(targets)
                 else:
                     for j, t in enumerate(targets):
                         base[f"c{c}u{h}x{j}"] = [t]
-        elif case.shape == "resample":
-            for h in range(case.holders):
-                for j, t in enumerate(targets):
-                    base[f"c{c}u{h}x{j}"] = [t]
         elif case.shape == "unique":
             base[f"c{c}bg"] = [f"c{c}common"]
         else:
