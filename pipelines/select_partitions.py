@@ -130,10 +130,16 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
         base["counts"] = dict(
             select.counts.as_report(), min_users=params.min_users, min_users_cost="none (post-processing)"
         )
+    cap = None
+    if select.cap_plan is not None:  # MAD-SIPS's adaptive cap: the report shows the rounds of the chosen cap
+        plan = select.cap_plan
+        base["adaptive_cap"] = plan.as_report()
+        base["_rounds_by_cap"] = {g: [r.as_report() for r in rs] for g, rs in zip(plan.grid, plan.rounds)}
+        cap = beam.pvalue.AsSingleton(select.cap)
     report = (
         pipeline
         | "ReportSeed" >> beam.Create([None])
-        | "BuildReport" >> beam.Map(outputs.build_report, base, beam.pvalue.AsDict(round_counts))
+        | "BuildReport" >> beam.Map(outputs.build_report, base, beam.pvalue.AsDict(round_counts), cap)
     )
     outputs.write_single_file(report, args.report, "WriteReport")
     return select
@@ -161,8 +167,9 @@ def summarize(report: dict, args, params: SelectionParams) -> str:
     if report.get("counts"):
         c = report["counts"]
         counts = f" with counts (noise std {c['noise_std']:.3g}, 95% within +-{c['error_bound_95']})"
+    cap = f", cap {report['cap']} of Delta_0 {params.max_contributions}" if "cap" in report else ""
     return (
-        f"released {report['released']} items{counts} ({args.algorithm}, epsilon={params.epsilon:g}, "
+        f"released {report['released']} items{counts}{cap} ({args.algorithm}, epsilon={params.epsilon:g}, "
         f"delta={params.delta:g}); items: {args.output}*  report: {args.report}"
     )
 

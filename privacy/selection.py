@@ -41,6 +41,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from privacy import accounting, calibration, counts
+from privacy import cap as cap_plans
 from privacy.validation import (
     PrivacyBudget,
     check_bool,
@@ -63,6 +64,7 @@ __all__ = [
     "RoundPlan",
     "plan_rounds",
     "plan_counts",
+    "plan_cap",
     "resolve_params",
     "ALGORITHM_DEFAULTS",
 ]
@@ -202,8 +204,23 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             "rounds of MAD; found items removed, sets re-subsampled, hopeless items dropped and the rest "
             "biased from the previous round's noisy weights",
             "docs/mad_sips.md (MAD paper Alg. 3-4 + DP-SIPS)",
-            ("d_max", "beta", "b_min", "b_max", "c_lb", "c_ub", "budget_split", "accounting"),
-            defaults=(("budget_split", (0.03, 0.07, 0.9)), ("c_ub", 1.5)),  # docs/mad_sips.md, Defaults
+            (
+                "d_max",
+                "beta",
+                "b_min",
+                "b_max",
+                "c_lb",
+                "c_ub",
+                "budget_split",
+                "accounting",
+                "cap_quantile",
+                "cap_budget",
+            ),
+            defaults=(  # docs/mad_sips.md, Defaults
+                ("budget_split", (0.03, 0.07, 0.9)),
+                ("c_ub", 1.5),
+                ("cap_quantile", cap_plans.DEFAULT_CAP_QUANTILE),
+            ),
         ),
         AlgorithmSpec(
             "policy_gaussian",
@@ -284,6 +301,17 @@ class SelectionParams:
         "fractions of (epsilon, delta) per round for mad2r (exactly 2), dp_sips and mad_sips, summing to 1; "
         "unset: the algorithm's default (0.1,0.9; mad_sips 0.03,0.07,0.9)",
     )
+    cap_quantile: Optional[float] = _field(
+        None,
+        "mad_sips adaptive cap: every round re-subsamples users to the smallest cap of a grid up to Delta_0 "
+        "(1, 2, 3, 4, 6, 8, 11, 16, 23, ...) that at most 1 - cap_quantile of the users exceed, read from a noisy "
+        "degree histogram (cap_budget of the selection's Gaussian budget); in (0, 1], 1 = always Delta_0 (no "
+        "histogram); unset: the algorithm's default (mad_sips 0.98 with gdp accounting; 1 otherwise)",
+    )
+    cap_budget: float = _field(
+        cap_plans.DEFAULT_CAP_BUDGET,
+        "fraction of the selection's Gaussian budget (mu^2) spent on the adaptive cap's degree histogram, in (0, 0.5]",
+    )
     accounting: str = dataclasses.field(
         default="gdp",
         metadata={
@@ -331,6 +359,8 @@ class SelectionParams:
             c_lb=check_range("c_lb", self.c_lb, 0.0, math.inf),
             c_ub=None if self.c_ub is None else check_range("c_ub", self.c_ub, 0.0, math.inf),
             budget_split=None if self.budget_split is None else check_fractions("budget_split", self.budget_split),
+            cap_quantile=None if self.cap_quantile is None else cap_plans.check_cap_quantile(self.cap_quantile),
+            cap_budget=cap_plans.check_cap_budget(self.cap_budget),
             accounting=check_choice("accounting", self.accounting, ACCOUNTINGS),
             alpha=check_range("alpha", self.alpha, 0.0, math.inf),
             passes=check_int("passes", self.passes, 1, 100),
@@ -436,7 +466,9 @@ def _one_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan,
     return (RoundPlan(1, c.epsilon, c.delta, c.noise, c.noise_scale, c.threshold, spec.weighting, tau, spec.h, gamma),)
 
 
-def _gaussian_rounds(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan, ...]:
+def _gaussian_rounds(spec: AlgorithmSpec, params: SelectionParams, cap: Optional[int] = None) -> Tuple[RoundPlan, ...]:
+    """The calibrated rounds of a multi-round shape; with ``cap`` (adaptive cap, 'gdp' only) the thresholds
+    are those of ``cap`` novel items and the rounds share ``1 - cap_budget`` of the selection's mu^2."""
     fractions = params.budget_split
     if spec.shape == "mad2r":
         if len(fractions) != 2:
@@ -452,7 +484,13 @@ def _gaussian_rounds(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[Roun
         hs = [None] * len(fractions)
         hnames = ["1/sqrt(t)"] * len(fractions)
     share = selection_share(spec, params)
-    if share is None:
+    if cap is not None:  # adaptive cap (privacy/cap.py): the histogram takes cap_budget of mu_sel^2
+        sigma_rounds, _ = adaptive_cap_sigmas(spec, params)
+        delta_thr = params.delta if share is None else share.delta_threshold
+        cals = accounting.multi_round_calibration(
+            params.epsilon, delta_thr, fractions, "gdp", cap, h_per_round=hs, sigma=sigma_rounds
+        )
+    elif share is None:
         cals = accounting.multi_round_calibration(
             params.epsilon, params.delta, fractions, params.accounting, params.max_contributions, h_per_round=hs
         )
@@ -490,22 +528,73 @@ _PLANNERS = {
 
 #: the values of the per-algorithm fields of SelectionParams left at None, unless the algorithm's
 #: AlgorithmSpec.defaults says otherwise (the MAD paper's section 7.2 settings)
-ALGORITHM_DEFAULTS = {"budget_split": (0.1, 0.9), "c_ub": 3.0}
+ALGORITHM_DEFAULTS = {"budget_split": (0.1, 0.9), "c_ub": 3.0, "cap_quantile": 1.0}
 
 
 def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
-    """``params`` with the fields left at None (``budget_split``, ``c_ub``) set to the algorithm's defaults
-    (:data:`ALGORITHM_DEFAULTS`, overridden by its ``AlgorithmSpec.defaults``). Every entry point
-    (``plan_rounds``, ``reference.release``, ``SelectPartitions``) resolves first; explicit values win."""
-    defaults = {**ALGORITHM_DEFAULTS, **dict(algorithm_spec(algorithm).defaults)}
+    """``params`` with the fields left at None (``budget_split``, ``c_ub``, ``cap_quantile``) set to the
+    algorithm's defaults (:data:`ALGORITHM_DEFAULTS`, overridden by its ``AlgorithmSpec.defaults``; the
+    adaptive cap is off by default under ``accounting='basic'``). Every entry point (``plan_rounds``,
+    ``reference.release``, ``SelectPartitions``) resolves first; explicit values win. Raises ``ValueError``
+    for an adaptive cap (``cap_quantile < 1``) outside mad_sips or with basic accounting."""
+    spec = algorithm_spec(algorithm)
+    defaults = {**ALGORITHM_DEFAULTS, **dict(spec.defaults)}
+    if params.accounting != "gdp":
+        defaults["cap_quantile"] = 1.0  # the histogram composes by Gaussian DP only
     unset = {name: value for name, value in defaults.items() if getattr(params, name) is None}
-    return params.replace(**unset) if unset else params
+    params = params.replace(**unset) if unset else params
+    if params.cap_quantile < 1.0:
+        if spec.shape != "mad_sips":
+            raise ValueError(
+                f"cap_quantile={params.cap_quantile:g}: the adaptive cap is a mad_sips option ({algorithm} caps "
+                "every user at max_contributions); leave it unset or 1"
+            )
+        if params.accounting != "gdp":
+            raise ValueError(
+                f"cap_quantile={params.cap_quantile:g} needs accounting='gdp' (the degree histogram composes with "
+                "the rounds by Gaussian DP); use cap_quantile=1 with accounting='basic'"
+            )
+    return params
+
+
+def adaptive_cap_sigmas(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[float, float]:
+    """``(sigma_rounds, sigma_H)``: the selection's GDP noise ``sigma_sel`` split between the rounds
+    (``1 - cap_budget`` of mu_sel^2) and the degree histogram (``cap_budget``), each rounded up
+    (``1/sigma_rounds^2 + 1/sigma_H^2 <= 1/sigma_sel^2``)."""
+    share = selection_share(spec, params)
+    if share is None:
+        sigma_sel = calibration.analytic_gaussian_sigma(params.epsilon, params.delta / 2.0)
+    else:
+        sigma_sel = share.sigma
+    b = params.cap_budget
+    up = 1.0 + 1e-12
+    return sigma_sel / math.sqrt(1.0 - b) * up, sigma_sel / math.sqrt(b) * up
 
 
 def plan_rounds(algorithm: str, params: SelectionParams) -> Tuple[RoundPlan, ...]:
-    """The calibrated rounds of ``algorithm`` under ``params`` (see the module docstring)."""
+    """The calibrated rounds of ``algorithm`` under ``params`` (see the module docstring).
+
+    With the adaptive cap (mad_sips, ``cap_quantile < 1``): the rounds if the cap turns out to be
+    Delta_0; a run uses ``plan_cap(...).rounds_for(cap)`` of the cap it chose.
+    """
     spec = algorithm_spec(algorithm)
-    return _PLANNERS[spec.shape](spec, resolve_params(algorithm, params))
+    params = resolve_params(algorithm, params)
+    if params.cap_quantile < 1.0:
+        return _gaussian_rounds(spec, params, params.max_contributions)
+    return _PLANNERS[spec.shape](spec, params)
+
+
+def plan_cap(algorithm: str, params: SelectionParams) -> Optional[cap_plans.CapPlan]:
+    """The adaptive cap's plan (privacy/cap.py) with the rounds of every grid value, or None when the
+    cap is fixed at Delta_0 (``cap_quantile`` 1, any algorithm but mad_sips, basic accounting)."""
+    spec = algorithm_spec(algorithm)
+    params = resolve_params(algorithm, params)
+    if params.cap_quantile >= 1.0:
+        return None
+    grid = cap_plans.cap_grid(params.max_contributions)
+    _, sigma_h = adaptive_cap_sigmas(spec, params)
+    rounds = tuple(_gaussian_rounds(spec, params, g) for g in grid)
+    return cap_plans.CapPlan(grid, sigma_h, params.cap_quantile, params.cap_budget, cap_plans.CAP_Z, rounds)
 
 
 def plan_counts(algorithm: str, params: SelectionParams) -> Optional[counts.CountPlan]:

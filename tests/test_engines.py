@@ -10,13 +10,13 @@ What is checked, per engine:
 * Seeded output identical to the DirectRunner's (same SDK, same inputs, byte for byte: released
   items, n-grams, the Bayesian probabilities as repr floats, the JSON report and, where asked, the
   NON-PRIVATE diagnostics) for select_partitions basic, mad, mad2r (side-input mode and the sharded
-  join with hot-item sharding), dp_sips, extract_ngrams and bayesian_ngrams. The pipelines are driven
-  through their CLIs (``python -m pipelines.<name>``) with ``--environment_type LOOPBACK``.
+  join with hot-item sharding), dp_sips, mad_sips (adaptive cap), extract_ngrams and bayesian_ngrams.
+  The pipelines are driven through their CLIs (``python -m pipelines.<name>``) with ``--environment_type LOOPBACK``.
 * Unseeded noise is drawn independently by each SDK worker process: an ``EXTERNAL`` worker pool that
   starts every SDK worker as its own process, 2 of them, noise tagged with the worker's pid. If the
   generator state travelled with the pickled DoFn (or were seeded from something the workers share),
   the two workers would draw the same values. A second run draws different noise for every item.
-* Unseeded multi-round selection (mad2r, dp_sips) releases no item twice: an engine that recomputed a
+* Unseeded multi-round selection (mad2r, dp_sips, mad_sips) releases no item twice: an engine that recomputed a
   round's noisy weights for its second consumer would release some items in two rounds.
 * A run whose every package DoFn class fails the first attempt of its first 2 bundles (after doing
   its work, so the attempt's noise is thrown away) still gives the seeded output: Flink restarts the
@@ -86,6 +86,8 @@ CASES = {
         "select_partitions", ("--algorithm", "mad2r", *SELECT, "--max_broadcast_items", "0", "--max_users_per_key", "5")
     ),
     "dp_sips": Case("select_partitions", ("--algorithm", "dp_sips", *SELECT)),
+    # the default algorithm: its adaptive cap (a global histogram, a side input of every round)
+    "mad_sips": Case("select_partitions", ("--algorithm", "mad_sips", *SELECT)),
     "extract_ngrams": Case("extract_ngrams", diagnostics=True),
     "bayesian_ngrams": Case("bayesian_ngrams"),
 }
@@ -352,7 +354,7 @@ def test_unseeded_noise_is_drawn_independently_by_each_worker(engine, worker_poo
     assert all(second[i][1] != first[i][1] for i in first), "an unseeded rerun repeated a draw"
 
 
-@pytest.mark.parametrize("name", ["mad2r", "dp_sips"])
+@pytest.mark.parametrize("name", ["mad2r", "dp_sips", "mad_sips"])
 def test_unseeded_multi_round_selection_releases_no_item_twice(engine, name, inputs, tmp_path):
     case = CASES[name]
     got = run_cli(case, inputs[case.pipeline], str(tmp_path), engine.pipeline_args(), engine, seed=None)

@@ -85,7 +85,7 @@ def test_package_dofns_are_found():
     assert {"CapUserItemsFn", "AddNoiseFn"} <= names and len(names) >= 6
 
 
-@pytest.mark.parametrize("algorithm", ["basic", "mad", "mad2r", "dp_sips"])
+@pytest.mark.parametrize("algorithm", ["basic", "mad", "mad2r", "dp_sips", "mad_sips"])
 def test_bundle_retries_do_not_change_the_seeded_selection(tmp_path, algorithm):
     def build(p):
         return p | beam.Create(PAIRS) | SelectPartitions(algorithm, PARAMS, seed=11)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from privacy.accounting import gdp_compose
 from privacy.calibration import analytic_gaussian_sigma
-from privacy.selection import ALGORITHMS, SelectionParams, plan_rounds
+from privacy.selection import ALGORITHMS, SelectionParams, plan_cap, plan_rounds
 from transforms import reference
 from transforms.core.batches import ITEM, USER
 from transforms.selection import columnar_kernels as C
@@ -32,12 +32,18 @@ def test_registry_entry_and_plan():
     assert [p.index for p in plans] == [1, 2, 3]
     assert [p.h for p in plans] == ["1/sqrt(t)", "2/sqrt(t)", "2/sqrt(t)"]
     assert all(p.weighting == "mad" and p.tau >= 1.0 and p.tau >= p.threshold for p in plans)
-    # GDP: the rounds compose to one Gaussian of noise AGM(epsilon, delta/2); thresholds split delta/2
-    assert gdp_compose([p.noise_scale for p in plans]) == pytest.approx(analytic_gaussian_sigma(1.0, 0.5e-5))
+    # GDP: the rounds and the adaptive cap's histogram compose to one Gaussian of noise AGM(epsilon, delta/2);
+    # thresholds split delta/2
+    cap = plan_cap("mad_sips", PARAMS)
+    sigmas = [p.noise_scale for p in plans] + [cap.noise_scale]
+    assert gdp_compose(sigmas) == pytest.approx(analytic_gaussian_sigma(1.0, 0.5e-5))
     assert sum(p.delta for p in plans) == pytest.approx(1e-5)
-    # round 2 on: the same threshold as MAD2R's round 2 at the same budget fraction
+    # with the cap fixed at Delta_0 the rounds alone spend it; from round 2 on they have the same threshold
+    # as MAD2R's round 2 at the same budget fraction
+    fixed = plan_rounds("mad_sips", PARAMS.replace(cap_quantile=1.0))
+    assert gdp_compose([p.noise_scale for p in fixed]) == pytest.approx(analytic_gaussian_sigma(1.0, 0.5e-5))
     mad2r = plan_rounds("mad2r", PARAMS.replace(budget_split=(0.2, 0.8)))
-    assert plans[2].threshold == pytest.approx(mad2r[1].threshold)
+    assert fixed[2].threshold == pytest.approx(mad2r[1].threshold)
 
 
 def test_any_number_of_rounds_and_basic_accounting():

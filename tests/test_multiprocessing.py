@@ -56,13 +56,13 @@ def test_seeded_select_is_identical_in_multi_processing_mode():
 
 
 def test_unseeded_multi_round_consumers_see_the_same_noise():
-    """Unseeded DP-SIPS and MAD2R in 2 processes: an item released in round r is removed from later
-    rounds, so it must never be released twice (which would happen if the removal saw another noise
-    draw than the output)."""
+    """Unseeded DP-SIPS, MAD2R and MAD-SIPS (its adaptive cap on) in 2 processes: an item released in
+    round r is removed from later rounds, so it must never be released twice (which would happen if the
+    removal saw another noise draw than the output)."""
     sets = random_user_sets(random.Random(13), 1200, 250, 12)
     params = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=8, d_max=6, budget_split=(0.3, 0.7))
     union = {i for items in sets.values() for i in items}
-    for algorithm in ("dp_sips", "mad2r"):
+    for algorithm in ("dp_sips", "mad2r", "mad_sips"):
         lines = collect(
             lambda p: (
                 p

@@ -33,6 +33,7 @@ RUNS = {
     "dp_sips/resample": 2000,
     "mad2r/tip": 4000,
     "mad_sips/tip": 4000,
+    "mad_sips/cap_tip": 2000,  # one copy per call
     "mad/tip": 6000,
     "dp_sips/tip": 5000,
     "dpne/tip": 4000,
@@ -46,9 +47,9 @@ UNIQUE_RUNS = 10_000
 
 
 def _runs(case):
-    if case.copies_per_call == 1:
-        return POLICY_RUNS
-    return RUNS.get(case.name, DEFAULT_RUNS)
+    if case.name in RUNS:
+        return RUNS[case.name]
+    return POLICY_RUNS if case.copies_per_call == 1 else DEFAULT_RUNS
 
 
 # --- the statistics --------------------------------------------------------------------------------

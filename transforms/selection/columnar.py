@@ -183,9 +183,12 @@ class NoisyThresholdFn(WorkerRngDoFn):
         self._plan, self._with_holders = plan, with_holders
 
     def process(self, element):
+        yield from self.release(element, self._plan)
+
+    def release(self, element, p):
+        """The released items (and holders) of ``element`` under round plan ``p``."""
         _, partials = element
         w = C.merge_partials(unpacked(partials))
-        p = self._plan
         noisy = C.noisy_weights(
             w.column(ITEM), w.column("weight").to_numpy(), p.noise, p.noise_scale, self._seed, p.index, self._rng
         )

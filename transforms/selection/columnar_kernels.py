@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from privacy import cap as cap_plans
 from privacy.validation import check_choice, check_int
 from transforms.core import randomness
 from transforms.core.batches import ITEM, USER, concat, dictionary_codes
@@ -367,3 +368,26 @@ def attach_biases(capped: pa.Table, biased_items: pa.Table) -> pa.Table:
     t = capped.filter(keep)
     b = biased_items.column("bias").take(pos.filter(keep))
     return with_degree(pa.table({USER: t.column(USER), ITEM: t.column(ITEM), "bias": b}))
+
+
+# ---- MAD-SIPS's adaptive cap (privacy/cap.py) ------------------------------------------------------
+
+#: the randomness purpose of the adaptive cap's histogram noise (round 0, key = bucket index)
+CAP_NOISE = "cap"
+
+
+def degree_histogram_of(table: pa.Table, grid) -> np.ndarray:
+    """``n_j`` of a piece of distinct (user, item) rows whose users are all complete in it (privacy/cap.py)."""
+    if table.num_rows == 0:
+        return np.zeros(len(grid), dtype=np.int64)
+    degrees = np.bincount(_user_codes(table))
+    return cap_plans.degree_histogram(degrees[degrees > 0], grid)
+
+
+def noisy_cap(histogram: np.ndarray, plan: "cap_plans.CapPlan", seed: Optional[int], rng) -> int:
+    """The chosen cap: ``n_j + sigma_H Z_j`` (Z_j keyed by (seed, 'cap', 0, j), or from ``rng``), then
+    :func:`privacy.cap.choose_cap`."""
+    keys = list(range(len(plan.grid)))
+    z = randomness.standard_noise("gaussian", keys, CAP_NOISE, 0, seed, rng)
+    noisy = np.asarray(histogram, dtype=np.float64) + plan.noise_scale * z
+    return cap_plans.choose_cap(noisy, plan)

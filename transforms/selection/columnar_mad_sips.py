@@ -1,13 +1,20 @@
 """MAD-SIPS on the columnar path (docs/mad_sips.md): R rounds of MAD with removal, re-subsampling, biases.
 
 Built from the columnar building blocks of :mod:`transforms.selection.columnar` (ShardedUsers,
-MADWeightsColumnar, MADRound, the count release's holders) and the kernels of
-:mod:`transforms.selection.columnar_kernels`. Stages of round r (shapes after each step):
+MADWeightsColumnar, NoisyThresholdFn, the count release's holders) and the kernels of
+:mod:`transforms.selection.columnar_kernels`. With the adaptive cap (privacy/cap.py), first:
+
+  Cap         Delta (one int, materialised)                    per piece n_j of the users' degree
+                                                                buckets, summed, noise sigma_H per
+                                                                bucket, privacy.cap.choose_cap; a
+                                                                singleton side input of every round
+
+Stages of round r (shapes after each step; plans of the run's cap, Delta_0 without the adaptive cap):
 
   Sets_r      (user shard, Table(user, item, degree[, bias]))   full distinct sets minus U_<r; r >= 2:
                                                                 minus the user's hopeless items unless
                                                                 all of its items are hopeless,
-                                                                bottom-k to Delta_0 with round r's
+                                                                bottom-k to Delta with round r's
                                                                 priorities (re-subsampling), biases attached
   MADWeights_r (item shard, [partials])                         MAD (Alg. 3), biased from round 2
   r < R:
@@ -21,7 +28,7 @@ MADWeightsColumnar, MADRound, the count release's holders) and the kernels of
                                                                 >= rho_r, next round's hopeless/bias
                                                                 (Alg. 4 lines 10-14 with rho_{r+1});
                                                                 checkpointed (one draw whatever retries)
-  r = R:      NoisyThreshold (round R, item bytes)
+  r = R:      NoisyThreshold_R (round R, item bytes)
 
 Equal to :func:`transforms.selection.reference._mad_sips` under a seed (tests/test_mad_sips_beam.py).
 """
@@ -37,13 +44,14 @@ from transforms.core.batches import DEFAULT_ROWS_PER_SHARD, ITEM, by_item_shard,
 from transforms.core.dofns import SideInputCache, WorkerRngDoFn
 from transforms.selection import columnar_kernels as C
 from transforms.selection.columnar import (
-    MADRound,
     MADWeightsColumnar,
+    NoisyThresholdFn,
     ShardedUsers,
     _counts,
     _seed_arg,
     all_rounds,
     barrier,
+    checkpoint,
     concat_or_none,
     holders_in_round0_sets,
     released_through,
@@ -65,15 +73,16 @@ class RoundSetsFn(beam.DoFn):
     """(user shard, Table(user, item)) -> (user shard, Table(user, item, degree[, bias])): round r's sets.
 
     Drops U_<r (post-processing), from round 2 each user's hopeless items unless all of its items are
-    hopeless (Alg. 4 line 13; :func:`columnar_kernels.drop_hopeless`), then bottom-k with round r's
-    priorities (re-subsampling, as DP-SIPS).
+    hopeless (Alg. 4 line 13; :func:`columnar_kernels.drop_hopeless`), then bottom-k to the round's cap
+    (Delta_0, or the adaptive cap: a singleton side input) with round r's priorities (re-subsampling, as
+    DP-SIPS).
     """
 
-    def __init__(self, k: int, round_: int):
-        self._k, self._round = k, round_
+    def __init__(self, round_: int):
+        self._round = round_
         self._biases = SideInputCache()  # one Table(item, bias, hopeless) of round r's candidates
 
-    def process(self, element, seed, released=None, bias_tables=None):
+    def process(self, element, seed, cap, released=None, bias_tables=None):
         shard, table = element
         if released:
             table = C.drop_items(table, pa.array(released, type=pa.binary()))  # remove U_<r
@@ -84,7 +93,7 @@ class RoundSetsFn(beam.DoFn):
             # every item left is a candidate of round r - 1's status (CandidatePartialsFn), so it has a row
             hopeless = biased.column(ITEM).filter(biased.column("hopeless"))
             table = C.drop_hopeless(table, hopeless.combine_chunks())  # drop U_low (Alg. 4 line 13)
-        capped = C.cap_pairs(table, self._k, seed, self._round)  # re-subsample to Delta_0 (round r)
+        capped = C.cap_pairs(table, int(cap), seed, self._round)  # re-subsample to Delta (round r)
         if bias_tables is not None:
             capped = C.attach_biases(capped, biased)  # Table(user, item, degree, bias)
         if capped.num_rows:
@@ -110,17 +119,18 @@ class RoundStatusFn(WorkerRngDoFn):
     the others go to round r + 1 with their bias (Alg. 4 lines 10, 14 with rho_{r+1} and sigma_r), marked
     hopeless (lines 11-13) when below ``rho_drop``, the least threshold of rounds r+1..R (bias 1 then).
     Items outside round r's union carry weight 0: their noisy weight is the extended vector's pure-noise
-    entry.
+    entry. The plans are those of the run's cap (``plans_by_cap[cap]``; ``cap`` a side input or Delta_0).
     """
 
-    def __init__(self, plan, next_plan, rho_drop, params, seed):
+    def __init__(self, plans_by_cap, round_, params, seed):
         super().__init__(seed)
-        self._plan, self._next, self._rho_drop, self._params = plan, next_plan, rho_drop, params
+        self._by_cap, self._round, self._params = plans_by_cap, round_, params
 
-    def process(self, element):
+    def process(self, element, cap):
+        plans = self._by_cap[int(cap)]
+        p, q = plans[self._round - 1], plans[self._round]
         shard, partials = element
         w = C.merge_partials(unpacked(partials))
-        p, q = self._plan, self._next
         noisy = C.noisy_weights(
             w.column(ITEM), w.column("weight").to_numpy(), p.noise, p.noise_scale, self._seed, p.index, self._rng
         )  # w~_r on round r's union and the candidates
@@ -128,9 +138,81 @@ class RoundStatusFn(WorkerRngDoFn):
         released = (holders > 0) & (noisy >= p.threshold)  # U_r
         c_lb, c_ub = self._params.c_lb, self._params.c_ub
         _, b = C.round2_biases(noisy, q.threshold, p.noise_scale, c_lb, c_ub)  # Alg. 4 lines 10, 14 (rho_{r+1})
-        hopeless = noisy + c_ub * p.noise_scale < self._rho_drop  # lines 11-13 with the least remaining rho
+        hopeless = noisy + c_ub * p.noise_scale < rho_drop(plans, self._round)  # lines 11-13, least remaining rho
         if w.num_rows:
             yield shard, pa.table({ITEM: w.column(ITEM), "released": released, "bias": b, "hopeless": hopeless})
+
+
+class LastRoundThresholdFn(NoisyThresholdFn):
+    """:class:`NoisyThresholdFn` of round R with the plan of the run's cap (a side input or Delta_0)."""
+
+    def __init__(self, plans_by_cap, round_, seed):
+        super().__init__(None, seed, with_holders=False)
+        self._by_cap, self._round = plans_by_cap, round_
+
+    def process(self, element, cap):
+        yield from self.release(element, self._by_cap[int(cap)][self._round - 1])
+
+
+def round_tau(cap, plans_by_cap, round_: int) -> float:
+    """MAD's tau of round r under the run's cap (the adaptive cap's rounds differ by cap)."""
+    return plans_by_cap[int(cap)][round_ - 1].tau
+
+
+def piece_histogram(element, grid):
+    """(user shard, Table(user, item)) -> n_j of the piece's users (every user complete in one piece)."""
+    return C.degree_histogram_of(element[1], grid)
+
+
+class SumHistogramsFn(beam.CombineFn):
+    """Element-wise sum of the pieces' degree histograms (zeros for no input)."""
+
+    def __init__(self, size: int):
+        self._size = size
+
+    def create_accumulator(self):
+        return np.zeros(self._size, dtype=np.int64)
+
+    def add_input(self, acc, h):
+        return acc + h
+
+    def merge_accumulators(self, accs):
+        return sum(accs, np.zeros(self._size, dtype=np.int64))
+
+    def extract_output(self, acc):
+        return acc
+
+
+class ChooseCapFn(WorkerRngDoFn):
+    """histogram -> (0, cap): noise sigma_H per bucket (key (seed, 'cap', 0, j)), then privacy.cap.choose_cap."""
+
+    def __init__(self, plan, seed):
+        super().__init__(seed)
+        self._plan = plan
+
+    def process(self, histogram):
+        yield 0, C.noisy_cap(histogram, self._plan, self._seed, self._rng)
+
+
+class AdaptiveCap(beam.PTransform):
+    """(user shard, Table(user, item)) full distinct sets -> the chosen cap (one int; privacy/cap.py)."""
+
+    def __init__(self, plan, seed, label=None):
+        super().__init__(label)
+        self._plan, self._seed = plan, seed
+
+    def expand(self, sharded):
+        grid = self._plan.grid
+        return (
+            checkpoint(
+                sharded
+                | "Histograms" >> beam.Map(piece_histogram, grid)  # n_j of one piece
+                | "SumHistograms" >> beam.CombineGlobally(SumHistogramsFn(len(grid)))  # n_j
+                | "ChooseCap" >> beam.ParDo(ChooseCapFn(self._plan, self._seed)),  # (0, cap)
+                "CheckpointCap",
+            )
+            | "CapValue" >> beam.Values()
+        )  # cap, materialised: one draw whatever retries
 
 
 def candidate_table(element):
@@ -156,12 +238,27 @@ class ColumnarMADSIPS(beam.PTransform):
     Round r: the full distinct sets minus U_<r, minus the items that round r - 1's status dropped (from
     round 2), re-subsampled to Delta_0 with round r's priorities, biased MAD (unbiased in round 1), noise,
     rho_r. Counts (optional) count holders in one round-0 subsample of the full sets (as DP-SIPS).
+
+    With ``cap_plan`` (:class:`privacy.cap.CapPlan`, the adaptive cap) a noisy degree histogram of the
+    full sets first picks the cap Delta of every round (:class:`AdaptiveCap`); the rounds re-subsample to
+    Delta and use ``cap_plan.rounds_for(Delta)``. After ``expand``, :attr:`cap` is that singleton
+    PCollection (None without the adaptive cap).
     """
 
-    def __init__(self, plans, params, seed, counts_plan=None, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):
+    def __init__(
+        self,
+        plans,
+        params,
+        seed,
+        counts_plan=None,
+        rows_per_shard=DEFAULT_ROWS_PER_SHARD,
+        label=None,
+        cap_plan=None,
+    ):
         super().__init__(label)
         self._plans, self._params, self._seed = plans, params, seed
-        self._counts_plan, self._rows_per_shard = counts_plan, rows_per_shard
+        self._counts_plan, self._rows_per_shard, self._cap_plan = counts_plan, rows_per_shard, cap_plan
+        self.cap = None
 
     def expand(self, batches):
         p = self._params
@@ -170,32 +267,47 @@ class ColumnarMADSIPS(beam.PTransform):
         full, num_shards = batches | "Users" >> ShardedUsers(seed_arg, None, self._rows_per_shard)
         # (user shard, Table(user, item)) all distinct rows
         shards_si = beam.pvalue.AsSingleton(num_shards)
-        # rounds >= 2 read side inputs computed from `full` itself: their reads must not fuse into its stage
-        later = barrier(full, "LaterRounds") if len(self._plans) > 1 else None  # (user shard, Table(user, item))
+        adaptive = self._cap_plan is not None
+        if adaptive:
+            self.cap = full | "Cap" >> AdaptiveCap(self._cap_plan, self._seed)  # Delta, one int
+            cap_arg = beam.pvalue.AsSingleton(self.cap)
+            by_cap = dict(zip(self._cap_plan.grid, self._cap_plan.rounds))
+        else:
+            cap_arg, by_cap = k, {k: tuple(self._plans)}
+        plans = by_cap[max(by_cap)]  # the rounds' count and indices (the same for every cap)
+        # rounds that read side inputs computed from `full` itself (U_<r, biases, the cap) must not fuse into
+        # its stage, nor round 1 (the cap's reader) into the stage of the later rounds (U_1's readers)
+        first = barrier(full, "FirstRound") if adaptive else full  # (user shard, Table(user, item))
+        later = barrier(full, "LaterRounds") if len(plans) > 1 else None  # (user shard, Table(user, item))
         outputs, released_so_far, biases = [], None, None
-        last = len(self._plans)
-        for plan in self._plans:
+        last = len(plans)
+        for plan in plans:
             r = plan.index
             removed = removed_before(released_so_far, r)  # side input of U_<r, None in round 1
             bias_si = None if biases is None else beam.pvalue.AsList(biases)
-            source = full if r == 1 else later
-            sets = source | f"Sets{r}" >> beam.ParDo(RoundSetsFn(k, r), seed_arg, removed, bias_si)
+            source = first if r == 1 else later
+            sets = source | f"Sets{r}" >> beam.ParDo(RoundSetsFn(r), seed_arg, cap_arg, removed, bias_si)
             # (user shard, Table(user, item, degree[, bias]))
             b_min, b_max = (1.0, 1.0) if r == 1 else (p.b_min, p.b_max)
+            tau = (
+                beam.pvalue.AsSingleton(self.cap | f"Tau{r}" >> beam.Map(round_tau, by_cap, r))
+                if adaptive
+                else plan.tau
+            )
+            weights = sets | f"MADWeights{r}" >> MADWeightsColumnar(tau, p.d_max, b_min, b_max, shards_si)
+            # (item shard, [Packed partials])
             if r == last:
-                released_r = sets | f"Round{r}" >> MADRound(plan, p, self._seed, shards_si, b_min, b_max)
-                # (r, item bytes)
+                released_r = weights | f"NoisyThreshold{r}" >> beam.ParDo(
+                    LastRoundThresholdFn(by_cap, r, self._seed), cap_arg
+                )  # (r, item bytes)
             else:
-                weights = sets | f"MADWeights{r}" >> MADWeightsColumnar(plan.tau, p.d_max, b_min, b_max, shards_si)
-                # (item shard, [Packed partials])
                 candidates = source | f"Candidates{r}" >> beam.ParDo(CandidatePartialsFn(), shards_si, removed)
                 # (item shard, Packed zero partials)
-                status_fn = RoundStatusFn(plan, self._plans[r], rho_drop(self._plans, r), p, self._seed)
                 status = barrier(
                     (weights | f"Parts{r}" >> beam.FlatMapTuple(each_partial), candidates)
                     | f"AllParts{r}" >> beam.Flatten()  # (item shard, Packed partials)
                     | f"GroupParts{r}" >> beam.GroupByKey()  # (item shard, [Packed partials])
-                    | f"Status{r}" >> beam.ParDo(status_fn),
+                    | f"Status{r}" >> beam.ParDo(RoundStatusFn(by_cap, r, p, self._seed), cap_arg),
                     f"Checkpoint{r}",
                 )  # (item shard, Table(item, released, bias)), materialised: one draw per item
                 released_r = status | f"ReleasedRows{r}" >> beam.FlatMap(released_rows(r))  # (r, item bytes)

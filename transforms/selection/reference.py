@@ -18,12 +18,21 @@ from typing import Dict, Hashable, Iterable, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 
+from privacy.cap import CapPlan, degree_histogram
 from privacy.counts import CountPlan
-from privacy.selection import RoundPlan, SelectionParams, algorithm_spec, plan_counts, plan_rounds, resolve_params
+from privacy.selection import (
+    RoundPlan,
+    SelectionParams,
+    algorithm_spec,
+    plan_cap,
+    plan_counts,
+    plan_rounds,
+    resolve_params,
+)
 from privacy.validation import check_choice, check_int
 from transforms.core import randomness
 from transforms.core.fixed64 import exact_sum64
-from transforms.selection import counts_kernels, policy_kernels
+from transforms.selection import columnar_kernels, counts_kernels, policy_kernels
 from transforms.selection import mad_kernels as K
 from transforms.selection.basic_kernels import WEIGHTINGS, per_item_weight
 
@@ -194,13 +203,24 @@ def drop_hopeless(items, biases):
     return kept if kept else list(items)
 
 
-def mad_sips_round(full_sets, released, prev, plan, params, seed=None, rng=None, rho_drop=None):
+def adaptive_cap(user_sets: UserSets, plan: CapPlan, seed=None, rng=None) -> int:
+    """MAD-SIPS's adaptive cap (privacy/cap.py): the noisy degree histogram of the distinct sets, then
+    :func:`privacy.cap.choose_cap` (noise keyed by (seed, 'cap', 0, bucket))."""
+    degrees = np.array([len(_unique(items)) for items in user_sets.values()], dtype=np.int64)
+    histogram = degree_histogram(degrees[degrees > 0], plan.grid)
+    if seed is None and rng is None:
+        rng = randomness.worker_rng()
+    return columnar_kernels.noisy_cap(histogram, plan, seed, rng)
+
+
+def mad_sips_round(full_sets, released, prev, plan, params, seed=None, rng=None, rho_drop=None, cap=None):
     """One MAD-SIPS round (docs/mad_sips.md): ``(capped round-r sets, biases or None, MAD weights)``.
 
     ``full_sets``: user -> distinct items; ``released``: the items of U_<r; ``prev``: ``(plan, noisy
     weights)`` of round r - 1, or None in round 1; ``rho_drop``: the least threshold of rounds r..R
-    (:func:`previous_round_biases`). Everything that depends on the data of earlier rounds
-    comes through ``released`` and ``prev`` (public / noisy outputs), which is what the privacy proof uses.
+    (:func:`previous_round_biases`); ``cap``: the round's cap (the adaptive cap; default Delta_0).
+    Everything that depends on the data of earlier rounds comes through ``released``, ``prev`` and ``cap``
+    (public / noisy outputs), which is what the privacy proof uses.
     """
     r = plan.index
     remaining = {u: [i for i in items if i not in released] for u, items in full_sets.items()}  # remove U_<r
@@ -211,7 +231,8 @@ def mad_sips_round(full_sets, released, prev, plan, params, seed=None, rng=None,
         remaining = {u: drop_hopeless(items, biases) for u, items in remaining.items()}  # drop U_low
         biases = {**dict.fromkeys(candidates, 1.0), **biases}  # a kept hopeless item: bias 1 (line 14)
     remaining = {u: items for u, items in remaining.items() if items}
-    capped = bound_contributions(remaining, params.max_contributions, seed, r, rng)  # re-subsample (round r)
+    k = params.max_contributions if cap is None else cap
+    capped = bound_contributions(remaining, k, seed, r, rng)  # re-subsample (round r) to Delta
     if biases is None:  # round 1: unbiased MAD (MAD paper Alg. 4 line 5)
         w = K.mad_weights(capped, plan.tau, params.d_max)
     else:  # rounds >= 2: biased MAD (Alg. 4 line 15)
@@ -219,17 +240,17 @@ def mad_sips_round(full_sets, released, prev, plan, params, seed=None, rng=None,
     return capped, biases, w
 
 
-def _mad_sips(user_sets, spec, params, plans, seed, rng):
+def _mad_sips(user_sets, spec, params, plans, seed, rng, cap=None):
     """MAD-SIPS (docs/mad_sips.md): R rounds of MAD; every round removes the released items, drops the
     hopeless ones and biases the rest from the previous round's noisy weights, and re-subsamples each user's
-    remaining items to Delta_0 (randomness round r)."""
+    remaining items to Delta_0 (randomness round r), or to the adaptive ``cap`` with the plans of that cap."""
     full = {u: _unique(items) for u, items in user_sets.items()}
     released: Set[Hashable] = set()
     per_round = {}
     prev = None  # (plan, noisy weights) of round r - 1
     for k, plan in enumerate(plans):
         rho_drop = min(p.threshold for p in plans[k:])  # hopeless: below every remaining round's threshold
-        _, _, w = mad_sips_round(full, released, prev, plan, params, seed, rng, rho_drop)
+        _, _, w = mad_sips_round(full, released, prev, plan, params, seed, rng, rho_drop, cap)
         noisy = add_noise(w, plan.noise, plan.noise_scale, seed, plan.index, rng)
         per_round[plan.index] = {i for i, x in noisy.items() if x >= plan.threshold}
         released |= per_round[plan.index]
@@ -251,12 +272,14 @@ class SelectionResult:
       count_plan: the :class:`privacy.counts.CountPlan`, or None without ``release_counts``.
       per_round: ``{round: set of items released in that round}`` (before the ``min_users`` floor).
       counts: ``{item: noisy count}`` of the released items kept by the floor, or None without counts.
+      cap: the adaptive cap MAD-SIPS chose (privacy/cap.py), or None when every round caps at Delta_0.
     """
 
     rounds: Tuple[RoundPlan, ...]
     count_plan: Optional[CountPlan]
     per_round: Dict[int, Set[Hashable]]
     counts: Optional[Dict[Hashable, int]]
+    cap: Optional[int] = None
 
     @property
     def items(self) -> Set[Hashable]:
@@ -295,14 +318,20 @@ def release(
     randomness.warn_if_seeded(seed)
     rng = None if seed is not None else randomness.worker_rng()
     user_sets = restrict_to_allowlist(user_sets, allowlist)
-    per_round, capped = _RUNNERS[spec.shape](user_sets, spec, params, plans, seed, rng)
+    cap_plan, cap = plan_cap(algorithm, params), None
+    if cap_plan is not None:  # MAD-SIPS's adaptive cap: a noisy degree histogram picks the rounds' plans
+        cap = adaptive_cap(user_sets, cap_plan, seed, rng)
+        plans = cap_plan.rounds_for(cap)
+        per_round, capped = _mad_sips(user_sets, spec, params, plans, seed, rng, cap)
+    else:
+        per_round, capped = _RUNNERS[spec.shape](user_sets, spec, params, plans, seed, rng)
     counts = None
     if count_plan is not None:
         released = set().union(*per_round.values())
         counts = counts_kernels.noisy_counts(
             counts_kernels.holder_counts(capped, released), count_plan.sigma2, seed, count_plan.round, params.min_users
         )
-    return SelectionResult(plans, count_plan, per_round, counts)
+    return SelectionResult(plans, count_plan, per_round, counts, cap)
 
 
 def select_rounds(

@@ -21,7 +21,7 @@ from typing import Optional
 import apache_beam as beam
 import pyarrow as pa
 
-from privacy.selection import SelectionParams, algorithm_spec, plan_counts, plan_rounds, resolve_params
+from privacy.selection import SelectionParams, algorithm_spec, plan_cap, plan_counts, plan_rounds, resolve_params
 from privacy.validation import check_int
 from transforms.core import randomness
 from transforms.core.allowlist import KeepAllowlisted, KeepAllowlistedRows, check_allowlist
@@ -73,7 +73,10 @@ class SelectPartitions(beam.PTransform):
     (:mod:`transforms.selection.columnar`, docs/columnar.md): global window only.
     Output: released items, or ``(item, noisy_count)`` (ints) with ``release_counts`` (or the
     round-tagged forms with ``output_rounds``). The plans are public: ``self.rounds`` (the selection)
-    and ``self.counts`` (:class:`privacy.counts.CountPlan` or None).
+    and ``self.counts`` (:class:`privacy.counts.CountPlan` or None). MAD-SIPS's adaptive cap
+    (``params.cap_quantile < 1``, privacy/cap.py): ``self.cap_plan`` holds the rounds of every candidate cap
+    (``self.rounds`` are those of Delta_0) and, after ``expand``, ``self.cap`` is the singleton PCollection
+    of the cap the run chose (None without the adaptive cap).
     """
 
     def __init__(
@@ -107,6 +110,8 @@ class SelectPartitions(beam.PTransform):
         self.allowlist = check_allowlist(allowlist)
         self.rounds = plan_rounds(algorithm, params)  # calibrated before any data is read
         self.counts = plan_counts(algorithm, params)  # None without release_counts
+        self.cap_plan = plan_cap(algorithm, params)  # None unless mad_sips's adaptive cap is on
+        self.cap = None  # the chosen cap's singleton PCollection, after expand (adaptive cap only)
 
     def expand(self, pcoll):
         randomness.warn_if_seeded(self.seed)
@@ -115,8 +120,10 @@ class SelectPartitions(beam.PTransform):
             batches = pcoll | "Batch" >> ToBatches(self.batch_rows)  # Table(user, item)
             if self.allowlist is not None:
                 batches = batches | "Allowlist" >> KeepAllowlistedRows(self.allowlist)  # Table, items allowed
-            runner = columnar(self.rounds, self.params, self.seed, self.counts, self.rows_per_shard)
+            extra = {} if self.cap_plan is None else {"cap_plan": self.cap_plan}
+            runner = columnar(self.rounds, self.params, self.seed, self.counts, self.rows_per_shard, **extra)
             tagged, counted = batches | self.algorithm.upper() >> runner  # (round, item), (item, count) or None
+            self.cap = getattr(runner, "cap", None)  # Delta (adaptive cap), one int
         else:
             pairs = pcoll | "Pairs" >> beam.ParDo(AsPairsFn())  # (user, item)
             if self.allowlist is not None:

@@ -27,6 +27,10 @@ Worst cases (MAD paper section 5; DPSU paper section 3):
            round can take), each also held by ``k`` single-item users; it sends a fresh subsample of
            its unreleased targets every round. Event: all targets released.
 
+MAD-SIPS's adaptive cap (privacy/cap.py, on by default) reads a degree histogram of *all* users of a
+call, so the copies of one call are not independent under it: the multi-copy MAD-SIPS cases fix the cap
+(``cap_quantile=1``) and ``mad_sips/cap_tip`` runs the default (adaptive) MAD-SIPS one copy per call.
+
 Count release (``params.release_counts``): a case with ``min_count`` has the event "the target is
 released AND its noisy count is >= min_count" (the ``basic/counts`` case: the tip shape, where the
 added user moves both the selection weight and the count by 1).
@@ -189,6 +193,12 @@ def _dpne_params(delta: float = _DELTA) -> DPNEParams:
     return DPNEParams(epsilon=_EPS, delta=delta, max_n=2, max_contributions=4)
 
 
+def _fixed_cap(spec) -> dict:
+    """MAD-SIPS's multi-copy cases fix the cap at Delta_0 (``cap_quantile=1``): the adaptive cap's histogram
+    would couple the copies of one call (the ``cap_tip`` case audits the adaptive cap, one copy per call)."""
+    return {"cap_quantile": 1.0} if spec.shape == "mad_sips" else {}
+
+
 def standard_cases() -> List[AuditCase]:
     """Worst-case neighbouring pairs for every released-set algorithm (claimed epsilon 4).
 
@@ -200,7 +210,7 @@ def standard_cases() -> List[AuditCase]:
         AuditCase(
             f"{name}/tip",
             name,
-            _sel(1 if spec.weighting == "count" else 4),
+            _sel(1 if spec.weighting == "count" else 4, **_fixed_cap(spec)),
             "tip",
             holders=spec.audit_holders,
             copies_per_call=1 if spec.sequential else 500,
@@ -212,7 +222,10 @@ def standard_cases() -> List[AuditCase]:
         AuditCase("count_laplace/all", "count_laplace", _sel(4), "all", holders=15, targets=4),
         AuditCase("mad/dmax", "mad", _sel(4), "dmax", holders=7, targets=4),
         # the added user holds 8 targets at Delta_0 = 4: rounds 2 and 3 re-subsample its unreleased ones
-        AuditCase("mad_sips/resample", "mad_sips", _sel(4), "resample", holders=10, targets=8),
+        AuditCase("mad_sips/resample", "mad_sips", _sel(4, cap_quantile=1.0), "resample", holders=10, targets=8),
+        # MAD-SIPS's default adaptive cap (privacy/cap.py): its degree histogram reads every user of the
+        # call, so copies would share one cap: one copy per call
+        AuditCase("mad_sips/cap_tip", "mad_sips", _sel(4), "tip", holders=5, copies_per_call=1),
         AuditCase("dp_sips/resample", "dp_sips", _sel(4), "resample", holders=9, targets=8),
         # the count release with half the budget (expected epsilon lower bound ~0.9 in 10^4 runs)
         AuditCase(
