@@ -110,12 +110,17 @@ def main(argv=None):
         algo, changes = parse_config(text)
         params = base.replace(**changes)
         t = time.time()
-        sizes = []
+        sizes, caps = [], []
         for s in range(args.seeds):
             result = reference.release(sets, algo, params, seed=s)
             sizes.append(len(result.items))
+            caps.append(result.cap)
         per_run = (time.time() - t) / args.seeds
-        print(f"{text:60s} {np.mean(sizes):8.1f} +- {np.std(sizes):5.1f}  {sizes}  ({per_run:.0f} s/run)", flush=True)
+        chosen = f"  caps {caps}" if any(c is not None for c in caps) else ""  # mad_sips's adaptive cap
+        print(
+            f"{text:60s} {np.mean(sizes):8.1f} +- {np.std(sizes):5.1f}  {sizes}{chosen}  ({per_run:.0f} s/run)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
