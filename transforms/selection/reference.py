@@ -18,7 +18,7 @@ from typing import Dict, Hashable, Iterable, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 
-from privacy.cap import CapPlan, degree_histogram
+from privacy.cap import CapPlan, choose_cap, degree_histogram
 from privacy.counts import CountPlan
 from privacy.selection import (
     RoundPlan,
@@ -32,7 +32,7 @@ from privacy.selection import (
 from privacy.validation import check_choice, check_int
 from transforms.core import randomness
 from transforms.core.fixed64 import exact_sum64
-from transforms.selection import columnar_kernels, counts_kernels, policy_kernels
+from transforms.selection import counts_kernels, policy_kernels
 from transforms.selection import mad_kernels as K
 from transforms.selection.basic_kernels import WEIGHTINGS, per_item_weight
 
@@ -205,12 +205,15 @@ def drop_hopeless(items, biases):
 
 def adaptive_cap(user_sets: UserSets, plan: CapPlan, seed=None, rng=None) -> int:
     """MAD-SIPS's adaptive cap (privacy/cap.py): the noisy degree histogram of the distinct sets, then
-    :func:`privacy.cap.choose_cap` (noise keyed by (seed, 'cap', 0, bucket))."""
+    :func:`privacy.cap.choose_cap`. Bucket j's noise is ``sigma_H Z_j``, Z_j keyed by (seed, 'cap', 0, j)
+    (drawn here, not by the columnar kernel, so the Beam equality tests check the keys too)."""
     degrees = np.array([len(_unique(items)) for items in user_sets.values()], dtype=np.int64)
     histogram = degree_histogram(degrees[degrees > 0], plan.grid)
     if seed is None and rng is None:
         rng = randomness.worker_rng()
-    return columnar_kernels.noisy_cap(histogram, plan, seed, rng)
+    buckets = list(range(len(plan.grid)))
+    z = randomness.standard_noise("gaussian", buckets, "cap", 0, seed, rng)
+    return choose_cap([float(n) + plan.noise_scale * float(zj) for n, zj in zip(histogram, z)], plan)
 
 
 def mad_sips_round(full_sets, released, prev, plan, params, seed=None, rng=None, rho_drop=None, cap=None):
