@@ -3,14 +3,16 @@
 Run with ``.ci/engines.sh test`` (``./run_local.sh test`` runs it after the main suite): it fetches the
 job servers from Maven Central and runs this module in ``.venv-engines``, whose apache-beam is the job
 servers' Beam version. One Flink job server (embedded Flink cluster, parallelism 2) and one Spark job
-server (``local[2,200]``: 2 cores) are started for the whole run, both told to retry failed tasks up to
-200 times (see engines.JobServer: neither retries at all by default in local mode).
+server (``local[2,500]``: 2 cores) are started for the whole run, both told to retry failed tasks up to
+500 times (see engines.JobServer: neither retries at all by default in local mode).
 
 What is checked, per engine:
 * Seeded output identical to the DirectRunner's (same SDK, same inputs, byte for byte: released
   items, n-grams, the Bayesian probabilities as repr floats, the JSON report and, where asked, the
   NON-PRIVATE diagnostics) for select_partitions basic, mad, mad2r (side-input mode and the sharded
-  join with hot-item sharding), dp_sips, mad_sips (adaptive cap), extract_ngrams and bayesian_ngrams.
+  join with hot-item sharding), dp_sips, mad_sips (adaptive cap), policy_gaussian (sequential: all
+  capped pairs on one worker), mad_sips with released noisy counts, a users floor and a public
+  allowlist, extract_ngrams (also with counts) and bayesian_ngrams.
   The pipelines are driven through their CLIs (``python -m pipelines.<name>``) with ``--environment_type LOOPBACK``.
 * Unseeded noise is drawn independently by each SDK worker process: an ``EXTERNAL`` worker pool that
   starts every SDK worker as its own process, 2 of them, noise tagged with the worker's pid. If the
@@ -23,8 +25,8 @@ What is checked, per engine:
   failed tasks (restart strategy in the job server's Flink configuration), Spark retries the failed
   task. A bundle is known by its first element, and a restarted task whose input comes from a
   shuffle receives it in another order, so without the cap of 2 per class a task could fail on every
-  attempt (it did: 92 restarts of one Flink task exhausted 100). With it a job sees at most 2 x 30
-  (package DoFn classes) injected failures against 200 allowed ones (Flink per job, Spark per task).
+  attempt (it did: 92 restarts of one Flink task exhausted 100). With it a job sees at most 2 x 51
+  (package DoFn classes) injected failures against 500 allowed ones (Flink per job, Spark per task).
   LOOPBACK makes the SDK worker a thread of this process, so patching the DoFn classes here reaches it.
 """
 
@@ -70,6 +72,10 @@ SAMPLE_LINES = {"tsv": 20_000, "jsonl": 600}
 SELECT = ("--epsilon", "8", "--delta", "1e-3")
 
 
+# Stands for the allowlist the inputs fixture writes beside the cuts (cli_argv puts in its path).
+ALLOWLIST = "{allowlist}"
+
+
 @dataclass(frozen=True)
 class Case:
     pipeline: str
@@ -88,7 +94,15 @@ CASES = {
     "dp_sips": Case("select_partitions", ("--algorithm", "dp_sips", *SELECT)),
     # the default algorithm: its adaptive cap (a global histogram, a side input of every round)
     "mad_sips": Case("select_partitions", ("--algorithm", "mad_sips", *SELECT)),
+    # the sequential policy algorithm: every capped pair gathered on one worker (DPSU)
+    "policy_gaussian": Case("select_partitions", ("--algorithm", "policy_gaussian", *SELECT)),
+    # noisy counts of the released items (exact discrete Gaussian), a users floor and a public allowlist
+    "mad_sips_counts": Case(
+        "select_partitions",
+        ("--algorithm", "mad_sips", *SELECT, "--release_counts", "--min_users", "3", "--allowlist", ALLOWLIST),
+    ),
     "extract_ngrams": Case("extract_ngrams", diagnostics=True),
+    "extract_ngrams_counts": Case("extract_ngrams", ("--release_counts",)),
     "bayesian_ngrams": Case("bayesian_ngrams"),
 }
 # How often the engines try a failed task (Flink: restarts of the job's failed region, counted per job;
@@ -139,6 +153,12 @@ def inputs(tmp_path_factory):
                     break
                 w.write(line)
         out[name] = str(dst)
+    # A public allowlist for the counts case: the items of the words cut that start with a-m (one per
+    # line), so the run drops the others before selection.
+    with open(out["select_partitions"], encoding="utf-8") as f:
+        items = {line.rstrip("\n").split("\t", 1)[1] for n, line in enumerate(f) if n or line != "user\titem\n"}
+    with open(d / "allowlist.txt", "w", encoding="utf-8") as w:
+        w.writelines(f"{item}\n" for item in sorted(items) if "a" <= item[:1] <= "m")
     return out
 
 
@@ -155,7 +175,7 @@ def cli_argv(case: Case, input_path: str, out_dir: str, seed=SEED) -> list:
         "--report",
         os.path.join(out_dir, "report.json"),
         *sample,
-        *case.args,
+        *(os.path.join(os.path.dirname(input_path), "allowlist.txt") if a == ALLOWLIST else a for a in case.args),
         "--progress_interval",
         "0",
     ]  # argparse: a later flag wins
@@ -244,6 +264,15 @@ def test_seeded_output_equals_the_direct_runner(engine, name, inputs, direct, tm
     want = direct(name)
     got = run_cli(case, inputs[case.pipeline], str(tmp_path), engine.pipeline_args(), engine)
     assert_same(got, want, engine, f"{name} on {engine.engine}")
+    if "--release_counts" in case.args:  # item<TAB>count (k<TAB>n-gram<TAB>count), integer counts
+        counts = [int(line.rsplit("\t", 1)[1]) for line in got.lines]
+        # min_users 0 keeps negative noisy counts (docs/counts.md); a floor drops what is below it
+        floor = int(case.args[case.args.index("--min_users") + 1]) if "--min_users" in case.args else 0
+        assert got.report["counts"]["min_users"] == floor
+        if floor:
+            assert min(counts) >= floor, counts
+    if ALLOWLIST in case.args:  # nothing outside the allowlist (items starting with a-m) is released
+        assert all("a" <= line[:1] <= "m" for line in got.lines), got.lines
     print(f"{name}: {len(got.lines)} lines, {engine.engine} {got.seconds:.1f}s, DirectRunner {want.seconds:.1f}s")
 
 
