@@ -43,8 +43,15 @@ _PROGRESS_LOCK = threading.Lock()
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    """--diagnostics, --progress_interval, --log_level, --no_wait, --plots, --evaluate_against."""
+    """--diagnostics, --progress_interval, --log_level, --no_wait, --plots, --evaluate_against, --overwrite."""
     g = parser.add_argument_group("observability and evaluation")
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete the files of an earlier run at the output paths (release shards PREFIX-SSSSS-of-NNNNN, "
+        "report, diagnostics, plots) before running; without it such files stop the run (exit 2). Other "
+        "files starting with the --output prefix are never deleted",
+    )
     g.add_argument(
         "--diagnostics",
         default=None,

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, List, Tuple
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines import runner
+from pipelines import outputs, runner
 
 EVAL_WARNING = (
     "NON-PRIVATE evaluation: computed from the true data (exact item frequencies). Not "
@@ -133,11 +133,11 @@ def run_evaluation(evaluation: Evaluation, args, options) -> str:
     path = evaluation_path(args.report)
     p = runner.make_pipeline(options)
     pairs = evaluation.pairs(p, args.evaluate_against, args)  # (user, line)
-    released = p | "ReadReleased" >> beam.io.ReadFromText(args.output + "*")  # line
+    released = p | "ReadReleased" >> beam.io.ReadFromText(outputs.shard_pattern(args.output))  # line
     if getattr(args, "release_counts", False):  # item<TAB>count: the item line is what the truth has
         released = released | "DropCounts" >> beam.Map(drop_count)  # line
     bins = pairs | "Coverage" >> CoverageByFrequency(released, evaluation.group)
-    meta = {"true_data": args.evaluate_against, "released_output": args.output + "*"}
+    meta = {"true_data": args.evaluate_against, "released_output": outputs.shard_pattern(args.output)}
     text = p | "Seed" >> beam.Create([None]) | "ToJson" >> beam.Map(_bins_json, beam.pvalue.AsList(bins), meta)
     _ = text | "Write" >> beam.io.WriteToText(path, shard_name_template="", num_shards=1)
     p.run().wait_until_finish()

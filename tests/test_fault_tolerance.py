@@ -181,7 +181,9 @@ def test_failed_run_leaves_no_partial_output(tmp_path, monkeypatch, capsys):
 def test_failed_input_leaves_no_output_and_keeps_earlier_files(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
-    unrelated = out / "items-from-last-week.txt"
+    unrelated = (
+        out / "notes-from-last-week.txt"
+    )  # (a file starting with the prefix stops the run: test_output_contract)
     unrelated.write_text("keep me\n")
     src = tmp_path / "in.tsv"
     src.write_text("".join(f"u{j}\ta\n" for j in range(60)) + "bad line\n", encoding="utf-8")
@@ -204,7 +206,7 @@ def test_failed_input_leaves_no_output_and_keeps_earlier_files(tmp_path, capsys)
         ]
     )
     assert code == 3
-    assert sorted(os.listdir(out)) == ["items-from-last-week.txt"] and unrelated.read_text() == "keep me\n"
+    assert sorted(os.listdir(out)) == ["notes-from-last-week.txt"] and unrelated.read_text() == "keep me\n"
 
 
 def test_remove_new_outputs_deletes_only_what_the_run_wrote(tmp_path):
