@@ -39,7 +39,7 @@ last_result = None
 
 #: Documented errors of a run: each becomes one ``error: ...`` line and exit code 3, never a traceback.
 #: Matched by class name too, because Beam re-raises worker exceptions wrapped in its own types.
-DOCUMENTED_ERRORS = ("BadRecordError", "EmptyInputError", "SequentialSizeError")
+DOCUMENTED_ERRORS = ("BadRecordError", "EmptyInputError", "SequentialSizeError", "TokenizerError")
 
 #: Modules of runners that define their own PipelineOptions subclass (imported when installed, so
 #: their flags count as known); every other runner's options live in apache_beam.options.

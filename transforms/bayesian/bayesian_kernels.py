@@ -87,8 +87,11 @@ class PublicPrior:
 def text_ngram_counts(text: str, n: int, tokenizer=tx.default_tokenize) -> Counter:
     """Occurrences of every n-gram (space-joined tokens) in ``text``; never across a line break."""
     out: Counter = Counter()
+    check = tokenizer is not tx.default_tokenize
     for seg in tx.segments(text):
         toks = tokenizer(seg)
+        if check:
+            toks = tx.checked_tokens(toks, tokenizer)  # TokenizerError unless a list of tokens
         for i in range(len(toks) - n + 1):
             out[" ".join(toks[i : i + n])] += 1
     return out

@@ -135,14 +135,19 @@ def _python_tokens(texts: Sequence[str], tokenizer):
     lines: List[int] = []
     toks: List[str] = []
     line_id = 0
+    check = tokenizer is not tx.default_tokenize
     for r, text in enumerate(texts):
         for seg in tx.segments(text):
             seg_toks = tokenizer(seg)
+            if check and type(seg_toks) is not list and type(seg_toks) is not tuple:
+                tx.checked_tokens(seg_toks, tokenizer)  # TokenizerError: not a list
             if seg_toks:
                 toks.extend(seg_toks)
                 recs.extend([r] * len(seg_toks))
                 lines.extend([line_id] * len(seg_toks))
             line_id += 1
+    if check:  # the tokens themselves, all at once (C loops over the joined text, not one call per line)
+        tx.checked_tokens(toks, tokenizer)
     return np.asarray(recs, np.int64), np.asarray(lines, np.int64), pa.array(toks, type=_STRING)
 
 
