@@ -22,6 +22,7 @@ import numpy as np
 from privacy.bayesian import BayesianParams, check_mechanism
 from transforms.bayesian import bayesian_kernels as K
 from transforms.bayesian.bayesian_kernels import candidate_log_thetas, finalize
+from transforms.core import elements as E
 from transforms.core import randomness
 from transforms.core import text as tx
 from transforms.core.dofns import WorkerRngDoFn
@@ -40,7 +41,12 @@ class UserNgramCountsFn(beam.DoFn):
         self._index = {g: i for i, g in enumerate(self._vocab)}
 
     def process(self, element):
-        user, text = element
+        if type(element) is tuple and len(element) == 2 and type(element[0]) is str and element[0] != "":
+            user, text = element  # the common case (a text that is no plain str: checked below)
+            if type(text) is not str:
+                user, text = E.check_pair(element, "BayesianNgrams", E.BAYESIAN_SHAPE, "text")  # or an error
+        else:
+            user, text = E.check_pair(element, "BayesianNgrams", E.BAYESIAN_SHAPE, "text")  # typed keys, or an error
         for g, k in K.text_ngram_counts(text, self._n, self._tokenizer).items():
             i = self._index.get(g)
             if i is not None:  # outside the public vocabulary: not part of the released distribution
@@ -217,7 +223,15 @@ class BayesianNgrams(beam.PTransform):
       params: :class:`privacy.bayesian.BayesianParams`.
       seed: None (OS entropy on workers) or the reproducible-mode seed (NOT private against anyone
         who knows it); under a seed the output equals :func:`transforms.reference.bayesian_release`.
-      tokenizer: ``str -> list[str]`` (picklable top-level function).
+      tokenizer: ``str -> list[str]`` (picklable top-level function); its output is checked
+        (:class:`transforms.core.text.TokenizerError`: a list of non-empty strings without whitespace).
+
+    Input: ``(user, text)`` elements (no Arrow batches), checked where they enter
+    (:mod:`transforms.core.elements`): a 2-tuple (or 2-list) of a non-empty ``str`` user (or a typed key:
+    ``int``, not ``bool``, distinct from its decimal string; non-empty ``bytes``; a non-empty tuple of
+    those) and a ``str`` text. Anything else (a dict, ``None``, a list, an Arrow batch, ...) raises
+    :class:`transforms.core.elements.InputElementError` (a ``TypeError`` naming this shape and the
+    element's type, never its content).
     """
 
     def __init__(

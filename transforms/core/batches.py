@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from privacy.validation import check_int
+from transforms.core import elements as E
 from transforms.core.dofns import in_global_window, is_batch
 from transforms.core.fingerprint import fingerprint64, to_key_bytes
 
@@ -74,30 +75,32 @@ def pairs_table(users: Iterable, items: Iterable) -> pa.Table:
 
 
 def _key_column(batch, name: str) -> pa.Array:
-    if name not in batch.schema.names:
-        raise ValueError(f"a batch needs columns {USER!r} and {ITEM!r}; got {batch.schema.names}")
-    col = batch.column(name)
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks()
-    t = col.type
-    if not (
-        pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t)
-    ):
-        raise TypeError(f"batch column {name!r} must be string or binary (key bytes), got {t}")
-    if col.null_count:
-        raise ValueError(
-            f"batch column {name!r} has {col.null_count} null value(s): every row needs a user and an item"
-        )
-    return col.cast(_BINARY)
+    return E.column(batch, name).cast(_BINARY)
 
 
-def normalise_batch(batch) -> pa.Table:
+def normalise_batch(batch, transform: str = "SelectPartitions") -> pa.Table:
     """A RecordBatch/Table with string or binary ``user`` and ``item`` columns -> Table(user, item) of
     binary key bytes (other columns dropped). ``str`` values keep their UTF-8 bytes, so a string column
-    and the element API give the same key bytes."""
+    and the element API give the same key bytes.
+
+    Checked with Arrow, per batch (:mod:`transforms.core.elements`): the columns and their types, no
+    nulls, no empty user or item, no whitespace-only item in a string item column;
+    :class:`transforms.core.elements.InputElementError` otherwise."""
     if not isinstance(batch, (pa.RecordBatch, pa.Table)):
-        raise TypeError(f"expected a pyarrow RecordBatch or Table, got {type(batch).__name__}")
-    return pa.table({USER: _key_column(batch, USER), ITEM: _key_column(batch, ITEM)})
+        raise E.InputElementError(f"{transform} expects {E.SELECT_SHAPE}; got {E.describe(batch)}")
+    E.check_batch_schema(batch, transform, E.SELECT_SHAPE, ITEM)
+    items = E.column(batch, ITEM)
+    if pa.types.is_string(items.type) or pa.types.is_large_string(items.type):
+        E.check_item_strings(items, transform, E.SELECT_SHAPE)
+    table = pa.table({USER: _key_column(batch, USER), ITEM: items.cast(_BINARY)})
+    check_key_bytes(table, transform)
+    return table
+
+
+def check_key_bytes(table: pa.Table, transform: str = "SelectPartitions", what: str = "batch") -> None:
+    """No empty user or item in a Table(user, item) of key bytes (a typed key's bytes are never empty)."""
+    E.check_key_column(table.column(USER), USER, transform, E.SELECT_SHAPE, what)
+    E.check_key_column(table.column(ITEM), ITEM, transform, E.SELECT_SHAPE, what)
 
 
 def owned(table: pa.Table) -> pa.Table:
@@ -227,6 +230,21 @@ def unpack_all(packed: Iterable[Packed]) -> pa.Table:
     return concat(p.table() for p in packed)
 
 
+def _checked_item_column(items: List) -> pa.Array:
+    """The key-bytes column of a list of items, with no whitespace-only ``str`` item (Arrow's
+    ``utf8_is_space`` for all-``str`` lists, the common case; ``str.isspace`` on the ``str`` items of a
+    list holding typed keys)."""
+    if all(type(k) is str for k in items):
+        strings = pa.array(items, type=pa.string())
+        E.check_item_strings(strings, "SelectPartitions", E.SELECT_SHAPE, "(user, item) pair")
+        return strings.cast(_BINARY)
+    if any(type(k) is str and k.isspace() for k in items):
+        raise E.InputElementError(
+            f"SelectPartitions expects {E.SELECT_SHAPE}; got a (user, item) pair with an item that is only whitespace"
+        )
+    return key_bytes_column(items)
+
+
 class _ToBatchesFn(beam.DoFn):
     """(user, item) elements or Arrow batches -> Table(user, item) batches of <= ``batch_rows`` rows."""
 
@@ -241,12 +259,16 @@ class _ToBatchesFn(beam.DoFn):
     def _flush(self) -> Optional[pa.Table]:
         if not self._users:
             return None
-        table = pairs_table(self._users, self._items)
+        users, items = self._users, self._items
         self._users, self._items = [], []
+        table = pa.table({USER: key_bytes_column(users), ITEM: _checked_item_column(items)})
+        check_key_bytes(table, "SelectPartitions", "(user, item) pair")  # no empty user or item
         return table
 
     def process(self, element):
-        if type(element) is tuple and len(element) == 2:  # the hot path: one (user, item) pair
+        if type(element) is tuple and len(element) == 2 and type(element[0]) is str and type(element[1]) is str:
+            # the hot path: one (str, str) pair; empty and whitespace-only strings are found per flushed
+            # batch by Arrow (_checked_item_column, check_key_bytes)
             self._users.append(element[0])
             self._items.append(element[1])
             if len(self._users) >= self._batch_rows:
@@ -257,12 +279,7 @@ class _ToBatchesFn(beam.DoFn):
             for start in range(0, table.num_rows, self._batch_rows):
                 yield owned(table.slice(start, self._batch_rows))
             return
-        try:
-            user, item = element
-        except (TypeError, ValueError):
-            raise TypeError(
-                f"SelectPartitions input must be (user, item) pairs or Arrow batches, got {type(element).__name__}"
-            ) from None
+        user, item = E.check_pair(element, "SelectPartitions", E.SELECT_SHAPE, ITEM)  # typed keys, or an error
         self._users.append(user)
         self._items.append(item)
         if len(self._users) >= self._batch_rows:
@@ -287,7 +304,10 @@ class ToBatches(beam.PTransform):
 
     Pairs are gathered per bundle into tables of at most ``batch_rows`` rows; RecordBatch/Table
     elements (columns ``user`` and ``item``, string or binary) are normalised and cut to ``batch_rows``.
-    Global window only (the columnar path is a batch computation).
+    Every element is checked at entry (:mod:`transforms.core.elements`: a pair's types per element, its
+    strings and every batch per batch with Arrow): anything else raises
+    :class:`transforms.core.elements.InputElementError`. Global window only (the columnar path is a
+    batch computation).
     """
 
     def __init__(self, batch_rows: int = DEFAULT_BATCH_ROWS, label=None):

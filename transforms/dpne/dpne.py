@@ -71,6 +71,7 @@ from privacy.dpne import (
     plan_runs,
 )
 from privacy.validation import check_int
+from transforms.core import elements as E
 from transforms.core import randomness
 from transforms.core import text as tx
 from transforms.core.allowlist import check_allowlist
@@ -123,22 +124,24 @@ class ToTextBatchesFn(beam.DoFn):
             return None
         table = CK.texts_table(self._users, self._texts)
         self._users, self._texts, self._chars = [], [], 0
+        E.check_key_column(table.column(USER), USER, "DPNE", E.DPNE_SHAPE, "(user, text) pair")  # no empty user
         return table
 
     def process(self, element):
-        if isinstance(element, (pa.RecordBatch, pa.Table)):
+        if type(element) is tuple and len(element) == 2 and type(element[0]) is str and type(element[1]) is str:
+            user, text = element  # the hot path; an empty user is found per flushed batch (Arrow)
+        elif isinstance(element, (pa.RecordBatch, pa.Table)):
+            E.check_batch_schema(element, "DPNE", E.DPNE_SHAPE, CK.TEXT, int_users=True)  # columns, types, nulls
             for start in range(0, element.num_rows, self._batch_rows):
-                yield owned(CK.normalise_text_batch(element.slice(start, self._batch_rows)))
+                table = CK.normalise_text_batch(element.slice(start, self._batch_rows))
+                E.check_key_column(table.column(USER), USER, "DPNE", E.DPNE_SHAPE)  # no empty user
+                yield owned(table)
             return
-        try:
-            user, text = element
-        except (TypeError, ValueError):
-            raise TypeError(
-                f"DPNE input must be (user, text) pairs or Arrow batches, got {type(element).__name__}"
-            ) from None
+        else:
+            user, text = E.check_pair(element, "DPNE", E.DPNE_SHAPE, CK.TEXT)  # typed user keys, or an error
         self._users.append(user)
         self._texts.append(text)
-        self._chars += len(text) if type(text) is str else 0
+        self._chars += len(text)
         if len(self._users) >= self._batch_rows or self._chars >= self.MAX_BATCH_CHARS:
             yield self._flush()
 
@@ -610,7 +613,14 @@ class DPNE(beam.PTransform):
       rows_per_shard: target tokens per user shard (execution option).
 
     Input elements: ``(user, text)`` pairs and/or ``pyarrow`` RecordBatches/Tables with columns
-    ``user`` (string, binary or integer) and ``text`` (string). Global window only.
+    ``user`` (string, binary or integer, read as decimal text) and ``text`` (string), checked where they
+    enter (:mod:`transforms.core.elements`): a pair is a 2-tuple (or 2-list) of a non-empty ``str`` user
+    (or a typed key: ``int``, not ``bool``, distinct from its decimal string; non-empty ``bytes``; a
+    non-empty tuple of those) and a ``str`` text (any, an empty one has no n-grams); a batch's columns,
+    types, nulls and empty users are checked per batch with Arrow. Anything else (a dict, ``None``, a
+    list text, a 3-tuple, ...) raises :class:`transforms.core.elements.InputElementError` (a
+    ``TypeError`` naming this shape and the element's type, never its content). The tokenizer's output
+    is checked too (:class:`transforms.core.text.TokenizerError`). Global window only.
     """
 
     def __init__(

@@ -26,6 +26,7 @@ from privacy.validation import check_int
 from transforms.core import randomness
 from transforms.core.allowlist import KeepAllowlisted, KeepAllowlistedRows, check_allowlist
 from transforms.core.batches import DEFAULT_BATCH_ROWS, DEFAULT_ROWS_PER_SHARD, ITEM, USER, ToBatches, normalise_batch
+from transforms.core.elements import SELECT_SHAPE, check_pair
 from transforms.core.fingerprint import from_key_bytes
 from transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
 from transforms.core.noise import only_value, tag_round
@@ -68,8 +69,22 @@ class SelectPartitions(beam.PTransform):
         computed at run time. Neither changes the output.
 
     Input: PCollection of ``(user, item)`` pairs and/or Arrow ``RecordBatch``/``Table`` elements with
-    columns ``user`` and ``item`` (string or binary); keys must be str, bytes, int, float, bool, None or
-    tuples of those. Every algorithm except the sequential policies runs on the columnar path
+    columns ``user`` and ``item`` (string or binary), checked where they enter
+    (:mod:`transforms.core.elements`; README "Using the transforms from Python"):
+
+    * a pair is a 2-tuple (or 2-list); its user a non-empty ``str``, its item a ``str`` neither empty nor
+      only whitespace (line breaks and TABs are accepted: the output is Python values, the CLI rejects
+      them because it writes lines). Typed keys are accepted for both: ``int`` (not ``bool``; an int is
+      distinct from its decimal string), non-empty ``bytes``, non-empty tuples of those;
+    * a batch has string or binary ``user`` and ``item`` columns, no nulls, no empty value and (string
+      item columns) no whitespace-only item, checked per batch with Arrow;
+    * anything else (a dict, e.g. ``beam.Map(json.loads)`` output, ``None``, ``bool``, ``float``,
+      ``list``, a plain string, a 3-tuple) raises :class:`transforms.core.elements.InputElementError`, a
+      ``TypeError`` whose message names this shape and the element's type (a dict's keys), never its
+      content: ``SelectPartitions expects (user, item) pairs or Arrow batches: ...; got dict with keys
+      ['user', 'item']``.
+
+    Every algorithm except the sequential policies runs on the columnar path
     (:mod:`transforms.selection.columnar`, docs/columnar.md): global window only.
     Output: released items, or ``(item, noisy_count)`` (ints) with ``release_counts`` (or the
     round-tagged forms with ``output_rounds``). The plans are public: ``self.rounds`` (the selection)
@@ -161,8 +176,8 @@ class SelectPartitions(beam.PTransform):
 
 
 class AsPairsFn(beam.DoFn):
-    """(user, item) pairs pass through; Arrow batches (columns user, item) become pairs (the per-element
-    algorithms: MAD, MAD2R, the sequential policies)."""
+    """(user, item) pairs pass through, checked (:func:`transforms.core.elements.check_pair`); Arrow
+    batches (columns user, item) are checked and become pairs (the sequential policies)."""
 
     def process(self, element):
         if isinstance(element, (pa.RecordBatch, pa.Table)):
@@ -170,8 +185,15 @@ class AsPairsFn(beam.DoFn):
             yield from zip(
                 map(from_key_bytes, table.column(USER).to_pylist()), map(from_key_bytes, table.column(ITEM).to_pylist())
             )
-        else:
+        elif type(element) is tuple and len(element) == 2 and _plain_pair(*element):
             yield element
+        else:
+            yield check_pair(element, "SelectPartitions", SELECT_SHAPE, ITEM)
+
+
+def _plain_pair(user, item) -> bool:
+    """A (str, str) pair with a non-empty user and an item neither empty nor only whitespace."""
+    return type(user) is str and type(item) is str and user != "" and item != "" and not item.isspace()
 
 
 def swap(element):
