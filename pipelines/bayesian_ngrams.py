@@ -15,8 +15,11 @@ n-gram, in files starting with ``--output``; the probabilities sum to 1. Report:
 
 Privacy: the Bayesian mechanism's noise is calibrated to a sensitivity computed from the private
 data (brute force or Claim 1): a data-dependent (local) sensitivity. The report says so
-(``"sensitivity": "data-dependent"``) and docs/bayesian_ngrams.md explains what that does and does not
-guarantee. ``--mechanism laplace`` is the only option with a standard, data-independent guarantee.
+(``"sensitivity": "data-dependent"``, ``"guarantee_kind": "data-dependent (NOT worst-case DP)"``,
+``"private": false``), every such run prints a warning line to stderr, and docs/bayesian_ngrams.md
+explains what that does and does not guarantee. ``--mechanism laplace`` is the only option with a
+standard, data-independent guarantee (``"guarantee_kind": "worst-case (epsilon, delta)-DP"``; ``"private":
+true`` unless seeded).
 
 Installed, the command is also ``dp-bayesian-ngrams``. The privacy flags are the fields of
 :class:`privacy.bayesian.BayesianParams`; every other argument must be a Beam pipeline option:
@@ -52,6 +55,33 @@ GUARANTEE = {
         "sensitivity W does not depend on the data, and Laplace noise of scale W/epsilon is added."
     ),
 }
+
+#: The guarantee text of ``laplace_public`` (its Laplace scale min(2, 2W/(T-W))/epsilon reads the private total T).
+LAPLACE_PUBLIC_GUARANTEE = (
+    "The Laplace noise scale min(2, 2W/(T-W))/epsilon depends on T, the private total of the users' counts: "
+    "a data-dependent sensitivity, and the scale itself reveals something about T. This is NOT a worst-case "
+    "(epsilon, delta)-DP guarantee over all neighbouring datasets. Use --mechanism laplace for a standard guarantee."
+)
+
+#: The report's ``guarantee_kind`` per ``sensitivity``: only a data-independent sensitivity gives
+#: worst-case DP (for ``laplace`` pure epsilon-DP, delta = 0).
+GUARANTEE_KIND = {
+    "data-independent": "worst-case (epsilon, delta)-DP",
+    "data-dependent": "data-dependent (NOT worst-case DP)",
+}
+
+#: The sensitivity of each mechanism (what the release's ``info`` reports; the warning needs it before the run).
+SENSITIVITY = {"bayesian": "data-dependent", "laplace": "data-independent", "laplace_public": "data-dependent"}
+
+
+def data_dependent_warning(mechanism: str) -> Optional[str]:
+    """The stderr warning line of a mechanism whose guarantee is data-dependent (None for laplace)."""
+    if SENSITIVITY[mechanism] != "data-dependent":
+        return None
+    return (
+        f"warning: --mechanism {mechanism} calibrates its noise to a data-dependent sensitivity: NOT a "
+        "worst-case (epsilon, delta)-DP guarantee (docs/bayesian_ngrams.md); --mechanism laplace gives one"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,16 +122,25 @@ def format_probability(element) -> str:
 
 
 def build_report(_, base: dict, infos: list) -> str:
+    """The report JSON. ``guarantee_kind`` says whether the release is worst-case DP; ``private`` is true
+    only for an unseeded run of a mechanism with a worst-case guarantee (``laplace``): a seeded run is
+    reproducible by anyone who knows the seed, a data-dependent one is not worst-case DP."""
     report = dict(base)
     for info in infos:  # exactly one
         report.update(info)
-    report["guarantee"] = GUARANTEE[report["sensitivity"]]
+    kind = report["sensitivity"]  # as the release computed it
+    report["guarantee"] = LAPLACE_PUBLIC_GUARANTEE if report["mechanism"] == "laplace_public" else GUARANTEE[kind]
+    report["guarantee_kind"] = GUARANTEE_KIND[kind]
+    report["private"] = report["seed"] is None and kind == "data-independent"
     return json.dumps(report, indent=2, sort_keys=True)
 
 
 def build_pipeline(pipeline: beam.Pipeline, args, params: BayesianParams):
     prior = load_public_counts(args.public, params.n)
     tokenizer = cli.load_tokenizer(args.tokenizer)
+    warning = data_dependent_warning(args.mechanism)
+    if warning:  # every run of bayesian / laplace_public, before it starts
+        print(warning, file=sys.stderr)
     batches = pipeline | "ReadPrivate" >> ReadRecordBatches(
         args.private,
         args.input_format,
@@ -131,7 +170,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: BayesianParams):
         "epsilon_tune": params.epsilon_tune,
         "input_format": args.input_format,
         "seed": args.seed,
-        "private": args.seed is None,
+        "private": args.seed is None and SENSITIVITY[args.mechanism] == "data-independent",  # (build_report)
         "out_of_vocabulary": "private n-grams outside the public vocabulary are dropped",
     }
     report = (
@@ -150,7 +189,8 @@ def summarize(report: dict, args, params) -> str:
     extra = f", S={report['S']:g}, rho={report['rho']:g}" if "S" in report else ""
     return (
         f"released a distribution over {report['vocabulary_size']} public {params.n}-grams "
-        f"({args.mechanism}{extra}, epsilon={params.epsilon:g}, sensitivity {report['sensitivity']}); "
+        f"({args.mechanism}{extra}, epsilon={params.epsilon:g}, sensitivity {report['sensitivity']}: "
+        f"{report['guarantee_kind']}); "
         f"probabilities: {args.output}*  report: {args.report}"
     )
 
