@@ -28,6 +28,7 @@ setuptools.setup(
             "dp-extract-ngrams=pipelines.extract_ngrams:main",
             "dp-bayesian-ngrams=pipelines.bayesian_ngrams:main",
             "dp-bayesian-eval=pipelines.bayesian_eval:main",
+            "dp-verify-release=pipelines.verify:main",
         ]
     },
     extras_require={
