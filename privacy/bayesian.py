@@ -16,10 +16,40 @@ import dataclasses
 import math
 from typing import Tuple
 
-from privacy.validation import DELTA_RANGE, EPSILON_RANGE, check_choice, check_int, check_range
+from privacy.validation import DELTA_RANGE, EPSILON_RANGE, check_choice, check_int, check_range, needs, use_table
 
 MECHANISMS = ("bayesian", "laplace", "laplace_public")
 SENSITIVITIES = ("brute_force", "bound")
+
+#: Which :class:`BayesianParams` fields each mechanism reads (a field absent here is read by all: epsilon,
+#: n, C, W). The Laplace baselines are pure epsilon-DP (no delta) and use neither the prior's posterior
+#: (S, rho) nor a sensitivity method; ``tune`` (Algorithm 2) replaces S and rho by the grids. The CLI
+#: rejects a flag given for a field the run does not read.
+FIELD_USE = use_table(
+    {
+        "bayesian": (
+            "delta",
+            "S",
+            "rho",
+            "sensitivity",
+            "tune",
+            "S_grid",
+            "rho_grid",
+            "tune_epsilon_fraction",
+            "validation_fraction",
+        ),
+        "laplace": (),
+        "laplace_public": (),
+    },
+    {
+        "S": (needs("tune", False),),
+        "rho": (needs("tune", False),),
+        "S_grid": (needs("tune", True),),
+        "rho_grid": (needs("tune", True),),
+        "tune_epsilon_fraction": (needs("tune", True),),
+        "validation_fraction": (needs("tune", True),),
+    },
+)
 
 # Paper section 4.3: S in [1e-3, 1e4] (log grid); rho in (0, 1].
 DEFAULT_S_GRID = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4)

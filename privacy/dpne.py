@@ -48,11 +48,22 @@ from scipy import special
 from privacy import counts
 from privacy.accounting import gdp_compose, geometric_sigma_schedule
 from privacy.calibration import analytic_gaussian_sigma, gaussian_delta, gaussian_epsilon, gaussian_threshold, mad_tau
-from privacy.validation import DELTA_RANGE, EPSILON_RANGE, check_bool, check_choice, check_int, check_range
+from privacy.validation import (
+    DELTA_RANGE,
+    EPSILON_RANGE,
+    Condition,
+    check_bool,
+    check_choice,
+    check_int,
+    check_range,
+    needs,
+    use_table,
+)
 
 __all__ = [
     "DPNEParams",
     "DPNE_ALGORITHMS",
+    "FIELD_USE",
     "DPNE_WEIGHTINGS",
     "PRUNINGS",
     "VK_METHODS",
@@ -72,6 +83,32 @@ DPNE_ALGORITHMS = ("dpne", "dpsu_all", "dpsu_even", "dpsu_single")
 DPNE_WEIGHTINGS = ("weighted_gaussian", "mad")
 PRUNINGS = ("both", "single")
 VK_METHODS = ("exact", "sample")
+
+_LEVELS = Condition("unless {max_n} is 2 or more (levels k >= 2)", lambda v: v.max_n >= 2, (("max_n", 2),))
+
+#: Which :class:`DPNEParams` fields each algorithm reads (a field absent here is read by all: epsilon,
+#: delta, max_n, max_contributions, weighting, release_counts), and only under the conditions given: DPNE's
+#: levels k >= 2 (rho_k from eta, sigma_decay's schedule, the pruned V_k and its size), MAD's parameters,
+#: the counts' budget and floor. The CLI rejects a flag given for a field the run does not read.
+FIELD_USE = use_table(
+    {
+        "dpne": ("eta", "sigma_decay", "pruning", "vk_method", "sample_rate"),
+        "dpsu_all": (),
+        "dpsu_even": (),
+        "dpsu_single": ("dpsu_single_length",),
+    },
+    {
+        "eta": (_LEVELS,),
+        "sigma_decay": (_LEVELS,),
+        "pruning": (_LEVELS,),
+        "vk_method": (_LEVELS, needs("pruning", "both")),  # pruning single: |V_k| = |S_{k-1}| |S_1|, exact
+        "sample_rate": (_LEVELS, needs("pruning", "both"), needs("vk_method", "sample")),
+        "beta": (needs("weighting", "mad"),),
+        "d_max": (needs("weighting", "mad"),),
+        "count_budget": (needs("release_counts", True),),
+        "min_users": (needs("release_counts", True),),
+    },
+)
 
 
 def _field(default, help: str, choices=None):

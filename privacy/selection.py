@@ -43,13 +43,16 @@ import numpy as np
 from privacy import accounting, calibration, counts
 from privacy import cap as cap_plans
 from privacy.validation import (
+    Condition,
     PrivacyBudget,
     check_bool,
     check_choice,
     check_fractions,
     check_int,
     check_range,
+    needs,
     set_fields,
+    use_table,
 )
 
 __all__ = [
@@ -67,6 +70,7 @@ __all__ = [
     "plan_cap",
     "resolve_params",
     "ALGORITHM_DEFAULTS",
+    "FIELD_USE",
 ]
 
 # --------------------------------------------------------------------------------------------------
@@ -247,6 +251,33 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
 
 #: the sequential (single-worker) algorithms of the DP set union paper (Algorithms 4 and 6)
 SEQUENTIAL_ALGORITHMS = tuple(name for name, spec in ALGORITHMS.items() if spec.sequential)
+
+
+def _adaptive_cap_on(values) -> bool:
+    """mad_sips's adaptive cap is on: cap_quantile (unset: its default) below 1, with gdp accounting."""
+    q = values.cap_quantile
+    if q is None:
+        q = dict(ALGORITHMS["mad_sips"].defaults).get("cap_quantile", ALGORITHM_DEFAULTS["cap_quantile"])
+    return values.accounting == "gdp" and q < 1.0
+
+
+#: Which :class:`SelectionParams` fields each algorithm reads: those of its ``AlgorithmSpec.options``
+#: (a field no algorithm lists is read by all: epsilon, delta, max_contributions, release_counts), and
+#: only under the conditions below. The CLI rejects a flag given for a field the run does not read.
+FIELD_USE = use_table(
+    {name: spec.options for name, spec in ALGORITHMS.items()},
+    {
+        "count_budget": (needs("release_counts", True),),
+        "min_users": (needs("release_counts", True),),
+        "cap_budget": (
+            Condition(
+                "without the adaptive cap ({cap_quantile} below 1 with {accounting} gdp)",
+                _adaptive_cap_on,
+                (("accounting", "gdp"),),
+            ),
+        ),
+    },
+)
 
 ACCOUNTINGS = accounting.ACCOUNTINGS
 

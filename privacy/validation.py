@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 # Ranges over which privacy/calibration.py is tested to be numerically sound.
 EPSILON_RANGE = (0.0, 100.0)
@@ -104,3 +104,69 @@ def set_fields(obj, **values) -> None:
     """Sets fields of a frozen dataclass from its ``__post_init__`` (validated values)."""
     for name, value in values.items():
         object.__setattr__(obj, name, value)
+
+
+# --------------------------------------------------------------------------------------------------
+# Which parameters an algorithm reads
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    """A setting a parameter needs besides the algorithm, e.g. ``count_budget`` needs ``release_counts``.
+
+    Attributes:
+      unmet: how the setting reads when it does not hold, after "<parameter> is not used by <algorithm>";
+        ``{name}`` stands for the parameter ``name`` (the CLI writes ``--name``), e.g. "without {release_counts}".
+      holds: the test, on any object with the parameters as attributes (the parameter dataclass or the
+        parsed flags; None is an unset optional parameter).
+      example: parameter values under which it holds (the tests and the template checks set them).
+    """
+
+    unmet: str
+    holds: Callable[[Any], bool]
+    example: Tuple[Tuple[str, Any], ...] = ()
+
+
+def needs(name: str, value: Any, unmet: Optional[str] = None) -> Condition:
+    """The condition ``<name> == value``: "without {name}" for True, "with {name}" for False, else
+    "unless {name} is <value>"."""
+    if unmet is None:
+        if value is True:
+            unmet = f"without {{{name}}}"
+        elif value is False:
+            unmet = f"with {{{name}}}"
+        else:
+            unmet = f"unless {{{name}}} is {value}"
+    return Condition(unmet, lambda values: getattr(values, name) == value, ((name, value),))
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamUse:
+    """When an algorithm reads a parameter: ``algorithms`` (None: every one) and ``conditions`` (all must
+    hold). A parameter absent from a family's table is read by every algorithm, always."""
+
+    algorithms: Optional[Tuple[str, ...]] = None
+    conditions: Tuple[Condition, ...] = ()
+
+    def unmet(self, values) -> Optional[Condition]:
+        """The first condition that does not hold under ``values`` (None: all hold)."""
+        return next((c for c in self.conditions if not c.holds(values)), None)
+
+    def used(self, algorithm: str, values) -> bool:
+        """Whether ``algorithm`` reads the parameter under ``values``."""
+        return (self.algorithms is None or algorithm in self.algorithms) and self.unmet(values) is None
+
+
+def use_table(
+    options: Mapping[str, Sequence[str]], conditions: Mapping[str, Sequence[Condition]] = ()
+) -> Dict[str, ParamUse]:
+    """A family's table from ``options`` (algorithm -> the parameters only some algorithms read) and
+    ``conditions`` (parameter -> the settings it needs)."""
+    conditions = dict(conditions)
+    names = {n for fields in options.values() for n in fields} | set(conditions)
+    table = {}
+    for name in sorted(names):
+        users = tuple(a for a, fields in options.items() if name in fields)
+        table[name] = ParamUse(users or None, tuple(conditions.get(name, ())))
+    return table
