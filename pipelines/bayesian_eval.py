@@ -132,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = cli.new_parser(
         "python -m pipelines.bayesian_eval",
         "KL(private || mechanism) vs epsilon (offline, NOT private).",
+        beam_options=False,  # in memory: no Beam option applies
     )
     p.add_argument("--private", required=True, help="private user-level text, as for pipelines.bayesian_ngrams")
     p.add_argument("--input_format", required=True, choices=INPUT_FORMATS)

@@ -37,7 +37,7 @@ import apache_beam as beam
 
 from pipelines import cli, observability, outputs
 from pipelines.io import FailIfEmpty, ReadRecordBatches, RecordsRead, batch_records, load_public_counts
-from privacy.bayesian import MECHANISMS, BayesianParams
+from privacy.bayesian import FIELD_USE, MECHANISMS, BayesianParams
 from transforms.bayesian.bayesian import BayesianNgrams
 
 GUARANTEE = {
@@ -104,8 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
             "laplace": "Laplace counts (sec. 4.2 baseline 1), standard pure epsilon-DP",
             "laplace_public": "Laplace with the public total (sec. 4.2 baseline 2), data-dependent",
         },
+        FIELD_USE,
     )
-    cli.add_params_args(p, BayesianParams)
+    cli.add_params_args(p, BayesianParams, required=("epsilon", "delta"))  # delta: --mechanism bayesian only
     p.add_argument(
         "--tokenizer", default=None, help="module:function replacing the default tokenizer (NFKC, lowercase, word runs)"
     )

@@ -32,7 +32,7 @@ import apache_beam as beam
 from pipelines import cli, io, observability, outputs
 from pipelines.io import FailIfEmpty, ReadRecordBatches, RecordsRead, batch_records
 from pipelines.reporting import Evaluation
-from privacy.dpne import DPNE_ALGORITHMS, DPNEParams, release_privacy
+from privacy.dpne import DPNE_ALGORITHMS, FIELD_USE, DPNEParams, release_privacy
 from transforms.core import text as tx
 from transforms.dpne.dpne import DPNE
 
@@ -60,8 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
             "dpsu_even": "one DP set union per length, budget split evenly",
             "dpsu_single": "all budget on one length (--dpsu_single_length)",
         },
+        FIELD_USE,
     )
-    cli.add_params_args(p, DPNEParams)
+    cli.add_params_args(p, DPNEParams, required=("epsilon", "delta"))
     cli.add_allowlist_arg(p, "n-gram")
     p.add_argument(
         "--tokenizer", default=None, help="module:function replacing the default tokenizer (NFKC, lowercase, word runs)"

@@ -26,7 +26,8 @@ import apache_beam as beam
 from pipelines import cli, io, observability, outputs
 from pipelines.io import FailIfEmpty, ReadRecordBatches, RecordsRead, batch_records
 from pipelines.reporting import Evaluation
-from privacy.selection import ALGORITHMS, SelectionParams
+from privacy.selection import ALGORITHMS, FIELD_USE, SEQUENTIAL_ALGORITHMS, SelectionParams
+from privacy.validation import ParamUse, needs
 from transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
 from transforms.selection.select import SelectPartitions
 
@@ -44,9 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefix of the output files (released items, one per line; item<TAB>count with --release_counts)",
     )
     p.add_argument("--report", required=True, help="path of the JSON report")
-    cli.add_algorithm_arg(
-        p, "algorithm", tuple(ALGORITHMS), "mad_sips", {name: spec.summary for name, spec in ALGORITHMS.items()}
-    )
+    summaries = {name: spec.summary for name, spec in ALGORITHMS.items()}
+    cli.add_algorithm_arg(p, "algorithm", tuple(ALGORITHMS), "mad_sips", summaries, {**FIELD_USE, **EXECUTION_USE})
     cli.add_params_args(p, SelectionParams)
     cli.add_allowlist_arg(p, "item")
     g = p.add_argument_group("execution options (change the cost, never the output)")
@@ -54,17 +54,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--max_broadcast_items",
         type=int,
         default=DEFAULT_MAX_BROADCAST_ITEMS,
-        help="mad/mad2r: per-item values (excess fractions, round-2 biases) go to every worker as a "
-        "side input when at most this many items have one, else through a sharded join "
+        help="policy_gaussian/policy_laplace with --release_counts: the released items go to every worker "
+        "as a side input when there are at most this many, else through a sharded join "
         "(default %(default)s, a dict of that many entries per worker)",
     )
     g.add_argument(
         "--max_users_per_key",
         type=int,
         default=10_000,
-        help="mad/mad2r sharded join: users per join key for hot items (default %(default)s)",
+        help="policy_gaussian/policy_laplace with --release_counts, sharded join: users per join key for "
+        "hot items (default %(default)s)",
     )
     return p
+
+
+#: The execution flags' entries in the table of the flags each algorithm reads (privacy.selection.FIELD_USE
+#: for the SelectionParams fields): the joins they tune are those of the sequential policies' count
+#: release (transforms/selection/select.py); the columnar algorithms have no such join.
+EXECUTION_USE = {
+    name: ParamUse(SEQUENTIAL_ALGORITHMS, (needs("release_counts", True),))
+    for name in ("max_broadcast_items", "max_users_per_key")
+}
 
 
 def format_count(element) -> str:

@@ -55,6 +55,7 @@ def _select(tmp_path, path, fmt="tsv", *extra):
 
 def _ngrams(tmp_path, path, fmt="jsonl", *extra):
     out, rep = tmp_path / "nout" / "ngrams", tmp_path / "nout" / "report.json"
+    budget = [a for flag in ("--epsilon", "--delta") if flag not in extra for a in (flag, BUDGET[flag])]
     argv = [
         "--input",
         str(path),
@@ -68,11 +69,15 @@ def _ngrams(tmp_path, path, fmt="jsonl", *extra):
         "2",
         "--max_contributions",
         "5",
+        *budget,
         "--direct_running_mode",
         "in_memory",
         *extra,
     ]
     return extract_ngrams.run(argv)
+
+
+BUDGET = {"--epsilon": "4", "--delta": "1e-7"}  # required flags (each given once: extra may set them)
 
 
 def _write(tmp_path, name, data):
@@ -359,7 +364,7 @@ def test_bad_selection_parameters_exit_2_naming_them(tmp_path, capsys, flag, val
 def test_bad_ngram_parameters_exit_2_naming_them(tmp_path, capsys, flag, value, name):
     path = _write(tmp_path, "in.jsonl", '{"user": "u", "text": "a b"}\n')
     with pytest.raises(SystemExit) as e:
-        _ngrams(tmp_path, path, "jsonl", flag, value)
+        _ngrams(tmp_path, path, "jsonl", flag, value, *(["--vk_method", "sample"] if flag == "--sample_rate" else []))
     assert e.value.code == 2
     assert name in capsys.readouterr().err
 

@@ -40,6 +40,9 @@ def write_public(tmp_path, lines=None, name="public.tsv.gz"):
 
 def run_cli(tmp_path, private, fmt, public, *extra, name="out"):
     out, report = tmp_path / name / "probs", tmp_path / name / "report.json"
+    # the budget is required (delta by the Bayesian mechanism only); extra may set it, once
+    mechanism = extra[extra.index("--mechanism") + 1] if "--mechanism" in extra else "bayesian"
+    budget = {"--epsilon": "1", "--delta": "1e-5"} if mechanism == "bayesian" else {"--epsilon": "1"}
     argv = [
         "--private",
         private,
@@ -57,6 +60,7 @@ def run_cli(tmp_path, private, fmt, public, *extra, name="out"):
         "2",
         "--W",
         "6",
+        *(a for flag, value in budget.items() if flag not in extra for a in (flag, value)),
         "--direct_running_mode",
         "in_memory",
         *extra,

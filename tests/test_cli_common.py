@@ -88,8 +88,12 @@ def test_unknown_or_abbreviated_flag_stops_the_run_naming_it(name, extra, flag, 
 def test_abbreviation_of_our_flag_is_not_taken_for_it(tmp_path, capsys):
     """argparse's prefix matching would read --max_contribution 2 as --max_contributions 2."""
     parser = select_partitions.build_parser()
-    args, extra = parser.parse_known_args(base_argv("select_partitions", tmp_path) + ["--max_contribution", "2"])
+    argv = base_argv("select_partitions", tmp_path) + ["--max_contribution", "2"]
+    args, extra = argparse.ArgumentParser.parse_known_args(parser, argv)  # argparse's parse, before our checks
     assert args.max_contributions == 20 and extra == ["--max_contribution", "2"]  # 20: the sample args
+    with pytest.raises(SystemExit) as e:  # and the strict parse stops on it
+        parser.parse_known_args(argv)
+    assert e.value.code == 2 and "unknown flag --max_contribution " in capsys.readouterr().err
 
 
 BEAM_OPTIONS = [
@@ -143,20 +147,20 @@ def test_the_beam_parser_knows_every_option_class_beam_collects():
 
 @pytest.mark.parametrize("spec", PIPELINES, ids=[s.name for s in PIPELINES])
 def test_flex_template_launch_arguments_pass_the_check(spec, tmp_path):
-    """A Flex Template launcher passes every parameter as --name=value, plus Beam options."""
+    """A Flex Template launcher passes the parameters the user set as --name=value (here: the required
+    ones and those of the sample run), plus Beam options."""
     meta = json.load(open(os.path.join(REPO, "templates", spec.name, "metadata.json")))
     parser = spec.module().build_parser()
-    actions = {a.dest: a for a in parser._actions}
     sample = dict(zip(spec.sample_args[::2], spec.sample_args[1::2]))
     argv = []
     for p in meta["parameters"]:
-        a = actions[p["name"]]
-        value = sample.get(f"--{p['name']}", a.default)
+        value = sample.get(f"--{p['name']}")
         if p["name"] in (spec.input_flag, "output", "report", "diagnostics", "public", "evaluate_against", "plots"):
             value = f"gs://bucket/{p['name']}"
         if p["name"] == "input_format":
             value = spec.input_format
         if value is None:
+            assert p["isOptional"], p["name"]
             continue
         value = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else value
         argv.append(f"--{p['name']}={value}")
@@ -173,13 +177,15 @@ def test_flex_template_launch_arguments_pass_the_check(spec, tmp_path):
 @pytest.mark.parametrize("name", ["select_partitions", "extract_ngrams", "bayesian_ngrams"])
 def test_privacy_flags_are_the_params_fields_with_their_help(name):
     cls = PARAMS_OF[name]
-    actions = {a.dest: a for a in CLI_MODULES[name].build_parser()._actions}
+    parser = CLI_MODULES[name].build_parser()
+    actions = {a.dest: a for a in parser._actions}
     for f in dataclasses.fields(cls):
         a = actions.get(f.name)
         assert a is not None, f"--{f.name} missing"
         assert a.help.startswith(f.metadata["help"]), f.name
-        if f.default is dataclasses.MISSING:
-            assert a.required, f.name
+        if f.default is dataclasses.MISSING or f.name in ("epsilon", "delta"):  # the budget: no CLI default
+            assert a.required or f.name in parser.required_where_used, f.name
+            assert a.default is None, f.name
         elif isinstance(a, argparse._StoreTrueAction):
             assert f.default is False
         else:
@@ -199,7 +205,9 @@ def test_params_from_args_builds_the_dataclass_from_its_flags(name, tmp_path):
     given = {flag[2:] for flag in spec.sample_args[::2]} & set(fields)
     kept = {k: getattr(got, k) for k, f in fields.items() if k in given or f.default is dataclasses.MISSING}
     assert got == cls(**kept)  # every other field has its default
-    args, _ = module.build_parser().parse_known_args(base_argv(name, tmp_path) + ["--delta=1e-9"])
+    argv = base_argv(name, tmp_path)
+    argv[argv.index("--delta") + 1] = "1e-9"
+    args, _ = module.build_parser().parse_known_args(argv)
     assert module.params_from_args(args) == got.replace(delta=1e-9)
 
 
@@ -268,7 +276,8 @@ def test_sequential_size_guard_prints_one_line_no_beam_error(tmp_path):
     spec = registry.get("select_partitions")
     path = cut_sample(spec, tmp_path)
     argv = cli_args(spec, path, str(tmp_path / "out"), "--direct_running_mode", "in_memory")
-    argv += ["--algorithm", "policy_gaussian", "--max_sequential_pairs", "10"]  # later flag wins over sample args
+    argv[argv.index("--algorithm") + 1] = "policy_gaussian"  # instead of the sample's (a flag is given once)
+    argv += ["--max_sequential_pairs", "10"]
     proc = run_module(spec.name, argv)
     assert proc.returncode == 3, proc.stderr
     assert "error: input too large for a sequential algorithm" in proc.stderr

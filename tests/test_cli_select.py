@@ -174,18 +174,21 @@ def test_missing_input_fails(tmp_path, capsys):
     assert "nothing-*.tsv" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("algorithm", ["mad", "mad2r"])
+@pytest.mark.parametrize("algorithm", ["policy_gaussian", "policy_laplace"])
 def test_join_options_change_cost_not_output(tmp_path, algorithm):
     """--max_broadcast_items 0 (always the sharded join, 3 users per key) releases exactly what the
-    default side-input mode releases under the same seed, and the reference."""
+    default side-input mode releases under the same seed, and the reference. The joins they tune are
+    the sequential policies' count release: the only place they are used (elsewhere they are an error)."""
     path = write_input(tmp_path, "tsv")
     runs = [
-        run_cli(tmp_path, path, "tsv", "--algorithm", algorithm, "--seed", "9", "--d_max", "6", *extra, name=str(k))
+        run_cli(tmp_path, path, "tsv", "--algorithm", algorithm, "--release_counts", "--seed", "9", *extra, name=str(k))
         for k, extra in enumerate([[], ["--max_broadcast_items", "0", "--max_users_per_key", "3"]])
     ]
-    want = reference.select(SETS, algorithm, SelectionParams(2.0, 1e-4, max_contributions=8, d_max=6), seed=9)
+    params = SelectionParams(2.0, 1e-4, max_contributions=8, release_counts=True)
+    want = reference.select_counts(SETS, algorithm, params, seed=9)
     assert runs[0][0] == runs[1][0] == 0
-    assert sorted(runs[0][1]) == sorted(runs[1][1]) == sorted(want) and want
+    want_lines = sorted(f"{item}\t{count}" for item, count in want.items())
+    assert sorted(runs[0][1]) == sorted(runs[1][1]) == want_lines and want
 
 
 @pytest.mark.parametrize(
@@ -204,8 +207,11 @@ def test_join_options_change_cost_not_output(tmp_path, algorithm):
 )
 def test_bad_parameters_exit_2_naming_the_parameter(tmp_path, capsys, flag, value, name):
     path = write_input(tmp_path, "tsv")
+    # each flag with an algorithm that reads it (the join options: the sequential policies' counts)
+    algorithm = {"--max_broadcast_items": "policy_gaussian", "--max_users_per_key": "policy_gaussian"}.get(flag)
+    extra = ["--algorithm", algorithm, "--release_counts"] if algorithm else []
     with pytest.raises(SystemExit) as exc:
-        run_cli(tmp_path, path, "tsv", flag, value)
+        run_cli(tmp_path, path, "tsv", flag, value, *extra)
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert name in err and value.split(",")[0] in err

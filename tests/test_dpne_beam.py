@@ -185,6 +185,10 @@ def test_cli_rejects_bad_parameters(tmp_path, capsys):
                 "r",
                 "--max_n",
                 "3",
+                "--epsilon",
+                "4",
+                "--delta",
+                "1e-7",
                 "--max_contributions",
                 "1,2",
             ]

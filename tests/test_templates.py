@@ -105,27 +105,63 @@ def test_metadata_is_complete_and_well_typed(name):
         assert p["regexes"] and all(re.compile(r) for r in p["regexes"]), p["name"]
 
 
+def launch(spec, values):
+    """Parses a launch as the launcher passes it (--name=value, only the parameters set); returns the
+    parameters built from it (validated)."""
+    argv = [f"--{name}={as_text(value)}" for name, value in values.items()]
+    parsed, unknown = spec.module().build_parser().parse_known_args(argv)
+    assert unknown == []
+    return spec.module().params_from_args(parsed)
+
+
+# a value for the parameters whose default is None (unset: the algorithm's default)
+UNSET_EXAMPLES = {"budget_split": "0.5,0.5", "c_ub": "2", "cap_quantile": "0.9", "dpsu_single_length": "2"}
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_metadata_parameters_are_the_cli_flags(name):
     """Every parameter is a flag the parser accepts as the launcher passes it (--name=value); every
-    required flag is a non-optional parameter; no store_true flag (a launcher cannot pass it)."""
+    required flag is a non-optional parameter; no store_true flag (a launcher cannot pass it). A launch
+    with the required parameters only works; so does a launch setting any one optional parameter
+    together with the parameters that make the chosen algorithm read it (the parser's flag table),
+    which are template parameters too."""
     spec, meta, acts = SPECS[name], load(name), actions(name)
+    parser = spec.module().build_parser()
     ex = examples(spec)
-    argv = []
+    names = {p["name"] for p in meta["parameters"]}
     for p in meta["parameters"]:
         a = acts.get(p["name"])
         assert a is not None, f"{p['name']} is not a flag of pipelines.{name}"
         assert not isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction)), p["name"]
         assert a.help != argparse.SUPPRESS, p["name"]
         assert a.required == (not p["isOptional"]), p["name"]
-        value = ex.get(p["name"], a.default)
-        if value is not None:
-            argv.append(f"--{p['name']}={as_text(value)}")
-    parsed, unknown = spec.module().build_parser().parse_known_args(argv)
-    assert unknown == []
     required = {a.dest for a in acts.values() if a.required}
-    assert required <= {p["name"] for p in meta["parameters"]}
-    spec.module().params_from_args(parsed)  # the launch values are valid parameters, too
+    assert required <= names
+    # the required parameters, and those required by the default algorithm only (bayesian's delta)
+    base = {n: ex[n] for n in names if n in required or n in parser.required_where_used}
+    launch(spec, base)  # defaults for everything else
+    for n in parser.required_where_used:  # a parameter required by some algorithms is optional in the template
+        assert next(p for p in meta["parameters"] if p["name"] == n)["isOptional"], n
+    algorithm = parser.algorithm_dest
+    for p in meta["parameters"]:
+        if not p["isOptional"] or p["name"] in base:
+            continue
+        a = acts[p["name"]]
+        value = ex.get(p["name"], a.default)
+        if value is None or isinstance(value, bool):
+            value = UNSET_EXAMPLES.get(p["name"], "true")
+        values = dict(base)
+        use = parser.flag_use.get(p["name"])
+        if use is not None:  # an algorithm that reads it, and the settings it needs
+            if use.algorithms is not None:
+                values[algorithm] = use.algorithms[0]
+            for condition in use.conditions:
+                values.update(condition.example)
+            if name == "bayesian_ngrams" and values.get(algorithm, "bayesian") == "bayesian":
+                values["delta"] = "1e-5"
+            assert set(values) <= names, (p["name"], set(values) - names)
+        values[p["name"]] = value
+        launch(spec, values)
 
 
 INT_FLAGS_ALLOWING_ZERO = {"max_broadcast_items", "min_users"}
