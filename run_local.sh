@@ -48,34 +48,33 @@ case "$cmd" in
   run)
     out=out
     mkdir -p "$out"
-    rm -f "$out"/items-* "$out"/report.json
+    # --overwrite: this demo replaces its own earlier outputs (release shards, report, charts); without
+    # it a run refuses to start when they exist (README, "Outputs")
     echo "== select_partitions: MAD-SIPS (the default algorithm) on data/debian_words.tsv.gz (1,754 users), DirectRunner =="
     .venv/bin/python -m pipelines.select_partitions \
       --input data/debian_words.tsv.gz --input_format tsv \
       --output "$out/items" --report "$out/report.json" \
       --algorithm mad_sips --epsilon 1 --delta 1e-5 --max_contributions 100 \
-      --plots "$out/plots" \
+      --plots "$out/plots" --overwrite \
       --runner DirectRunner --direct_running_mode in_memory
-    echo "released items: $(cat "$out"/items-* | wc -l) in $out/items-*; report: $out/report.json; chart: $out/plots/released.png"
+    echo "released items: $(cat "$out"/items-?????-of-????? | wc -l) in $out/items-?????-of-?????; report: $out/report.json; chart: $out/plots/released.png"
     if [ -f pipelines/extract_ngrams.py ] && [ -f data/debian_text.jsonl.gz ]; then
-      rm -f "$out"/ngrams-* "$out"/ngrams_report.json
       echo "== extract_ngrams: DPNE on data/debian_text.jsonl.gz (1,000 users), DirectRunner =="
       .venv/bin/python -m pipelines.extract_ngrams \
         --input data/debian_text.jsonl.gz --input_format jsonl \
         --output "$out/ngrams" --report "$out/ngrams_report.json" \
-        --max_n 6 --epsilon 4 --delta 1e-7 --max_contributions 100 \
+        --max_n 6 --epsilon 4 --delta 1e-7 --max_contributions 100 --overwrite \
         --runner DirectRunner --direct_running_mode in_memory
-      echo "released n-grams: $(cat "$out"/ngrams-* | wc -l) in $out/ngrams-*; report: $out/ngrams_report.json"
+      echo "released n-grams: $(cat "$out"/ngrams-?????-of-????? | wc -l) in $out/ngrams-?????-of-?????; report: $out/ngrams_report.json"
     fi
     if [ -f pipelines/bayesian_ngrams.py ] && [ -f data/bayesian_public_trigrams.tsv.gz ]; then
-      rm -f "$out"/trigram_probs-* "$out"/bayesian_report.json
       echo "== bayesian_ngrams: trigram distribution with a public prior (Algorithm 2), DirectRunner =="
       .venv/bin/python -m pipelines.bayesian_ngrams \
         --private data/debian_text.jsonl.gz --input_format jsonl \
         --public data/bayesian_public_trigrams.tsv.gz \
         --output "$out/trigram_probs" --report "$out/bayesian_report.json" \
         --n 3 --epsilon 1 --delta 1e-5 --C 1 --W 100 \
-        --tune --S_grid 0.001,0.01 --rho_grid 0.05,0.1,0.3 \
+        --tune --S_grid 0.001,0.01 --rho_grid 0.05,0.1,0.3 --overwrite \
         --runner DirectRunner --direct_running_mode in_memory
     fi
     ;;

@@ -157,12 +157,12 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: BayesianParams):
     _ = read.records | "FailIfEmpty" >> FailIfEmpty(args.private)  # fails the run on zero records
     records = observability.mark(read.records, "Read", args)  # (user, text)
     out = records | "Bayesian" >> BayesianNgrams(args.mechanism, prior, params, seed=args.seed, tokenizer=tokenizer)
-    _ = (
+    written = (
         out["distribution"]  # (n-gram, probability)
-        | "Format" >> beam.Map(format_probability)
+        | "Format" >> beam.Map(format_probability)  # n-gram<TAB>probability
         | "WriteDistribution" >> beam.io.WriteToText(args.output)
-    )
-    observability.attach_diagnostics(pipeline, read, args, "bayesian_ngrams")  # only with --diagnostics
+    )  # shard file names, once final
+    diag = observability.attach_diagnostics(pipeline, read, args, "bayesian_ngrams")  # only with --diagnostics
     summary = {
         "params": outputs.params_report(params),  # every BayesianParams field
         "epsilon": params.epsilon,
@@ -179,7 +179,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: BayesianParams):
         | "ReportSeed" >> beam.Create([None])
         | "BuildReport" >> beam.Map(build_report, summary, beam.pvalue.AsList(out["info"]))
     )
-    outputs.write_single_file(report, args.report, "WriteReport")
+    outputs.write_report(report, args, [written, diag])  # last: lists the shards it belongs to
 
 
 #: No ``--evaluate_against`` hook: the release is a distribution, not a set of items (see bayesian_eval).
@@ -192,7 +192,7 @@ def summarize(report: dict, args, params) -> str:
         f"released a distribution over {report['vocabulary_size']} public {params.n}-grams "
         f"({args.mechanism}{extra}, epsilon={params.epsilon:g}, sensitivity {report['sensitivity']}: "
         f"{report['guarantee_kind']}); "
-        f"probabilities: {args.output}*  report: {args.report}"
+        f"probabilities: {outputs.shard_pattern(args.output)}  report: {args.report}"
     )
 
 
@@ -202,7 +202,7 @@ def run(argv: Optional[List[str]] = None) -> int:
 
 
 def main():
-    sys.exit(run())
+    cli.exit_with(run())
 
 
 if __name__ == "__main__":

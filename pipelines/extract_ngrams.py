@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import List, Optional
 
 import apache_beam as beam
@@ -124,10 +123,11 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
     else:
         released = observability.mark(out["counts"], "DPNE", args)  # (k, (n-gram, count))
         lines = released | "Format" >> beam.Map(format_ngram_count)  # k<TAB>n-gram<TAB>count
-    _ = lines | "WriteNgrams" >> beam.io.WriteToText(args.output)
+    written = lines | "WriteNgrams" >> beam.io.WriteToText(args.output)  # shard file names, once final
+    diag = None
     if getattr(args, "diagnostics", None):  # NON-PRIVATE, opt-in: counts per (user, text) element
         read = RecordsRead(batches.records | "BatchRecords" >> beam.FlatMap(batch_records), batches.bad)
-        observability.attach_diagnostics(pipeline, read, args, "extract_ngrams")
+        diag = observability.attach_diagnostics(pipeline, read, args, "extract_ngrams")
     summary = {
         "params": outputs.params_report(params),  # every DPNEParams field
         "algorithm": args.algorithm,
@@ -153,7 +153,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
         | "ReportSeed" >> beam.Create([None])
         | "BuildReport" >> beam.Map(build_report, summary, beam.pvalue.AsList(out["levels"]), *_kept_count(out, dpne))
     )
-    outputs.write_single_file(report, args.report, "WriteReport")
+    outputs.write_report(report, args, [written, diag])  # last: lists the shards it belongs to
     return dpne
 
 
@@ -209,7 +209,7 @@ def summarize(report: dict, args, params) -> str:
         )
     return (
         f"released {report['released']} n-grams ({args.algorithm}, epsilon={params.epsilon:g}, "
-        f"delta={params.delta:g}) {per_k}{counts}; n-grams: {args.output}*  report: {args.report}"
+        f"delta={params.delta:g}) {per_k}{counts}; n-grams: {outputs.shard_pattern(args.output)}  report: {args.report}"
     )
 
 
@@ -219,7 +219,7 @@ def run(argv: Optional[List[str]] = None) -> int:
 
 
 def main():
-    sys.exit(run())
+    cli.exit_with(run())
 
 
 if __name__ == "__main__":

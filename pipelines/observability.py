@@ -166,12 +166,13 @@ class ProgressDisplay:
         while not self._stop.wait(self._interval):
             print(progress_line(time.time() - self._t0, self._show_counts), file=self._stream, flush=True)
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            how = "finished" if exc_type is None else "stopped"
             print(
-                progress_line(time.time() - self._t0, self._show_counts).replace("elapsed;", "elapsed (finished);"),
+                progress_line(time.time() - self._t0, self._show_counts).replace("elapsed;", f"elapsed ({how});"),
                 file=self._stream,
                 flush=True,
             )

@@ -312,9 +312,12 @@ def _listing(paths: Sequence[str], limit: int = 3) -> str:
     return shown + (f" and {len(paths) - limit} more" if len(paths) > limit else "")
 
 
-def prepare_outputs(paths: RunPaths, remove: Sequence[str]) -> None:
+def prepare_outputs(paths: RunPaths, remove: Sequence[str]) -> List[str]:
     """Removes ``remove`` (the earlier run's files, ``--overwrite``) and checks that every local output
-    directory can be created and written (one line, :class:`OutputWriteError`, before anything runs)."""
+    directory can be created and written (one line, :class:`OutputWriteError`, before anything runs).
+
+    Returns the directories it created (parents first), for :func:`remove_created_dirs` after a run
+    that failed or was interrupted."""
     for path in remove:
         os.remove(path)
     directories = {
@@ -322,13 +325,30 @@ def prepare_outputs(paths: RunPaths, remove: Sequence[str]) -> None:
     }
     if paths.plots and is_local_path(paths.plots):
         directories.add(_norm(paths.plots))
+    created: List[str] = []
     for directory in sorted(directories):
+        missing, d = [], directory
+        while d and not os.path.exists(d):
+            missing.append(d)
+            d = os.path.dirname(d)
         try:
             os.makedirs(directory, exist_ok=True)
+            created += [m for m in reversed(missing) if m not in created]
             with tempfile.NamedTemporaryFile(dir=directory, prefix=".dp-write-check-"):
                 pass
         except OSError as e:
+            remove_created_dirs(created)
             raise OutputWriteError(f"cannot write to {directory}: {e.strerror or e}") from None
+    return created
+
+
+def remove_created_dirs(created: Sequence[str]) -> None:
+    """Removes the directories :func:`prepare_outputs` created, deepest first, where they are empty."""
+    for d in sorted(created, key=len, reverse=True):
+        try:
+            os.rmdir(d)
+        except OSError:  # not empty (or gone): it stays
+            pass
 
 
 def list_shards(_, prefix: str, *written) -> List[dict]:

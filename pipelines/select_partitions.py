@@ -18,7 +18,6 @@ run. Outputs: the released items, one per line (UTF-8), in files starting with `
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import List, Optional
 
 import apache_beam as beam
@@ -115,15 +114,16 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
     items = tagged | "Items" >> beam.Values()  # item, or (item, noisy_count)
     if params.release_counts:
         items = items | "FormatCounts" >> beam.Map(format_count)  # item<TAB>count
-    _ = items | "WriteItems" >> beam.io.WriteToText(args.output)
+    written = items | "WriteItems" >> beam.io.WriteToText(args.output)  # shard file names, once final
     round_counts = (
         tagged
         | "Rounds" >> beam.Keys()  # round
         | "CountPerRound" >> beam.combiners.Count.PerElement()  # (round, released)
     )
+    diag = None
     if getattr(args, "diagnostics", None):  # NON-PRIVATE, opt-in: counts per (user, item) element
         read = RecordsRead(batches.records | "BatchRecords" >> beam.FlatMap(batch_records), batches.bad)
-        observability.attach_diagnostics(pipeline, read, args, "select_partitions", params.max_contributions)
+        diag = observability.attach_diagnostics(pipeline, read, args, "select_partitions", params.max_contributions)
     base = {
         "algorithm": args.algorithm,
         **outputs.params_report(select.params),  # every SelectionParams field, the algorithm's defaults filled in
@@ -151,7 +151,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
         | "ReportSeed" >> beam.Create([None])
         | "BuildReport" >> beam.Map(outputs.build_report, base, beam.pvalue.AsDict(round_counts), cap)
     )
-    outputs.write_single_file(report, args.report, "WriteReport")
+    outputs.write_report(report, args, [written, diag])  # last: lists the shards it belongs to
     return select
 
 
@@ -180,7 +180,7 @@ def summarize(report: dict, args, params: SelectionParams) -> str:
     cap = f", cap {report['cap']} of Delta_0 {params.max_contributions}" if "cap" in report else ""
     return (
         f"released {report['released']} items{counts}{cap} ({args.algorithm}, epsilon={params.epsilon:g}, "
-        f"delta={params.delta:g}); items: {args.output}*  report: {args.report}"
+        f"delta={params.delta:g}); items: {outputs.shard_pattern(args.output)}  report: {args.report}"
     )
 
 
@@ -190,7 +190,7 @@ def run(argv: Optional[List[str]] = None) -> int:
 
 
 def main():
-    sys.exit(run())
+    cli.exit_with(run())
 
 
 if __name__ == "__main__":
