@@ -2,23 +2,55 @@
 
 Formats (``value`` is the item for select_partitions and the text for extract_ngrams):
   tsv      ``user<TAB>value`` per line, UTF-8. Split at the first TAB (the value is the rest of
-           the line). An optional header line equal to ``<user_column><TAB><value_column>`` as the
-           first line of a file is skipped. Empty lines carry no record and are ignored.
+           the line; an item may not hold another TAB, a text may). Empty lines carry no record and
+           are ignored. The first line of a file (after a UTF-8 BOM, see below) is a header when it
+           is exactly ``<user_column><TAB><value_column>``: it is skipped. It is a WRONG header, a bad
+           record ``FILE:1: header 'uid<TAB>item' does not name the expected columns
+           'user<TAB>item' (set --user_column / --item_column)``, when its first field equals
+           ``user_column`` or the rest of the line equals ``value_column``, compared ignoring case
+           and surrounding whitespace, without being exactly the header. (A first line that names
+           neither column cannot be told from data: it is a record.)
   jsonl    one JSON object per line with keys ``user_column`` and ``value_column``; the user may be
-           a string or an integer (read as its decimal string), the value a string (numbers are read
-           as their JSON text). Empty lines are ignored.
-  parquet  columns ``user_column`` and ``value_column`` (string or integer columns).
-Files ending in .gz/.bz2/.zst etc. are decompressed by Beam's FileSystems. Any path or glob Beam's
-filesystems understand (local, gs://, s3://, hdfs://) works.
+           a string or an integer (read as its decimal string), the value must be a JSON string
+           (numbers, booleans, null, objects and arrays are bad records: ``'item': value must be a
+           JSON string, got number``; a number's text would otherwise be rewritten, ``1E2`` as
+           ``100.0``). Empty lines are ignored.
+  parquet  columns ``user_column`` and ``value_column`` (string or integer columns). A file that is
+           not parquet raises :class:`InputFileError` ``FILE: not a parquet file (...)``.
+A UTF-8 byte order mark at the start of a file is dropped (tsv, jsonl, the allowlist, the public
+counts); CRLF line ends are read as LF. Any path or glob Beam's filesystems understand (local,
+gs://, s3://, hdfs://) works.
+
+Compressed files (``.gz``, ``.bz2``, ``.xz``/``.lzma``, ``.deflate``, ``.zst``/``.zstd``, detected
+by name as Beam does) are decompressed by :func:`open_input`, which every reader of the package uses
+(the private input in both readers, the allowlist, the Bayesian public counts). Beam's own
+decompressing reader stops quietly where the file stops, so a truncated ``.gz`` (a partial copy)
+would be read up to the cut, its partial last line taken as a record. :func:`open_input` checks that
+every compressed stream reaches its end-of-stream marker and passes its check (gzip CRC-32 and
+length, bzip2 CRCs, xz check, zlib Adler-32, zstd checksum when the frame has one); concatenated
+streams (multi-member gzip) are read whole. Otherwise :class:`InputFileError`, one line naming the
+file: ``FILE: truncated gzip stream (the file ends before its end-of-stream marker; a partial
+copy?)``, ``FILE: corrupt gzip data (...)``, ``FILE: not a valid gzip file (it does not start with
+the gzip magic bytes; an uncompressed file named *.gz?)``, ``FILE: corrupt gzip file (the bytes
+after compressed stream N are not a gzip stream: ...)``. A local directory where a file is expected
+raises ``PATH is a directory, not a file (...)``.
 
 Bad records (wrong number of fields, invalid JSON, missing/null/empty user or value, a value made
 only of whitespace, a value longer than ``max_value_length`` characters, a line that is not valid
-UTF-8, a value with a line break when ``allow_newlines`` is False, a value that is not a string) are
-never silently dropped: by default the pipeline fails with ``BadRecordError: <file>:<line>: <reason>`` of the first
-bad record met; with ``skip_bad_records=True`` they are skipped and go to the ``bad`` output of
-:class:`ReadRecords` (one 1 each). Their number is data-dependent, so it is not a default Beam
-counter nor in the report: the pipelines count it only in the opt-in NON-PRIVATE ``--diagnostics``
-output (:mod:`pipelines.observability`).
+UTF-8, a value with a line break when ``allow_newlines`` is False, a value with a TAB when
+``allow_tabs`` is False (by default: when line breaks are not allowed, i.e. for items), a value
+that is not a string, a wrong tsv header) are never silently dropped: by default the pipeline fails
+with ``BadRecordError: <file>:<line>: <reason>`` of the first bad record met; with
+``skip_bad_records=True`` they are skipped and go to the ``bad`` output of :class:`ReadRecords` (one
+1 each). Their number is data-dependent, so it is not a default Beam counter nor in the report: the
+pipelines count it only in the opt-in NON-PRIVATE ``--diagnostics`` output
+(:mod:`pipelines.observability`).
+
+Documented errors (the CLIs print one ``error: ...`` line and exit with code 3; matched by class
+name, ``pipelines.cli.DOCUMENTED_ERRORS``): :class:`BadRecordError` (a record, ``FILE:LINE: ...``),
+:class:`EmptyInputError` (no record in the input, no entry in the allowlist), :class:`InputFileError`
+(a file that cannot be read as what it claims to be; the message starts with its path, or with
+``allowlist:`` when no file matches the allowlist pattern).
 
 Documented handling (not errors):
   * duplicated lines / repeated (user, item) pairs: a user holds an item or not; repeats count once
@@ -31,25 +63,38 @@ Documented handling (not errors):
     whitespace-only values are bad records.
   * empty input (no files match: an error; files exist but hold no record at all) fails with
     :class:`EmptyInputError` from :class:`FailIfEmpty`.
+The allowlist (:func:`read_allowlist`): one item per line, UTF-8; blank lines are no entry; a NUL
+byte (``FILE:LINE: binary data ...``), invalid UTF-8 (``FILE:LINE: not valid UTF-8 ...``), no
+matching file (``allowlist: no file matches PATTERN``) raise :class:`InputFileError`; no entry at
+all raises :class:`EmptyInputError` (``allowlist: no entries in PATTERN ...``): an empty allowlist
+would release nothing.
 Batched reading: :class:`ReadRecordBatches` gives the same records as Arrow record batches (columns
 ``user`` and the value's name), with the same errors and skip counts (its ``bad`` output holds one
 count per work item instead of one 1 per record). Uncompressed tsv/jsonl files are split into byte
 ranges read by separate work items; each range is checked in large blocks with numpy/Arrow, and
 only the lines those checks cannot clear go through the per-line rules above (:class:`_LineParser`).
 Memory: a line is read with a bounded ``readline``; an over-long line is reported as a bad record
-(and skipped in chunks with ``skip_bad_records``) without loading it whole.
+(and skipped in chunks with ``skip_bad_records``) without loading it whole. Decompression produces
+at most about 1 MiB (zstd: 8 MiB) per step, whatever the compression ratio.
 """
 
 from __future__ import annotations
 
+import bz2
+import contextlib
 import copy
+import io
 import json
+import lzma
 import math
+import os
+import zlib
 from typing import NamedTuple, Optional, Tuple
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import zstandard
 from apache_beam.io import fileio
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -110,7 +155,206 @@ class BadRecordError(ValueError):
 
 
 class EmptyInputError(ValueError):
-    """The input files hold no record at all."""
+    """The input files hold no record at all (or an allowlist holds no entry)."""
+
+
+class InputFileError(ValueError):
+    """A file that cannot be read as what it claims to be: a truncated, corrupt or mislabelled
+    compressed file, a directory, a file that is not parquet, a binary or non-UTF-8 allowlist.
+
+    The message is one line and starts with the file's path (``FILE: ...``, ``FILE:LINE: ...``,
+    ``PATH is a directory ...``), or with the file's role when there is no file
+    (``allowlist: no file matches PATTERN``).
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# Opening a file: compressed streams decompressed here, their end verified
+# ---------------------------------------------------------------------------------------------
+
+# Compressed bytes read from the file at a time, and the most decompressed bytes one step produces.
+_RAW_CHUNK = 1 << 16
+_STEP_OUTPUT = 1 << 20
+# zstd's decompressobj has no output limit: it is fed this many compressed bytes per call, which
+# bounds one call's output (a zstd block of 128 KiB takes at least 4 bytes: <= 8 MiB per call).
+_ZSTD_FEED = 256
+_ZSTD_MAX_WINDOW = 1 << 31  # as Beam's CompressedFile (python-zstandard issue 157)
+
+
+def _looks_like_zlib(head: bytes) -> bool:
+    return len(head) >= 2 and head[0] & 0x0F == 8 and ((head[0] << 8) | head[1]) % 31 == 0
+
+
+class _Codec(NamedTuple):
+    """How to decompress one compression type: a fresh decompressor per stream (member)."""
+
+    name: str  # as in messages
+    new: object  # () -> decompressor with decompress(), eof, unused_data
+    magic: object  # head bytes -> True if the file starts like a stream of this type
+    api: str  # "zlib": unconsumed_tail; "buffered" (bz2, lzma): needs_input; "zstd": no output limit
+
+
+_CODECS = {
+    CompressionTypes.GZIP: _Codec(
+        "gzip", lambda: zlib.decompressobj(zlib.MAX_WBITS | 16), lambda h: h[:2] == b"\x1f\x8b", "zlib"
+    ),
+    CompressionTypes.BZIP2: _Codec("bzip2", bz2.BZ2Decompressor, lambda h: h[:3] == b"BZh", "buffered"),
+    CompressionTypes.LZMA: _Codec(
+        "xz/lzma", lzma.LZMADecompressor, lambda h: h[:6] == b"\xfd7zXZ\x00" or h[:3] == b"\x5d\x00\x00", "buffered"
+    ),
+    CompressionTypes.DEFLATE: _Codec("deflate (zlib)", zlib.decompressobj, _looks_like_zlib, "zlib"),
+    CompressionTypes.ZSTD: _Codec(
+        "zstd",
+        lambda: zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW).decompressobj(),
+        lambda h: h[:4] == b"\x28\xb5\x2f\xfd" or (len(h) >= 4 and h[0] & 0xF0 == 0x50 and h[1:4] == b"\x2a\x4d\x18"),
+        "zstd",
+    ),
+}
+_CODEC_ERRORS = (zlib.error, OSError, EOFError, lzma.LZMAError, zstandard.ZstdError)
+
+
+class _VerifiedDecompressor(io.RawIOBase):
+    """The decompressed bytes of a compressed file, which must end where its last stream ends.
+
+    Streams (gzip members, bzip2/xz/zstd streams or frames, zlib streams) may be concatenated, as
+    Beam reads them. Raises :class:`InputFileError` when the file ends inside a stream (or is
+    empty), when a stream is corrupt (CRC/length/checksum mismatch, invalid data), when the file
+    does not start like a stream of its type (an uncompressed file with a compressed name), or when
+    bytes after a complete stream are not a stream. zstd detects corrupt data only in frames written
+    with a checksum (the ``zstd`` command writes one by default); every other type always checks.
+    """
+
+    def __init__(self, raw, path: str, compression: str):
+        super().__init__()
+        self._raw = raw
+        self._path = path
+        self._codec = _CODECS[compression]
+        self._name = "xz" if path.lower().endswith(".xz") else self._codec.name.replace("xz/lzma", "lzma")
+        self._d = None  # the current stream's decompressor
+        self._feed = b""  # compressed bytes not yet given to it
+        self._wants_input = True
+        self._streams = 0  # streams started
+        self._stream_out = 0  # bytes the current stream produced
+        self._head = b""  # the file's first bytes
+        self._out = b""
+        self._pos = 0
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._raw.close()
+            finally:
+                super().close()
+
+    def readinto(self, b) -> int:
+        while self._pos == len(self._out) and not self._done:
+            self._out, self._pos = self._step(), 0
+        n = min(len(b), len(self._out) - self._pos)
+        b[:n] = self._out[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def _error(self, what: str) -> InputFileError:
+        return InputFileError(f"{self._path}: {what}")
+
+    def _truncated(self) -> InputFileError:
+        detail = "the file is empty" if not self._head else "the file ends before its end-of-stream marker"
+        return self._error(f"truncated {self._name} stream ({detail}; a partial copy?)")
+
+    def _corrupt(self, e: BaseException) -> InputFileError:
+        name = self._name
+        detail = " ".join(str(e).split()) or type(e).__name__
+        if self._stream_out == 0 and self._streams == 1 and not self._codec.magic(self._head):
+            ext = os.path.splitext(self._path)[1]
+            return self._error(
+                f"not a valid {name} file (it does not start with the {name} magic bytes; an uncompressed file "
+                f"named *{ext}?)"
+            )
+        if self._stream_out == 0 and self._streams > 1:
+            return self._error(
+                f"corrupt {name} file (the bytes after compressed stream {self._streams - 1} are not a {name} "
+                f"stream: {detail})"
+            )
+        return self._error(f"corrupt {name} data ({detail})")
+
+    def _step(self) -> bytes:
+        """Some decompressed bytes (possibly none); sets ``_done`` at the verified end of the file."""
+        codec = self._codec
+        if self._d is None:  # between streams
+            data = self._feed or self._raw.read(_RAW_CHUNK)
+            if not data:
+                if self._streams == 0:
+                    raise self._truncated()  # an empty file: not even a header
+                self._done = True
+                return b""
+            if self._streams == 0:
+                self._head = bytes(data[:8])
+            self._d, self._feed, self._wants_input = codec.new(), data, False
+            self._streams += 1
+            self._stream_out = 0
+        if not self._feed and self._wants_input:
+            self._feed = self._raw.read(_RAW_CHUNK)
+            if not self._feed:
+                raise self._truncated()  # the file ends inside a stream
+        d = self._d
+        try:
+            if codec.api == "zstd":  # a small piece of input per call
+                piece = memoryview(self._feed)[:_ZSTD_FEED]
+                out = d.decompress(piece)
+                self._feed = self._feed[len(piece) :]
+                self._wants_input = True
+            elif codec.api == "zlib":
+                out = d.decompress(self._feed, _STEP_OUTPUT)
+                self._feed = d.unconsumed_tail
+                self._wants_input = len(out) < _STEP_OUTPUT  # a full buffer may leave output pending
+            else:  # bz2, lzma: the decompressor keeps unused input itself
+                out = d.decompress(self._feed, _STEP_OUTPUT)
+                self._feed = b""
+                self._wants_input = d.needs_input
+        except _CODEC_ERRORS as e:
+            raise self._corrupt(e) from None
+        self._stream_out += len(out)
+        if d.eof:
+            self._feed = d.unused_data + bytes(self._feed)
+            self._d = None
+        return out
+
+
+def is_directory(path: str) -> bool:
+    """True for a local path that is a directory (other filesystems have no directories to open)."""
+    return FileSystems.get_scheme(path) in (None, "file") and os.path.isdir(path.removeprefix("file://"))
+
+
+def check_not_directory(path: str) -> None:
+    """Raises :class:`InputFileError` ``PATH is a directory ...`` for a local directory."""
+    if is_directory(path):
+        raise InputFileError(
+            f"{path} is a directory, not a file (give a file, or a glob of files such as {os.path.join(path, '*')})"
+        )
+
+
+def open_input(path: str):
+    """Opens a file for reading: a binary stream of its (decompressed) bytes.
+
+    The compression type is the one Beam detects from the name (``.gz``, ``.bz2``, ``.xz``/``.lzma``,
+    ``.deflate``, ``.zst``/``.zstd``); a compressed file is decompressed here rather than by Beam's
+    ``CompressedFile``, which stops quietly where the file stops: here a file that ends inside a
+    compressed stream, a corrupt stream (CRC or length mismatch) or a file whose content is not of
+    its type raises :class:`InputFileError` (``FILE: truncated gzip stream (...)``,
+    ``FILE: corrupt gzip data (...)``, ``FILE: not a valid gzip file (...)``). Concatenated streams
+    (multi-member gzip) are read whole. Other files are Beam's uncompressed stream (seekable). A
+    local directory raises ``PATH is a directory ...``.
+    """
+    check_not_directory(path)
+    compression = CompressionTypes.detect_compression_type(path)
+    raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    if compression == CompressionTypes.UNCOMPRESSED:
+        return raw
+    return io.BufferedReader(_VerifiedDecompressor(raw, path, compression), buffer_size=_RAW_CHUNK)
 
 
 def check_not_empty(count: int, pattern: str) -> int:
@@ -156,7 +400,13 @@ def _as_user(value) -> Optional[str]:
     return None
 
 
-def _as_value(value, allow_newlines: bool, max_length: Optional[int] = None) -> Tuple[Optional[str], str]:
+def _as_value(
+    value, allow_newlines: bool, max_length: Optional[int] = None, allow_tabs: Optional[bool] = None
+) -> Tuple[Optional[str], str]:
+    """A record's value (parquet cells may be integers, read as their decimal text) and the reason
+    it is bad ("" if it is not)."""
+    if allow_tabs is None:
+        allow_tabs = allow_newlines
     if isinstance(value, bool) or value is None:
         return None, "null or boolean value"
     if isinstance(value, (int, float)):
@@ -175,11 +425,33 @@ def _as_value(value, allow_newlines: bool, max_length: Optional[int] = None) -> 
         )
     if not allow_newlines and ("\n" in value or "\r" in value):
         return None, "value contains a line break (outputs are one item per line)"
+    if not allow_tabs and "\t" in value:
+        return None, "value contains a TAB (outputs are item<TAB>count)"
     return value, ""
 
 
+def _json_kind(value) -> str:
+    """The JSON type name of a parsed JSON value."""
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {dict: "object", list: "array", str: "string"}.get(type(value), type(value).__name__)
+
+
+_BOM = b"\xef\xbb\xbf"
+
+
+def _shown(text: str, limit: int = 120) -> str:
+    """A line as shown in a message: TABs as <TAB>, at most ``limit`` characters."""
+    text = text.replace("\t", "<TAB>")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class _Bad:
-    """A bad record's reason (``{value}`` not yet replaced by the value column's name)."""
+    """A bad record's reason, without the file and line."""
 
     __slots__ = ("reason",)
 
@@ -198,11 +470,42 @@ def _has_surrogate(text: str) -> bool:
     return False
 
 
-def _check_max_value_length(max_value_length, value_column):
+def _check_max_value_length(max_value_length, value_name):
     if max_value_length is not None and (
         isinstance(max_value_length, bool) or not isinstance(max_value_length, int) or max_value_length < 1
     ):
-        raise ValueError(f"max_{value_column}_length must be an integer >= 1, got {max_value_length!r}")
+        raise ValueError(f"max_{value_name}_length must be an integer >= 1, got {max_value_length!r}")
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+@contextlib.contextmanager
+def _parquet_file(path: str):
+    """The ``pyarrow.parquet.ParquetFile`` of ``path``; :class:`InputFileError` if it is not parquet."""
+    import pyarrow.parquet as pq
+
+    check_not_directory(path)
+    with FileSystems.open(path) as raw:
+        try:
+            pf = pq.ParquetFile(raw)
+        except (pa.ArrowException, OSError) as e:  # ArrowInvalid: "Parquet magic bytes not found ..."
+            raise InputFileError(f"{path}: not a parquet file ({_one_line(e)})") from None
+        yield pf
+
+
+def _parquet_batches(path: str, pf, **kwargs):
+    """``pf.iter_batches(**kwargs)``; a file pyarrow cannot read raises :class:`InputFileError`."""
+    batches = pf.iter_batches(**kwargs)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as e:
+            raise InputFileError(f"{path}: cannot read the parquet file ({_one_line(e)})") from None
+        yield batch
 
 
 class _LineParser:
@@ -210,13 +513,29 @@ class _LineParser:
 
     ``line(data, overlong, first_line)`` -> ``(user, value)``, ``None`` (no record: blank line or
     header) or :class:`_Bad`; ``row(user, value)`` does the same for one parquet row.
+    ``allow_tabs`` (default: ``allow_newlines``): whether a value may hold a TAB; an item may not
+    (outputs are ``item<TAB>count``), a text may. ``value_name`` (default ``text`` when line breaks
+    are allowed, else ``item``) names the flags in messages (``--max_item_length``, ``--item_column``).
     """
 
-    def __init__(self, input_format, user_column, value_column, allow_newlines, max_value_length):
+    def __init__(
+        self,
+        input_format,
+        user_column,
+        value_column,
+        allow_newlines,
+        max_value_length,
+        allow_tabs: Optional[bool] = None,
+        value_name: Optional[str] = None,
+    ):
         self.format = input_format
         self.user_col = user_column
         self.value_col = value_column
         self.allow_newlines = allow_newlines
+        self.allow_tabs = allow_newlines if allow_tabs is None else bool(allow_tabs)
+        self.value_name = value_name or ("text" if allow_newlines else "item")
+        # bytes a value may not hold (UTF-8: they never occur inside a multi-byte character)
+        self.forbidden_bytes = (() if allow_newlines else (10, 13)) + (() if self.allow_tabs else (9,))
         self.max_len = max_value_length
         self.line_cap = None if max_value_length is None else _LINE_BYTES_PER_CHAR * max_value_length + _LINE_SLACK
 
@@ -224,8 +543,10 @@ class _LineParser:
         if overlong:
             return _Bad(
                 f"line longer than {self.line_cap} bytes (value limit "
-                f"{self.max_len} characters; raise it with --max_{{value}}_length)"
+                f"{self.max_len} characters; raise it with --max_{self.value_name}_length)"
             )
+        if first_line and data.startswith(_BOM):
+            data = data[len(_BOM) :]  # a UTF-8 byte order mark at the start of the file
         try:
             line = data.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -241,14 +562,43 @@ class _LineParser:
         if "\t" not in line:
             return _Bad("expected user<TAB>value")
         user, value = line.split("\t", 1)
-        if first_line and user == self.user_col and value == self.value_col:
-            return None  # header
+        if first_line:
+            if user == self.user_col and value == self.value_col:
+                return None  # header
+            if self._names_a_column(user, self.user_col) or self._names_a_column(value, self.value_col):
+                return _Bad(
+                    f"header '{_shown(line)}' does not name the expected columns "
+                    f"'{_shown(self.user_col + chr(9) + self.value_col)}' "
+                    f"(set --user_column / --{self.value_name}_column)"
+                )
         if user == "":
             return _Bad("empty user")
-        value, reason = _as_value(value, self.allow_newlines, self.max_len)
+        value, reason = self._value(value)
         if value is None:
             return _Bad(reason)
         return user, value
+
+    def first_line_is_special(self, content: bytes) -> bool:
+        """Whether a file's first line (without its line end) needs :meth:`line`: it starts with a
+        BOM or, in tsv, may be a header (a field naming a column; checked for a header there)."""
+        if content.startswith(_BOM):
+            return True
+        if self.format != "tsv":
+            return False
+        try:
+            user, value = content.decode("utf-8").split("\t", 1)
+        except (UnicodeDecodeError, ValueError):
+            return True
+        return self._names_a_column(user, self.user_col) or self._names_a_column(value, self.value_col)
+
+    @staticmethod
+    def _names_a_column(field: str, column: str) -> bool:
+        """The first line's field equals a column name, ignoring case and surrounding whitespace."""
+        return field.strip().casefold() == column.strip().casefold()
+
+    def _value(self, value):
+        value, reason = _as_value(value, self.allow_newlines, self.max_len, self.allow_tabs)
+        return value, reason.replace("{value}", self.value_name)
 
     def _jsonl(self, line):
         try:
@@ -262,7 +612,10 @@ class _LineParser:
         user = _as_user(obj[self.user_col])
         if user is None:
             return _Bad(f"{self.user_col!r} must be a non-empty string or an integer")
-        value, reason = _as_value(obj[self.value_col], self.allow_newlines, self.max_len)
+        value = obj[self.value_col]
+        if not isinstance(value, str):  # numbers too: their text would be rewritten (1E2 -> 100.0)
+            return _Bad(f"{self.value_col!r}: value must be a JSON string, got {_json_kind(value)}")
+        value, reason = self._value(value)
         if value is None:
             return _Bad(f"{self.value_col!r}: {reason}")
         if _has_surrogate(user) or _has_surrogate(value):
@@ -273,13 +626,12 @@ class _LineParser:
         u = _as_user(user)
         if u is None:
             return _Bad(f"{self.user_col!r} null or empty")
-        v, reason = _as_value(value, self.allow_newlines, self.max_len)
+        v, reason = self._value(value)
         if v is None:
             return _Bad(f"{self.value_col!r}: {reason}")
         return u, v
 
     def message(self, path, line_no, reason: str) -> str:
-        reason = reason.replace("{value}", self.value_col)
         return f"{path}:{line_no}: {reason} (use --skip_bad_records to skip and count bad records)"
 
 
@@ -296,15 +648,19 @@ class ParseFileFn(beam.DoFn):
         skip_bad_records: bool,
         allow_newlines: bool,
         max_value_length: Optional[int] = None,
+        allow_tabs: Optional[bool] = None,
+        value_name: Optional[str] = None,
     ):
         if input_format not in INPUT_FORMATS:
             raise ValueError(f"input_format must be one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
-        _check_max_value_length(max_value_length, value_column)
         self._format = input_format
         self._user_col = user_column
         self._value_col = value_column
         self._skip = skip_bad_records
-        self._parser = _LineParser(input_format, user_column, value_column, allow_newlines, max_value_length)
+        self._parser = _LineParser(
+            input_format, user_column, value_column, allow_newlines, max_value_length, allow_tabs, value_name
+        )
+        _check_max_value_length(max_value_length, self._parser.value_name)
         self._line_cap = self._parser.line_cap
 
     def _bad(self, path, line_no, reason):
@@ -317,7 +673,7 @@ class ParseFileFn(beam.DoFn):
         if self._format == "parquet":
             yield from self._parquet(path)
             return
-        with FileSystems.open(path) as raw:
+        with open_input(path) as raw:  # a truncated or corrupt compressed file raises InputFileError
             line_no = 0
             for data, overlong in read_lines(raw, self._line_cap):
                 line_no += 1
@@ -330,16 +686,13 @@ class ParseFileFn(beam.DoFn):
                     yield out
 
     def _parquet(self, path):
-        import pyarrow.parquet as pq
-
-        with FileSystems.open(path) as raw:
-            pf = pq.ParquetFile(raw)
+        with _parquet_file(path) as pf:
             names = pf.schema_arrow.names
             for col in (self._user_col, self._value_col):
                 if col not in names:
                     raise BadRecordError(f"{path}: no column {col!r} (columns: {', '.join(names)})")
             row = 0
-            for batch in pf.iter_batches(columns=[self._user_col, self._value_col], batch_size=65536):
+            for batch in _parquet_batches(path, pf, columns=[self._user_col, self._value_col], batch_size=65536):
                 users = batch.column(0).to_pylist()
                 values = batch.column(1).to_pylist()
                 for user, value in zip(users, values):
@@ -368,11 +721,20 @@ class ReadRecords(beam.PTransform):
         allow_newlines: bool = False,
         max_value_length: Optional[int] = None,
         label=None,
+        allow_tabs: Optional[bool] = None,
+        value_name: Optional[str] = None,
     ):
         super().__init__(label)
         self._pattern = file_pattern
         self._fn = ParseFileFn(
-            input_format, user_column, value_column, skip_bad_records, allow_newlines, max_value_length
+            input_format,
+            user_column,
+            value_column,
+            skip_bad_records,
+            allow_newlines,
+            max_value_length,
+            allow_tabs,
+            value_name,
         )
 
     def expand(self, pbegin):
@@ -430,11 +792,10 @@ def _is_compressed(path: str) -> bool:
 def _split_file(metadata, input_format: str, block_bytes: int):
     """FileMetadata -> the file's work items (:class:`_Piece`)."""
     path = metadata.path
+    check_not_directory(path)
     if input_format == "parquet":
-        import pyarrow.parquet as pq
-
-        with FileSystems.open(path) as raw:
-            meta = pq.ParquetFile(raw).metadata
+        with _parquet_file(path) as pf:
+            meta = pf.metadata
         first, offset, rows, size = 0, 0, 0, 0
         for g in range(meta.num_row_groups):
             rows += meta.row_group(g).num_rows
@@ -597,10 +958,13 @@ class _BatchReader:
         value_name,
         batch_rows,
         block_bytes,
+        allow_tabs=None,
     ):
         self.format = input_format
         self.skip = skip_bad_records
-        self.parser = _LineParser(input_format, user_column, value_column, allow_newlines, max_value_length)
+        self.parser = _LineParser(
+            input_format, user_column, value_column, allow_newlines, max_value_length, allow_tabs, value_name
+        )
         self.batch_rows = batch_rows
         self.block_bytes = block_bytes
         self.schema = pa.schema(
@@ -642,7 +1006,7 @@ class _BatchReader:
         cap = self.parser.line_cap
         lines = 0
         if start == 0:
-            raw = FileSystems.open(path)  # decompresses .gz etc.
+            raw = open_input(path)  # decompresses .gz etc., verifying the end of the stream
         else:
             raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
         with raw:
@@ -718,9 +1082,8 @@ class _BatchReader:
         overlong = full_len > cap if cap is not None else np.zeros(n, dtype=bool)
         special |= overlong
         empty = (ends == starts) & ~overlong  # blank line: no record
-        if first_is_file_start and self.format == "tsv":  # the header check
-            header = f"{self.parser.user_col}\t{self.parser.value_col}".encode("utf-8", "surrogatepass")
-            special[0] = "\t" in self.parser.user_col or data[starts[0] : ends[0]] == header
+        if first_is_file_start:  # a BOM, a header or a wrong header: the per-line parser decides
+            special[0] = self.parser.first_line_is_special(data[starts[0] : ends[0]])
         if not _utf8_ok(data):
             special |= ~empty
         if self.format == "tsv":
@@ -763,6 +1126,8 @@ class _BatchReader:
             crs = np.flatnonzero(arr == 13)
             if len(crs):
                 ok &= np.searchsorted(crs, ends) == np.searchsorted(crs, vstart)
+        if not p.allow_tabs:  # no second TAB: the value holds none
+            ok &= np.searchsorted(tabs, ends) == np.searchsorted(tabs, vstart)
         if p.max_len is not None:
             ok &= ends - vstart <= p.max_len  # bytes >= characters
         rows = np.flatnonzero(ok)
@@ -852,8 +1217,8 @@ class _BatchReader:
             ok &= v_len > 0
             if len(v_data):
                 ok &= ~_WS_LEAD[v_data[np.minimum(v_off[:-1], len(v_data) - 1)]]
-            if not p.allow_newlines:
-                ok &= ~_rows_containing(v_off, v_data, (10, 13))
+            if p.forbidden_bytes:
+                ok &= ~_rows_containing(v_off, v_data, p.forbidden_bytes)
             if p.max_len is not None:
                 ok &= v_len <= p.max_len
             good[lines[ok]] = True
@@ -865,12 +1230,9 @@ class _BatchReader:
     # -- parquet --------------------------------------------------------------------------------
 
     def _parquet(self, piece: _Piece):
-        import pyarrow.parquet as pq
-
         path = piece.path
         p = self.parser
-        with FileSystems.open(path) as raw:
-            pf = pq.ParquetFile(raw)
+        with _parquet_file(path) as pf:
             names = pf.schema_arrow.names
             for col in (p.user_col, p.value_col):
                 if col not in names:
@@ -879,8 +1241,8 @@ class _BatchReader:
             if not groups:
                 return
             row = piece.row_offset
-            for batch in pf.iter_batches(
-                batch_size=self.batch_rows, row_groups=groups, columns=[p.user_col, p.value_col]
+            for batch in _parquet_batches(
+                path, pf, batch_size=self.batch_rows, row_groups=groups, columns=[p.user_col, p.value_col]
             ):
                 yield from self._parquet_batch(piece, row, batch.column(0), batch.column(1))
                 row += batch.num_rows
@@ -896,8 +1258,8 @@ class _BatchReader:
             ok = ~np.asarray(users.is_null()) & ~np.asarray(values.is_null()) & (np.diff(u_off) > 0) & (v_len > 0)
             if len(v_data):
                 ok &= ~_WS_LEAD[v_data[np.minimum(v_off[:-1], len(v_data) - 1)]]
-            if not self.parser.allow_newlines:
-                ok &= ~_rows_containing(v_off, v_data, (10, 13))
+            if self.parser.forbidden_bytes:
+                ok &= ~_rows_containing(v_off, v_data, self.parser.forbidden_bytes)
             if self.parser.max_len is not None:
                 ok &= v_len <= self.parser.max_len
             keep = pa.array(np.flatnonzero(ok))
@@ -978,11 +1340,12 @@ class ReadRecordBatches(beam.PTransform):
         batch_rows: int = DEFAULT_BATCH_ROWS,
         block_bytes: int = DEFAULT_BLOCK_BYTES,
         label=None,
+        allow_tabs: Optional[bool] = None,
     ):
         super().__init__(label)
         if input_format not in INPUT_FORMATS:
             raise ValueError(f"input_format must be one of {', '.join(INPUT_FORMATS)}, got {input_format!r}")
-        _check_max_value_length(max_value_length, value_column)
+        _check_max_value_length(max_value_length, value_name)
         for name, v in (("batch_rows", batch_rows), ("block_bytes", block_bytes)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
@@ -999,6 +1362,7 @@ class ReadRecordBatches(beam.PTransform):
             value_name,
             batch_rows,
             block_bytes,
+            allow_tabs,
         )
 
     def expand(self, pbegin):
@@ -1033,14 +1397,20 @@ def batch_records(batch):
 
 
 def load_public_counts(path: str, n: int) -> PublicPrior:
-    """Reads ``n-gram<TAB>count`` lines (gzip etc. by extension). Errors name the file and line."""
+    """Reads ``n-gram<TAB>count`` lines (UTF-8, an optional BOM; gzip etc. by extension, verified by
+    :func:`open_input`). A directory, or a truncated or corrupt compressed file, raises
+    :class:`InputFileError`; a bad line raises ``ValueError`` naming the file and line."""
     counts = {}
     try:
-        f = FileSystems.open(path)
+        f = open_input(path)
+    except InputFileError:
+        raise
     except Exception as e:  # noqa: BLE001  (any filesystem's "not found")
         raise ValueError(f"--public: cannot open {path!r}: {e}") from None
     with f:
-        for line_no, raw in enumerate(iter(f.readline, b""), 1):
+        for line_no, (raw, _) in enumerate(read_lines(f, None), 1):
+            if line_no == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM) :]
             try:
                 line = raw.decode("utf-8").rstrip("\n").rstrip("\r")
             except UnicodeDecodeError:
@@ -1069,10 +1439,82 @@ def load_public_counts(path: str, n: int) -> PublicPrior:
     return PublicPrior.from_counts(counts)
 
 
+# ---------------------------------------------------------------------------------------------
+# The allowlist: public candidate items, read inside the pipeline, verified like the input
+# ---------------------------------------------------------------------------------------------
+
+# An allowlist line longer than this is an error (an entry is one item; a longer line is binary data).
+ALLOWLIST_LINE_BYTES = 1 << 20
+
+
+class _MatchAllowlistFn(beam.DoFn):
+    """pattern -> the path of every file it matches; :class:`InputFileError` if none matches or one
+    is a directory."""
+
+    def process(self, pattern):
+        matches = FileSystems.match([pattern])[0].metadata_list
+        if not matches:
+            raise InputFileError(f"allowlist: no file matches {pattern}")
+        for metadata in sorted(matches, key=lambda m: m.path):
+            check_not_directory(metadata.path)
+            yield metadata.path
+
+
+def allowlist_entries(path: str):
+    """The items of one allowlist file: one per line (UTF-8, an optional BOM, LF or CRLF; blank lines
+    are no entry). A truncated/corrupt compressed file, a NUL byte (binary data), invalid UTF-8 or a
+    line longer than :data:`ALLOWLIST_LINE_BYTES` raises :class:`InputFileError` ``FILE[:LINE]: ...``."""
+    with open_input(path) as f:
+        for line_no, (data, overlong) in enumerate(read_lines(f, ALLOWLIST_LINE_BYTES), 1):
+            where = f"{path}:{line_no}"
+            if overlong:
+                raise InputFileError(
+                    f"{where}: line longer than {ALLOWLIST_LINE_BYTES} bytes (one item per line; binary data?)"
+                )
+            if line_no == 1 and data.startswith(_BOM):
+                data = data[len(_BOM) :]
+            if b"\0" in data:
+                raise InputFileError(
+                    f"{where}: binary data (a NUL byte; an allowlist is UTF-8 text, one item per line)"
+                )
+            try:
+                line = data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InputFileError(f"{where}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            item = line.rstrip("\n").rstrip("\r")
+            if item:
+                yield item
+
+
+def check_allowlist_not_empty(count: int, pattern: str) -> int:
+    if count == 0:
+        raise EmptyInputError(
+            f"allowlist: no entries in {pattern} (the files are empty or hold only blank lines; an empty "
+            "allowlist would release nothing)"
+        )
+    return count
+
+
+def _one(_) -> int:
+    return 1
+
+
 def read_allowlist(pipeline: beam.Pipeline, path: str):
-    """The allowlist file(s) as a PCollection of items (empty lines dropped)."""
-    return (
+    """The allowlist file(s) as a PCollection of items (:func:`allowlist_entries` of every file
+    ``path`` matches). The run fails with :class:`InputFileError` if no file matches
+    (``allowlist: no file matches PATH``), a match is a directory or a file is damaged, and with
+    :class:`EmptyInputError` (``allowlist: no entries in PATH ...``) if the files hold no entry."""
+    items = (
         pipeline
-        | "ReadAllowlist" >> beam.io.ReadFromText(path)  # line
-        | "AllowlistItems" >> beam.Filter(bool)  # item
+        | "AllowlistPattern" >> beam.Create([path])  # the pattern
+        | "MatchAllowlist" >> beam.ParDo(_MatchAllowlistFn())  # path of a matching file
+        | "SpreadAllowlistFiles" >> beam.Reshuffle()  # path, one file per work item
+        | "ReadAllowlist" >> beam.FlatMap(allowlist_entries)  # item
     )
+    _ = (
+        items
+        | "AllowlistOnes" >> beam.Map(_one)  # 1 per entry
+        | "CountAllowlist" >> beam.CombineGlobally(sum)  # number of entries (public)
+        | "CheckAllowlistNotEmpty" >> beam.Map(check_allowlist_not_empty, path)  # fails on 0
+    )
+    return items

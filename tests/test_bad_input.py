@@ -27,8 +27,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARAMS = SelectionParams(2.0, 1e-4, max_contributions=8)
 
 
-def _select(tmp_path, path, fmt="tsv", *extra):
-    out, rep = tmp_path / "out" / "items", tmp_path / "out" / "report.json"
+def _select(tmp_path, path, fmt="tsv", *extra, name="out"):
+    out, rep = tmp_path / name / "items", tmp_path / name / "report.json"
     argv = [
         "--input",
         str(path),
@@ -49,7 +49,7 @@ def _select(tmp_path, path, fmt="tsv", *extra):
         *extra,
     ]
     code = select_partitions.run(argv)
-    items = sorted(l.rstrip("\n") for p in sorted((tmp_path / "out").glob("items*")) for l in open(p, encoding="utf-8"))
+    items = sorted(l.rstrip("\n") for p in sorted((tmp_path / name).glob("items*")) for l in open(p, encoding="utf-8"))
     return code, items
 
 
@@ -154,8 +154,10 @@ def test_input_errors_print_one_line_not_a_beam_stack_trace(tmp_path):
         (b"u1\ta\nu2\t \t \n", 2, "value is only whitespace"),
         (b"u1\ta\nu2\tb\xff\xfec\n", 2, "not valid UTF-8"),
         (b"u1\ta\n\tb\n", 2, "empty user"),
+        (b"u1\ta\nu2\tb\tc\n", 2, "value contains a TAB (outputs are item<TAB>count)"),
+        (b"user\tthing\nu1\ta\n", 1, "header 'user<TAB>thing' does not name the expected columns 'user<TAB>item'"),
     ],
-    ids=["empty-item", "whitespace-item", "non-utf8", "empty-user"],
+    ids=["empty-item", "whitespace-item", "non-utf8", "empty-user", "tab-in-item", "header-other-names"],
 )
 def test_malformed_tsv_values_name_file_and_line(tmp_path, capsys, data, line, reason):
     path = _write(tmp_path, "in.tsv", data)
@@ -235,12 +237,26 @@ def test_jsonl_user_ids_of_other_types_are_bad_records(tmp_path, capsys, user):
     assert code == 3 and f"{path}:2: 'user' must be a non-empty string or an integer" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "value, kind",
+    [("1E2", "number"), ("3", "number"), ("1e400", "number"), ("true", "boolean"), ("null", "null")]
+    + [('{"a": "b"}', "object"), ('["a"]', "array")],
+)
+def test_jsonl_items_must_be_json_strings(tmp_path, capsys, value, kind):
+    # numbers are not read as their text (1E2 would become 100.0, 1e400 and Infinity one item "Infinity")
+    path = _write(tmp_path, "in.jsonl", '{"user": "a", "item": "x"}\n{"user": "b", "item": ' + value + "}\n")
+    code, items = _select(tmp_path, path, "jsonl")
+    err = capsys.readouterr().err
+    assert code == 3 and items == []
+    assert f"{path}:2: 'item': value must be a JSON string, got {kind}" in err
+
+
 def test_duplicated_lines_count_once(tmp_path):
     pairs = [(f"u{j % 25}", f"i{j % 7}") for j in range(100)]
     once = _write(tmp_path, "once.tsv", "".join(f"{u}\t{i}\n" for u, i in sorted(set(pairs))))
     twice = _write(tmp_path, "twice.tsv", "".join(f"{u}\t{i}\n{u}\t{i}\n" for u, i in pairs))
-    a = _select(tmp_path, once, "tsv", "--seed", "2")
-    b = _select(tmp_path, twice, "tsv", "--seed", "2")
+    a = _select(tmp_path, once, "tsv", "--seed", "2", name="once")
+    b = _select(tmp_path, twice, "tsv", "--seed", "2", name="twice")
     want = reference.select(reference.user_sets_from_pairs(pairs), "mad_sips", PARAMS, seed=2)
     assert a == b == (0, sorted(want)) and want
 

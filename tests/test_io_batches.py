@@ -33,13 +33,14 @@ def _kw(kw):
         kw.get("value_column", "item"),
         kw.get("allow_newlines", False),
         kw.get("max_value_length"),
+        kw.get("allow_tabs"),
     )
 
 
 def _old(path, fmt, skip, **kw):
     """ReadRecords' DoFn over the file: (Counter of records, skipped) or the error message."""
-    user_col, value_col, newlines, max_len = _kw(kw)
-    fn = io.ParseFileFn(fmt, user_col, value_col, skip, newlines, max_len)
+    user_col, value_col, newlines, max_len, tabs = _kw(kw)
+    fn = io.ParseFileFn(fmt, user_col, value_col, skip, newlines, max_len, tabs, "item")
     records, bad = [], 0
     try:
         for out in fn.process(FileMetadata(str(path), os.path.getsize(path))):
@@ -54,8 +55,8 @@ def _old(path, fmt, skip, **kw):
 
 def _new(path, fmt, skip, block_bytes=BIG, batch_rows=65536, **kw):
     """ReadRecordBatches' split + DoFn over the file, work items in reverse order."""
-    user_col, value_col, newlines, max_len = _kw(kw)
-    reader = io._BatchReader(fmt, user_col, value_col, skip, newlines, max_len, "item", batch_rows, block_bytes)
+    user_col, value_col, newlines, max_len, tabs = _kw(kw)
+    reader = io._BatchReader(fmt, user_col, value_col, skip, newlines, max_len, "item", batch_rows, block_bytes, tabs)
     fn = io._ReadPiecesFn(reader)
     pieces = list(io._split_file(FileMetadata(str(path), os.path.getsize(path)), fmt, block_bytes))
     records, bad = [], 0
@@ -131,6 +132,8 @@ TSV_BAD = {
     "invalid-utf8": b"u9\tb\xff\xfec\n",
     "surrogate-bytes": b"u9\t\xed\xa0\x80\n",
     "cr-in-value": b"u9\ta\rb\n",
+    "tab-in-value": b"u9\ta\tb\n",
+    "tab-ending-value": b"u9\ta\t\n",
     "long-value": ("u9\t" + "x" * 11 + "\n").encode(),
     "long-unicode-value": ("u9\t" + "é" * 11 + "\n").encode(),
     "overlong-line": b"u9\t" + b"y" * 5000 + b"\n",
@@ -159,7 +162,7 @@ def test_tsv_documented_handling_same_as_read_records(tmp_path):
         b"u1\ta\r\n"  # CRLF
         b"u1\ta\r\r\r\r\r\r\n"  # several CRs at the end
         b"\n\r\n   \n\t\n \t \n"  # blank and whitespace-only lines: no record
-        b"u2\tb\tc\n"  # the value is the rest of the line
+        b"u2\tb\tc\n"  # the value is the rest of the line: an item may not hold a TAB, a text may
         b" \t a \n"  # opaque: spaces kept
         b"\r\tb\n"  # a user of one CR
         b"u3\t\xc2\xa0x\n"  # value starting with NBSP but not only whitespace
@@ -167,9 +170,12 @@ def test_tsv_documented_handling_same_as_read_records(tmp_path):
         + b"u5\tlast line without newline"
     )
     path = _write(tmp_path, "in.tsv", data)
-    _, (records, bad) = _same(path, "tsv", block_sizes=(BIG, *range(1, 60, 7)))
-    assert bad == 0 and records[("user", "item")] == 1 and records[("u1", "a")] == 2
+    strict, (records, bad) = _same(path, "tsv", block_sizes=(BIG, *range(1, 60, 7)))
+    assert strict.startswith(f"{path}:10: value contains a TAB (outputs are item<TAB>count)") and bad == 1
+    assert records[("user", "item")] == 1 and records[("u1", "a")] == 2 and ("u2", "b\tc") not in records
     assert records[(" ", " a ")] == 1 and records[("u5", "last line without newline")] == 1
+    _, (records, bad) = _same(path, "tsv", block_sizes=(BIG, *range(1, 60, 7)), allow_tabs=True)
+    assert bad == 0 and records[("u2", "b\tc")] == 1
     path = _write(tmp_path, "in.tsv.gz", data)
     _same(path, "tsv", allow_newlines=True, max_value_length=3)
 
@@ -230,6 +236,71 @@ def test_random_tsv_same_as_read_records(tmp_path_factory, lines, final_newline,
         assert _new(path, "tsv", skip, block_bytes, 2, **kw) == _old(path, "tsv", skip, **kw)
 
 
+@pytest.mark.parametrize(
+    "header", [b"uid\titem", b"user\tword", b"User\tItem", b"USER\titem\r", b" user \ta b", b"user\titem\textra"]
+)
+@pytest.mark.parametrize("name", ["in.tsv", "in.tsv.gz"])
+def test_tsv_header_with_other_names_is_a_bad_record_naming_them(tmp_path, header, name):
+    # documented rule: a first line whose user field or value, compared case-insensitively (and
+    # ignoring surrounding spaces), equals the expected column name but which is not exactly the header
+    path = _write(tmp_path, name, header + b"\n" + _good_tsv())
+    strict, (records, bad) = _same(path, "tsv")
+    shown = header.decode().rstrip("\r").replace("\t", "<TAB>")
+    assert strict == (
+        f"{path}:1: header '{shown}' does not name the expected columns 'user<TAB>item' "
+        "(set --user_column / --item_column) (use --skip_bad_records to skip and count bad records)"
+    )
+    assert bad == 1 and sum(records.values()) == 120
+
+
+def test_tsv_header_of_the_configured_columns_is_skipped_and_data_lines_are_not_headers(tmp_path):
+    path = _write(tmp_path, "in.tsv", b"uid\tword\n" + _good_tsv())
+    (records, bad), _ = _same(path, "tsv", user_column="uid", value_column="word")
+    assert bad == 0 and sum(records.values()) == 120
+    # the default columns: a first line naming neither column cannot be told from data: a record
+    (records, bad), _ = _same(path, "tsv")
+    assert bad == 0 and records[("uid", "word")] == 1
+    strict, _ = _same(path, "tsv", user_column="uid")  # one name matches: a wrong header
+    assert "header 'uid<TAB>word' does not name the expected columns 'uid<TAB>item'" in strict
+    # first lines that only resemble the names are records
+    for first in (b"user1\titem2", b"u\titems", b"users\tx"):
+        path = _write(tmp_path, "in.tsv", first + b"\n" + _good_tsv())
+        (records, bad), _ = _same(path, "tsv")
+        user, value = first.decode().split("\t")
+        assert bad == 0 and records[(user, value)] == 1 and sum(records.values()) == 121
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "jsonl"])
+@pytest.mark.parametrize("name", ["in", "in.gz"])
+def test_utf8_bom_at_the_start_of_a_file_is_dropped(tmp_path, fmt, name):
+    good = _good_tsv() if fmt == "tsv" else _good_jsonl()
+    plain = _old(_write(tmp_path, "plain." + fmt, good), fmt, False)
+    path = _write(tmp_path, name.replace("in", "in." + fmt), b"\xef\xbb\xbf" + good)
+    (records, bad), _ = _same(path, fmt)
+    assert (records, bad) == plain and ("\ufeffu0", "v0 é0") not in records
+    if fmt == "tsv":  # BOM + header: the header is recognised
+        path = _write(tmp_path, name.replace("in", "in." + fmt), b"\xef\xbb\xbfuser\titem\r\n" + good)
+        assert _same(path, fmt)[1] == plain
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "jsonl"])
+@pytest.mark.parametrize("name", ["in.gz", "in.bz2"])
+def test_truncated_compressed_input_fails_in_both_readers(tmp_path, fmt, name):
+    good = _good_tsv(3000) if fmt == "tsv" else _good_jsonl(3000)
+    path = _write(tmp_path, name.replace("in", "in." + fmt), good)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    messages = set()
+    for read in (_old, _new):
+        for skip in (False, True):
+            with pytest.raises(io.InputFileError) as e:
+                read(path, fmt, skip)
+            messages.add(str(e.value))
+    kind = "gzip" if name.endswith(".gz") else "bzip2"
+    assert messages == {
+        f"{path}: truncated {kind} stream (the file ends before its end-of-stream marker; a partial copy?)"
+    }
+
+
 # --- jsonl -----------------------------------------------------------------------------------------
 
 JSONL_BAD = {
@@ -254,6 +325,13 @@ JSONL_BAD = {
     "nan-sign": b'{"x": -NaN, "user": "u9", "item": "a"}\n',
     "lone-surrogate": b'{"user": "u9", "item": "\\ud800"}\n',
     "raw-tab-in-string": b'{"user": "u9", "item": "a\tb"}\n',
+    "escaped-tab-value": b'{"user": "u9", "item": "a\\tb"}\n',
+    "number-value": b'{"user": "u9", "item": 1E2}\n',
+    "int-value": b'{"user": "u9", "item": 3}\n',
+    "huge-number-value": b'{"user": "u9", "item": 1e400}\n',
+    "infinity-value": b'{"user": "u9", "item": Infinity}\n',
+    "nan-value": b'{"user": "u9", "item": NaN}\n',
+    "object-value": b'{"user": "u9", "item": {"a": "b"}}\n',
     "invalid-utf8": b'{"user": "u9", "item": "\xc3("}\n',
     "overlong-line": b'{"user": "u9", "item": "' + b"y" * 5000 + b'"}\n',
 }
@@ -274,10 +352,6 @@ def test_jsonl_documented_handling_same_as_read_records(tmp_path, monkeypatch):
         b'{"user": "1", "item": "b"}',
         b'{"user": -0, "item": "c"}',
         b'{"user": 99999999999999999999999, "item": "d"}',
-        b'{"user": "u", "item": 1e2}',  # numbers read as their JSON text (json.dumps)
-        b'{"user": "u", "item": NaN}',
-        b'{"user": "u", "item": -Infinity}',
-        b'{"user": "u", "item": 7}',
         b'{"user": "u", "item": "x", "item": "y"}',  # duplicate keys: the last wins
         b'{"user": "u", "item": "Information"}',
         b'  {"user": "u", "item": "spaces around"}  ',
@@ -292,7 +366,7 @@ def test_jsonl_documented_handling_same_as_read_records(tmp_path, monkeypatch):
         path = _write(tmp_path, name, data)
         _, (records, bad) = _same(path, "jsonl", block_sizes=(BIG, 1, 50, 333))
         assert bad == 0 and records[("1", "a")] == 1 and records[("0", "c")] == 1
-        assert records[("u", "100.0")] == 1 and records[("u", "NaN")] == 1 and records[("u", "y")] == 1
+        assert records[("u", "y")] == 1 and records[("u", "Information")] == 1 and records[("u", "é\x00")] == 1
     # int users only / mixed blocks, parsed by pyarrow.json in small pieces
     monkeypatch.setattr(io, "_JSON_PIECE_BYTES", 64)
     ints = b"".join(b'{"user": %d, "item": "i%d"}\n' % (j, j % 5) for j in range(50))
@@ -357,6 +431,7 @@ PARQUET_BAD = {
     "empty-value": ("u9", ""),
     "whitespace-value": ("u9", " \u3000"),
     "newline-value": ("u9", "a\nb"),
+    "tab-value": ("u9", "a\tb"),
     "long-value": ("u9", "x" * 11),
 }
 
