@@ -2,7 +2,7 @@
 
     python -m pipelines.bayesian_ngrams --private data/debian_text.jsonl.gz --input_format jsonl \\
         --public data/bayesian_public_trigrams.tsv.gz --output out/trigram_probs --report out/bayes.json \\
-        [--n 3] [--mechanism bayesian|laplace|laplace_public] [--epsilon 1] [--delta 1e-5] \\
+        --epsilon 1 [--delta 1e-5 (mechanism bayesian only)] [--n 3] [--mechanism bayesian|laplace|laplace_public] \\
         [--C 1] [--W 100] [--S 1 --rho 0.5 | --tune [--S_grid ...] [--rho_grid ...] \\
         [--tune_epsilon_fraction 0.3333]] [--sensitivity brute_force|bound] [--seed N] \\
         [--runner DataflowRunner ... --setup_file ./setup.py]

@@ -504,3 +504,10 @@ def test_missing_input_is_one_line_and_leaves_no_directory(tmp_path):
     lines = [l for l in proc.stderr.splitlines() if not l.startswith("WARNING transforms.core.randomness")]
     assert lines == [f"error: input: no file matches {tmp_path / 'nowhere' / '*.tsv'}"], proc.stderr
     assert snapshot(tmp_path) == before
+
+
+def test_verify_is_installed_as_a_console_script(work):
+    path = os.path.join(os.path.dirname(sys.executable), "dp-verify-release")
+    assert os.path.isfile(path), "dp-verify-release is not installed (pip install -e .)"
+    proc = subprocess.run([path, str(work / "nothing.json")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3 and proc.stderr.startswith("error: cannot read the report"), proc.stderr
