@@ -119,7 +119,7 @@ def remove_new_outputs(prefixes: Sequence[str], before: Dict[str, float]) -> Lis
 # --------------------------------------------------------------------------------------------------
 
 #: Beam's default shard names: ``PREFIX-00000-of-00003`` (WriteToText's ``-SSSSS-of-NNNNN``).
-SHARD_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$")
+SHARD_SUFFIX = re.compile(r"-\d{5}-of-\d{5}")
 #: The glob of a prefix's shards (what a consumer reads; never ``PREFIX*``, which takes any file).
 SHARD_GLOB = "-?????-of-?????"
 
@@ -180,6 +180,12 @@ def shard_pattern(prefix: str) -> str:
     return prefix + SHARD_GLOB
 
 
+def _is_shard_of(path: str, prefix: str) -> bool:
+    """``path`` is ``prefix-SSSSS-of-NNNNN`` (a shard of the release at ``prefix``, of any count)."""
+    rest = path[len(prefix) :]
+    return path.startswith(prefix) and rest.startswith("-") and bool(SHARD_SUFFIX.fullmatch(rest))
+
+
 def _norm(path: str) -> str:
     """A comparable form of a path: absolute and with symlinks resolved for local paths."""
     if is_local_path(path):
@@ -210,8 +216,8 @@ def check_contract(paths: RunPaths, overwrite: bool = False) -> List[str]:
       * an output equals or overlaps an input: a single-file output is an input file or matches an
         input glob; an input file starts with the ``--output`` prefix; the release's shards would
         match an input glob (a later run would read the release as input);
-      * two outputs overlap: equal single-file outputs, or one starting with the ``--output`` prefix
-        (``cat PREFIX*`` would read it as part of the release);
+      * two outputs overlap: equal single-file outputs, or one named like a shard of the release
+        (``PREFIX-SSSSS-of-NNNNN``: it would be read as part of the release);
       * files are in the way (local paths): a file starting with the ``--output`` prefix, or an
         existing report/diagnostics/plot file. With ``overwrite`` the run's own kinds of file (shards
         ``PREFIX-SSSSS-of-NNNNN``, the report, diagnostics, evaluation and plot files) are returned to
@@ -254,10 +260,10 @@ def check_contract(paths: RunPaths, overwrite: bool = False) -> List[str]:
         if n in seen:
             raise OutputContractError(f"{name} and {seen[n]} name the same file {path!r}")
         seen[n] = name
-        if n.startswith(norm_prefix):
+        if _is_shard_of(n, norm_prefix):
             raise OutputContractError(
-                f"{name} {path!r} starts with the {flag} prefix {prefix!r}: it would be read as part of the "
-                f"release (files {prefix}*); choose a path outside the prefix"
+                f"{name} {path!r} is named like a shard of the release ({flag} {prefix!r}: "
+                f"{shard_pattern(prefix)}); it would be read as part of it"
             )
     # outputs against inputs
     shards = shard_pattern(prefix)
@@ -284,12 +290,13 @@ def check_contract(paths: RunPaths, overwrite: bool = False) -> List[str]:
     remove: List[str] = []
     foreign: List[str] = []
     if is_local_path(prefix):
+        own = {_norm(p) for p in paths.own_files() if is_local_path(p)}
         for path in _local_matches(glob.escape(_norm(prefix)) + "*"):
             if os.path.isdir(path):
                 foreign.append(path)
-            elif SHARD_SUFFIX.search(path[len(norm_prefix) :]) and path[len(norm_prefix) :].startswith("-"):
+            elif _is_shard_of(path, norm_prefix):
                 remove.append(path)
-            else:
+            elif path not in own:  # e.g. --report out/items_report.json: this run's own, checked below
                 foreign.append(path)
     for path in paths.own_files():
         if is_local_path(path) and os.path.isfile(_norm(path)):

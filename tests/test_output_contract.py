@@ -115,7 +115,7 @@ def _violations(t):
         (
             "diagnostics-is-release-shard",
             dict(extra=["--diagnostics", str(t / "out" / "items-00000-of-00001")]),
-            "starts with the --output prefix",
+            "is named like a shard of the release",
             nothing,
         ),
         (
@@ -511,3 +511,14 @@ def test_verify_is_installed_as_a_console_script(work):
     assert os.path.isfile(path), "dp-verify-release is not installed (pip install -e .)"
     proc = subprocess.run([path, str(work / "nothing.json")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 3 and proc.stderr.startswith("error: cannot read the report"), proc.stderr
+
+
+def test_a_report_next_to_the_release_may_share_its_prefix(work, capsys):
+    # --output out/ngrams --report out/ngrams_report.json: not a shard name, so allowed; on the next run it
+    # is this run's own report (removed by --overwrite), not a foreign file under the prefix.
+    argv = select_argv(work, report=work / "out" / "items_report.json")
+    assert run_cli(select_partitions, argv) == 0
+    assert run_cli(select_partitions, argv) == 2
+    assert "in the way" in capsys.readouterr().err
+    assert run_cli(select_partitions, argv + ["--overwrite"]) == 0
+    assert sorted(p.name for p in (work / "out").iterdir()) == ["items-00000-of-00001", "items_report.json"]
