@@ -345,8 +345,18 @@ def prepare_outputs(paths: RunPaths, remove: Sequence[str]) -> List[str]:
                 pass
         except OSError as e:
             remove_created_dirs(created)
-            raise OutputWriteError(f"cannot write to {directory}: {e.strerror or e}") from None
+            blocker = next((a for a in _ancestors(directory) if os.path.exists(a) and not os.path.isdir(a)), None)
+            why = f"{blocker} is a file, not a directory" if blocker else (e.strerror or str(e))
+            raise OutputWriteError(f"cannot write to {directory}: {why}") from None
     return created
+
+
+def _ancestors(path: str) -> List[str]:
+    """``path`` and its parents, outermost first."""
+    out = [path]
+    while os.path.dirname(out[-1]) not in ("", out[-1]):
+        out.append(os.path.dirname(out[-1]))
+    return out[::-1]
 
 
 def remove_created_dirs(created: Sequence[str]) -> None:

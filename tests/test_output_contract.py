@@ -300,7 +300,7 @@ def test_unwritable_output_directory_is_one_line(work, capsys):
     err = capsys.readouterr().err
     assert code == 3 and "Traceback" not in err
     lines = error_lines(err)
-    assert len(lines) == 1 and f"cannot write to {work / 'afile'}" in lines[0], err
+    assert len(lines) == 1 and f"cannot write to {work / 'afile'}: {work / 'afile'} is a file" in lines[0], err
     assert snapshot(work) == before
 
 
