@@ -37,6 +37,17 @@ def test_public_api_is_declared_and_importable():
     assert callable(reference.select) and callable(reference.dpne_reference)
 
 
+def test_public_transforms_are_the_entry_points_only():
+    """One Beam path per algorithm (issue 28): the public names are the three entry points, the public
+    prior and the in-memory reference. The per-element duplicates (MADWeights, UserSetWeights, AddNoise,
+    core/combiners.py) are gone, and the stages inside the entry points are not public."""
+    assert transforms.__all__ == ["SelectPartitions", "DPNE", "BayesianNgrams", "PublicPrior", "reference"]
+    for gone in ("transforms/selection/mad.py", "transforms/selection/basic.py", "transforms/core/combiners.py"):
+        assert not (ROOT / gone).exists(), gone
+    for name in ("MADWeights", "UserSetWeights", "AddNoise", "NoisyThreshold", "JoinValuesToSets"):
+        assert not hasattr(transforms, name), name
+
+
 def test_transforms_has_no_loose_family_module():
     """transforms/ holds only subpackages plus the package's __init__ and the reference facade."""
     loose = sorted(p.name for p in (ROOT / "transforms").glob("*.py"))

@@ -1,7 +1,9 @@
 """SelectPartitions on the columnar path (issue 16): element and batch input, key types, shard counts.
 
 Under a seed every algorithm must release exactly what the in-memory reference releases, whatever the
-input form (pairs, Arrow RecordBatches, Tables, a mix), the batch size and the number of shards.
+input form (pairs, Arrow RecordBatches, Tables, a mix), the batch size and the number of shards. The
+weight stages on their own (Basic's partial sums, MAD's weights with and without biases) give the
+reference's weights bit for bit.
 """
 
 import random
@@ -13,9 +15,13 @@ from apache_beam.transforms import window
 
 from privacy.selection import SelectionParams
 from transforms import reference
+from transforms.core.batches import pairs_table, unpacked
+from transforms.core.fingerprint import from_key_bytes
+from transforms.selection import columnar_kernels as C
+from transforms.selection.columnar import BasicPartialsFn, MADWeightsColumnar
 from transforms.selection.select import SelectPartitions
 
-from beam_helpers import collect
+from beam_helpers import collect, collect_pairs
 
 RND = random.Random(5)
 PAIRS = [(f"u{RND.randrange(700)}", f"i{min(int(RND.paretovariate(0.9)), 400)}") for _ in range(9000)]
@@ -91,3 +97,65 @@ def test_bad_batches_fail_with_a_clear_error():
         with pytest.raises(Exception, match=match):
             with beam.Pipeline("DirectRunner") as p:
                 _ = p | beam.Create([bad]) | SelectPartitions("basic", PARAMS, seed=1)
+
+
+# --- the weight stages on their own: capped user shards in, per-item partial sums out ---------------
+
+
+def _capped_shards(capped_sets, num_shards, biases=None):
+    """(user shard, Table(user, item, degree[, bias])) elements, every user's rows in one element (what
+    ``CapFn`` gives the weight stages; biased rounds also carry each row's bias)."""
+    users = sorted(capped_sets)
+    out = []
+    for shard in range(num_shards):
+        rows = [(u, i) for u in users[shard::num_shards] for i in capped_sets[u]]
+        table = C.with_degree(pairs_table(*zip(*rows)))
+        if biases is not None:
+            table = table.append_column("bias", pa.array([biases[i] for _, i in rows], pa.float64()))
+        out.append((shard, table))
+    return out
+
+
+def _merged_weights(element):
+    """(item shard, [Packed partials]) -> (item, weight) of the shard's items (exact merge)."""
+    w = C.merge_partials(unpacked(element[1]))
+    return list(zip(map(from_key_bytes, w.column("item").to_pylist()), w.column("weight").to_pylist()))
+
+
+def _stage_weights(elements, stage):
+    return dict(
+        collect_pairs(
+            lambda p: p | beam.Create(elements, reshuffle=False) | stage | beam.FlatMap(_merged_weights),
+        )
+    )
+
+
+@pytest.mark.parametrize("num_shards", [1, 3])
+@pytest.mark.parametrize("weighting", ["weighted_gaussian", "weighted_laplace", "count"])
+def test_basic_weight_stage_equals_the_reference_weights(weighting, num_shards):
+    """Basic's partial sums (BasicPartialsFn), grouped per item shard and merged: bit for bit the
+    reference's basic_weights of the same capped sets, whatever the number of shards."""
+    capped = reference.bound_contributions(SETS, 6, seed=1)
+    stage = beam.ParDo(BasicPartialsFn(weighting), num_shards) | beam.GroupByKey()
+    got = _stage_weights(_capped_shards(capped, num_shards), stage)
+    assert got == reference.basic_weights(capped, weighting) and len(got) > 100
+
+
+@pytest.mark.parametrize("num_shards", [1, 4])
+@pytest.mark.parametrize("biased", [False, True])
+def test_mad_weight_stage_equals_the_reference_weights(biased, num_shards):
+    """MADWeightsColumnar (Alg. 3: w_init, excess, the users' contributions with Alg. 2 for biased users)
+    on capped user shards: bit for bit the reference's mad_weights, whatever the number of shards."""
+    capped = reference.bound_contributions(SETS, 6, seed=1)
+    items = sorted({i for v in capped.values() for i in v})
+    rng = random.Random(1)
+    biases = {i: rng.choice([1.0, rng.random()]) for i in items} if biased else None
+    b_min, b_max = (0.5, 2.0) if biased else (1.0, 1.0)
+    tau, d_max = 3.0, 6
+    stage = MADWeightsColumnar(tau, d_max, b_min, b_max, num_shards)
+    got = _stage_weights(_capped_shards(capped, num_shards, biases), stage)
+    want = reference.mad_weights(capped, tau, d_max, biases, b_min, b_max)
+    assert got == want
+    basic = reference.basic_weights(capped)
+    assert any(got[i] > basic[i] + 1e-9 for i in got)  # weight was rerouted
+    assert any(got[i] < basic[i] - 1e-9 for i in got)  # and truncated or biased away

@@ -1,6 +1,6 @@
 """Properties of the optimised hot paths (issue 8): fixed-point exact sums, duplicate-tolerant subsample.
 
-The Beam == reference tests (test_foundation_beam.py, test_mad_beam.py, ...) check the end result;
+The Beam == reference tests (test_foundation_beam.py, test_columnar_beam.py, ...) check the end result;
 these check the kernels directly on random inputs.
 """
 
@@ -13,53 +13,50 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transforms.core import randomness
-from transforms.core.combiners import ExactSumFn, from_fixed_point, to_fixed_point
-from transforms.core.fixed64 import exact_sum64
+from transforms.core.fixed64 import exact_sum64, fixed64_of, limbs_of, value_of_limbs
 
-# ExactSumFn's domain: finite weights with |w| < 2^40 (transforms/core/fixed64.py)
-finite = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e12, max_value=1e12)
+# inside the domain of the exact sums (finite, |w| < 2^40, transforms/core/fixed64.py), and small
+# enough that 40 of them keep every int64 limb sum exact
+finite = st.floats(allow_nan=False, allow_infinity=False, min_value=-1e10, max_value=1e10)
 # multiples of 2^-64 (e.g. every double of magnitude >= 2^-11): summed without any quantisation
 dyadic = st.integers(-(2**50), 2**50).map(lambda k: k / 2.0**20)
 
 
+def _limb_sum(parts):
+    """The float of the exact sum of several partial limb sums (how the Beam path merges partials)."""
+    limbs = [limbs_of(np.array(p, dtype=np.float64)) for p in parts]
+    return float(value_of_limbs(*(sum(int(limb[j].sum()) for limb in limbs) for j in range(3)))[0])
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(finite, max_size=40), st.randoms(use_true_random=False))
-def test_exact_sum_fn_is_exact_sum64_in_any_order_and_split(xs, rnd):
-    fn = ExactSumFn()
+def test_limb_partial_sums_are_exact_sum64_in_any_order_and_split(xs, rnd):
     shuffled = list(xs)
     rnd.shuffle(shuffled)
     cut = rnd.randint(0, len(shuffled))
-    a = fn.add_inputs(fn.create_accumulator(), shuffled[:cut])
-    b = fn.create_accumulator()
-    for x in shuffled[cut:]:
-        b = fn.add_input(b, x)
-    assert fn.extract_output(fn.merge_accumulators([b, a])) == exact_sum64(xs)
+    assert _limb_sum([shuffled[:cut], shuffled[cut:]]) == exact_sum64(xs) == exact_sum64(shuffled)
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(dyadic, max_size=40), st.randoms(use_true_random=False))
-def test_exact_sum_fn_equals_fsum_in_any_order_and_split(xs, rnd):
-    fn = ExactSumFn()
+def test_exact_sums_equal_fsum_in_any_order_and_split(xs, rnd):
     shuffled = list(xs)
     rnd.shuffle(shuffled)
     cut = rnd.randint(0, len(shuffled))
-    a = fn.add_inputs(fn.create_accumulator(), shuffled[:cut])
-    b = fn.create_accumulator()
-    for x in shuffled[cut:]:
-        b = fn.add_input(b, x)
-    assert fn.extract_output(fn.merge_accumulators([b, a])) == math.fsum(xs)
+    assert _limb_sum([shuffled[:cut], shuffled[cut:]]) == exact_sum64(shuffled) == math.fsum(xs)
 
 
 @given(dyadic)
 def test_fixed_point_round_trips(x):
-    assert from_fixed_point(to_fixed_point(x)) == x
+    assert fixed64_of(x) / 2**64 == x
 
 
 def test_fixed_point_rejects_non_finite():
-    with pytest.raises(ValueError, match="finite"):
-        ExactSumFn().add_input(0, float("inf"))
-    with pytest.raises(ValueError, match="2\\^40"):
-        ExactSumFn().add_input(0, 2.0**41)
+    for bad in (float("inf"), float("nan"), 2.0**41):
+        with pytest.raises(ValueError, match="finite with \\|w\\| < 2\\^40"):
+            fixed64_of(bad)
+        with pytest.raises(ValueError, match="finite with \\|w\\| < 2\\^40"):
+            limbs_of(np.array([1.0, bad]))
 
 
 items_st = st.lists(st.one_of(st.text(max_size=4), st.integers(-5, 5)), max_size=30)

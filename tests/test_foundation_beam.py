@@ -11,7 +11,6 @@ from transforms import reference
 from transforms.core.bounding import BoundContributions
 from transforms.core.joins import AttachItemValues
 from transforms.core.noise import AddNoise, NoisyThreshold
-from transforms.selection.basic import UserSetWeights
 from transforms.selection.select import SelectPartitions
 
 from beam_helpers import collect, collect_pairs, make_test_pipeline
@@ -54,14 +53,6 @@ def test_unseeded_subsample_is_uniform_enough():
             counts[i] += 1
     mean, sd = 1000.0, (3000 * (1 / 3) * (2 / 3)) ** 0.5
     assert all(abs(c - mean) < 5 * sd for c in counts.values()), counts
-
-
-@pytest.mark.parametrize("weighting", ["weighted_gaussian", "weighted_laplace", "count"])
-def test_user_set_weights_equal_reference(weighting):
-    sets = random_user_sets(random.Random(2), 200, 80, 10)
-    got = dict(collect_pairs(lambda p: p | beam.Create(list(sets.items())) | UserSetWeights(weighting)))
-    want = reference.basic_weights(sets, weighting)
-    assert got == want  # exact: both sums are correctly rounded
 
 
 def test_add_noise_seeded_matches_reference_and_differs_by_round():

@@ -133,7 +133,10 @@ def test_layers_privacy_imports_no_beam_code_and_beam_code_no_reference():
             assert not {e for e in edges if e.startswith("pipelines")}, name
     beam_modules = [
         "transforms.selection.select",
-        "transforms.selection.mad",
+        "transforms.selection.columnar",
+        "transforms.selection.columnar_mad_sips",
+        "transforms.selection.policy",
+        "transforms.selection.counts",
         "transforms.dpne.dpne",
         "transforms.bayesian.bayesian",
     ]

@@ -1,4 +1,5 @@
-"""MAD / MAD2R Beam transforms against the reference, and Theorem 6.1 (stochastic dominance)."""
+"""MAD / MAD2R on Beam (SelectPartitions, the columnar path) against the reference, and Theorem 6.1
+(stochastic dominance). The MAD weights stage itself: tests/test_columnar_beam.py."""
 
 import random
 
@@ -9,43 +10,11 @@ from scipy.stats import norm
 
 from privacy.selection import SelectionParams, plan_rounds
 from transforms import reference
-from transforms.selection.mad import MADWeights
 from transforms.selection.select import SelectPartitions
 from transforms.testing.synthetic import heavy_light_sets
 
-from beam_helpers import collect, collect_pairs
+from beam_helpers import collect
 from conftest import pairs_of, random_user_sets
-
-
-def _capped(seed=4, n_users=1500):
-    sets = random_user_sets(random.Random(seed), n_users, 300, 15)
-    return sets, reference.bound_contributions(sets, 8, seed=1)
-
-
-@pytest.mark.parametrize("max_users_per_key", [10_000, 25])  # 25: hot items sharded over many keys
-def test_mad_weights_beam_equals_reference_exactly(max_users_per_key):
-    _, capped = _capped()
-    got = dict(
-        collect_pairs(
-            lambda p: p | beam.Create(list(capped.items())) | MADWeights(3.0, 6, max_users_per_key=max_users_per_key)
-        )
-    )
-    want = reference.mad_weights(capped, 3.0, 6)
-    assert got == want  # bit-identical: both sum with correct rounding
-    basic = reference.basic_weights(capped)
-    assert any(got[i] > basic[i] + 1e-9 for i in got)  # rerouting happened
-    assert any(got[i] < basic[i] - 1e-9 for i in got)  # and truncation
-
-
-def test_biased_mad_weights_beam_equals_reference():
-    _, capped = _capped(seed=8)
-    rng = random.Random(0)
-    items = sorted({i for v in capped.values() for i in v})
-    biases = {i: rng.choice([1.0, rng.random()]) for i in items}
-    biased_sets = [(u, [(i, biases[i]) for i in v]) for u, v in capped.items()]
-    got = dict(collect_pairs(lambda p: p | beam.Create(biased_sets) | MADWeights(3.0, 6, 0.5, 2.0, biased=True)))
-    want = reference.mad_weights(capped, 3.0, 6, biases, 0.5, 2.0)
-    assert got == want
 
 
 @pytest.mark.parametrize("algorithm", ["mad", "mad2r"])
@@ -138,30 +107,6 @@ def test_mad_tau_is_one_rule_for_selection_and_dpne():
         assert mad.tau > 1.0
 
 
-@pytest.mark.parametrize("biased", [False, True])
-def test_mad_weights_broadcast_and_join_modes_are_identical(biased):
-    """The excess fractions reach users by side input (few hot items) or by the sharded join
-    (max_broadcast_items=0 forces it): bit-identical weights, equal to the reference."""
-    _, capped = _capped(seed=6)
-    rng = random.Random(1)
-    items = sorted({i for v in capped.values() for i in v})
-    biases = {i: rng.choice([1.0, rng.random()]) for i in items} if biased else None
-    sets = [(u, [(i, biases[i]) for i in v] if biased else list(v)) for u, v in capped.items()]
-    b_min, b_max = (0.5, 2.0) if biased else (1.0, 1.0)
-    got = {}
-    for limit in (0, 10**6):
-        got[limit] = dict(
-            collect_pairs(
-                lambda p: (
-                    p
-                    | beam.Create(sets)
-                    | MADWeights(3.0, 6, b_min, b_max, biased=biased, max_users_per_key=25, max_broadcast_items=limit)
-                )
-            )
-        )
-    assert got[0] == got[10**6] == reference.mad_weights(capped, 3.0, 6, biases, b_min, b_max)
-
-
 @pytest.mark.parametrize("algorithm", ["mad", "mad2r"])
 @pytest.mark.parametrize("rows_per_shard,batch_rows,chunk_rows", [(10**9, 65_536, None), (700, 50, 37), (3000, 1, 500)])
 def test_mad_family_output_does_not_depend_on_shards_or_batches(
@@ -188,28 +133,3 @@ def test_mad_family_output_does_not_depend_on_shards_or_batches(
     )
     assert sorted(got) == sorted(f"{r}\t{i}" for r, items in per_round.items() for i in items)
     assert per_round[1] and (algorithm == "mad" or per_round[2])
-
-
-@pytest.mark.parametrize("biased", [False, True])
-def test_mad_weights_in_a_fixed_window_equal_reference(biased):
-    """Windowed (non-global) input takes the per-pair path (no per-bundle pre-sums, always the join)."""
-    from apache_beam.transforms import window
-
-    _, capped = _capped(seed=9, n_users=600)
-    rng = random.Random(2)
-    items = sorted({i for v in capped.values() for i in v})
-    biases = {i: rng.choice([1.0, rng.random()]) for i in items} if biased else None
-    sets = [(u, [(i, biases[i]) for i in v] if biased else list(v)) for u, v in capped.items()]
-    b_min, b_max = (0.5, 2.0) if biased else (1.0, 1.0)
-    got = dict(
-        collect_pairs(
-            lambda p: (
-                p
-                | beam.Create(sets)
-                | beam.Map(lambda kv: window.TimestampedValue(kv, 10))
-                | beam.WindowInto(window.FixedWindows(60))
-                | MADWeights(3.0, 6, b_min, b_max, biased=biased, max_users_per_key=25)
-            )
-        )
-    )
-    assert got == reference.mad_weights(capped, 3.0, 6, biases, b_min, b_max)

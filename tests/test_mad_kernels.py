@@ -35,7 +35,6 @@ from transforms.selection.mad_kernels import (
     reroute_discount,
     reroute_weight,
     truncate,
-    unbiased_user_contribution,
     user_excess,
     user_weights,
     user_weights_many,
@@ -771,29 +770,6 @@ def test_excess_fraction_and_truncate_properties(w, tau):
     np.testing.assert_allclose(w - t, r * w, atol=1e-12)  # excess = r * w_init (Lemma 5.6 proof)
     order = np.argsort(w, kind="stable")
     assert np.all(np.diff(r[order]) >= 0)  # monotone in w_init, bitwise
-
-
-@PROPS
-@given(w=st.floats(0.0, 1e6), tau=st.floats(0.0, 1e3))
-def test_scalar_fast_paths_equal_the_vectorised_kernels(w, tau):
-    """excess_fraction/truncate on a Python float (the Beam per-item path) == the numpy path, bitwise."""
-    assert excess_fraction(w, tau) == float(excess_fraction(np.array([w]), tau)[0])
-    assert truncate(w, tau) == float(truncate(np.array([w]), tau)[0])
-    assert type(excess_fraction(w, tau)) is float and type(truncate(w, tau)) is float
-
-
-@PROPS
-@given(
-    r=st.lists(st.one_of(st.just(0.0), st.floats(0.0, 1.0, exclude_max=True)), min_size=1, max_size=120),
-    d_max=st.integers(4, 100),
-    b_min=st.sampled_from([0.5, 0.7, 1 / math.sqrt(2), 1.0]),
-)
-def test_unbiased_user_contribution_is_bitwise_the_vector_kernel(r, d_max, b_min):
-    """The scalar kernel of the Beam path (one value per unbiased user) == mad_user_contributions."""
-    items = [f"i{k}" for k in range(len(r))]
-    want = mad_user_contributions(items, r, None, 2.0, d_max, b_min, 1.0)
-    got = unbiased_user_contribution(len(r), exact_sum64(x for x in r if x > 0), d_max, b_min)
-    assert [c for _, c in want] == [got] * len(r)  # exact equality, every item
 
 
 def test_validation_errors():

@@ -529,8 +529,12 @@ class MADWeightsColumnar(beam.PTransform):
                     trunc: (item shard, w_trunc partials)    l.8
       Contrib       (item shard, contribution partials)      l.9-17 per user (Alg. 2 for biased users)
       AllParts      (item shard, [partials])                 w(i) = w_trunc(i) + sum of contributions (l.12)
-    The hot items are at most n_adaptive / tau (w_init > tau >= 1): a side input, as in the per-element
-    version (docs/columnar.md discusses the bound).
+    Input: (user shard, Table(user, item, degree)) with every user's rows in one element (``CapFn``'s
+    output), or Table(user, item, degree, bias) for biased rounds (MAD2R round 2, MAD-SIPS). Output:
+    (item shard, [Packed(item, hi, mid, lo, holders)]); ``merge_partials`` of a group gives Table(item,
+    weight, holders) with MAD's w(i) correctly rounded, bit-identical to the reference's ``mad_weights``.
+    The hot items are at most n_adaptive / tau (w_init > tau >= 1): a side input (docs/columnar.md
+    discusses the bound).
     """
 
     def __init__(self, tau, d_max, b_min, b_max, num_shards, label=None):

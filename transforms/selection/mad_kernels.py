@@ -480,8 +480,6 @@ def excess_fraction(w_init: Union[float, np.ndarray], tau: float) -> Union[float
     tau_f = float(tau)
     if not tau_f >= 0.0:
         raise ValueError(f"tau must be >= 0, got {tau!r}")
-    if type(w_init) is float:  # scalar fast path (per item in Beam), same IEEE operations as below
-        return 1.0 - tau_f / w_init if w_init > tau_f else 0.0
     w = np.asarray(w_init, dtype=np.float64)
     hot = w > tau_f  # implies w > 0: no division by zero below
     safe = np.where(hot, w, 1.0)
@@ -491,8 +489,6 @@ def excess_fraction(w_init: Union[float, np.ndarray], tau: float) -> Union[float
 
 def truncate(w_init: Union[float, np.ndarray], tau: float) -> Union[float, np.ndarray]:
     """Alg. 3 line 8: ``w_trunc(i) = min{w_init(i), tau}``, vectorised (scalar in, float out)."""
-    if type(w_init) is float and w_init == w_init:  # scalar fast path (not NaN): same value as np.minimum
-        return min(w_init, float(tau))  # Alg. 3 line 8
     w = np.minimum(np.asarray(w_init, dtype=np.float64), float(tau))  # Alg. 3 line 8
     return float(w) if w.ndim == 0 else w
 
@@ -577,26 +573,6 @@ def mad_user_contributions(
     return [(item, float(c)) for item, c in zip(items, contrib)]
 
 
-def unbiased_user_contribution(degree: int, excess_sum: float, d_max: float, b_min: float = 1.0) -> float:
-    """The one contribution an unbiased user (every b(i) = 1) adds to each of its ``degree`` items.
-
-    Scalar fast path of :func:`mad_user_contributions` with ``biases=None`` (Alg. 3 lines 10-17),
-    bit-identical to it: ``w_b = 1/sqrt(d)`` for every item (Alg. 2 with b = 1), so an adaptive user
-    adds ``alpha * e_u / d_max + (1/sqrt(d) - 1/d)`` (lines 11, 15) and a non-adaptive user
-    ``1/sqrt(d)`` (line 17). ``excess_sum`` is the exact sum (:func:`exact_sum64`) of r(i) over
-    the user's items (0 for items that are not hot), so ``e_u = excess_sum / d`` (line 10) exactly
-    as :func:`user_excess` computes it. Parameters are not validated here (hot path: the caller
-    checks them once with :func:`check_mad_params`).
-    """
-    d = int(degree)
-    w = 1.0 / math.sqrt(d)  # Alg. 2 with b = 1: 1/sqrt(|S_u|)
-    if not is_adaptive(d, b_min, d_max):
-        return 0.0 + w  # Alg. 3 line 17 (as mad_user_contributions: reroute 0.0 + w_b)
-    e_u = excess_sum / d  # Alg. 3 line 10
-    reroute = reroute_weight(e_u, reroute_discount(b_min, d_max), d_max)  # Alg. 3 lines 2, 11
-    return reroute + (w - initial_weight(d))  # Alg. 3 lines 12, 15
-
-
 # --------------------------------------------------------------------------------------------------
 # Algorithm 3: MAD in memory
 # --------------------------------------------------------------------------------------------------
@@ -656,7 +632,7 @@ def mad_weight_components(
     pos = {item: k for k, item in enumerate(union_keys)}
 
     # Float sums below are exact at 2^-64 (exact_sum64 over all parts), so the result does not depend
-    # on the order of users: the Beam versions (fixed64 limbs, ExactSumFn) give the same bits.
+    # on the order of users: the Beam path (fixed64 limbs, transforms/core/fixed64.py) gives the same bits.
     # Alg. 3 lines 1, 3-5: w_init(i) += 1/|S_u| for adaptive users u (line 3: I_adapt).
     init_parts: List[List[float]] = [[] for _ in union_keys]
     for _, items in sets:
@@ -715,7 +691,7 @@ def mad_weights(
     Returns:
       dict item -> w(i) for every item of the union (Alg. 3 line 18), computed as
       ``w_trunc(i) + sum_u mad_user_contributions(u)[i]`` with users summed in ``encode_key`` order
-      (correctly rounded sums, so a Beam run with ExactSumFn gives identical bits).
+      (correctly rounded sums, so the Beam path's fixed64 partial sums give identical bits).
     """
     return mad_weight_components(
         user_sets, tau, d_max, biases, b_min, b_max, require_proof_conditions=require_proof_conditions
