@@ -165,8 +165,7 @@ def test_select_partitions_validates_arguments():
         SelectPartitions("mad2r", SelectionParams(epsilon=1.0, delta=1e-5, budget_split=(0.2, 0.3, 0.5)))
 
 
-@pytest.mark.parametrize("pair_items", [False, True])
-def test_join_values_to_sets_same_in_broadcast_and_join_mode(pair_items):
+def test_join_values_to_sets_same_in_broadcast_and_join_mode():
     """JoinValuesToSets: one element per user, with exactly the values of the user's items, whichever
     mode the run picks (max_broadcast_items 0 forces the sharded join; hot item over 14 shards)."""
     from transforms.core.joins import JoinValuesToSets
@@ -176,7 +175,7 @@ def test_join_values_to_sets_same_in_broadcast_and_join_mode(pair_items):
         f"u{u}": sorted({"hot"} | {f"c{rng.randrange(40)}" for _ in range(rng.randrange(1, 6))}) for u in range(500)
     }
     values = {"hot": 0.5, **{f"c{j}": j / 7 for j in range(0, 40, 2)}}
-    rows = [(u, [(i, 1.0) for i in s] if pair_items else s) for u, s in sets.items()]
+    rows = list(sets.items())
     want = sorted(f"{u}\t{sorted((i, values[i]) for i in s if i in values)}" for u, s in sets.items())
 
     def build(limit):
@@ -185,7 +184,7 @@ def test_join_values_to_sets_same_in_broadcast_and_join_mode(pair_items):
             return (
                 p
                 | "S" >> beam.Create(rows)
-                | JoinValuesToSets(vals, pair_items=pair_items, max_users_per_key=37, max_broadcast_items=limit)
+                | JoinValuesToSets(vals, max_users_per_key=37, max_broadcast_items=limit)
                 | beam.MapTuple(lambda u, sv: f"{u}\t{sorted(sv[1])}")
             )
 

@@ -6,6 +6,9 @@ pairs of each hot item over ``ceil(n_users / max_users_per_key)`` shards, keyed 
 ``(item, shard(user))``, and replicates that item's value to each shard. Only the *names* of hot items
 travel as a side input (at most total_pairs / max_users_per_key of them), never the values or the
 pairs; cold items use a single shard.
+
+Used by the sequential policies' count release (:class:`transforms.selection.counts.ReleaseCounts`); the
+columnar path joins nothing per pair (its per-item values reach the user shards as side-input tables).
 """
 
 from __future__ import annotations
@@ -129,11 +132,6 @@ class AttachItemValues(beam.PTransform):
 DEFAULT_MAX_BROADCAST_ITEMS = 1_000_000
 
 
-def set_items(user_set, pair_items: bool):
-    """The items of a user's set: the set itself, or the first fields of its (item, extra) entries."""
-    return [e[0] for e in user_set] if pair_items else user_set
-
-
 def fits_broadcast(n_values: int, max_broadcast_items: int) -> bool:
     """Whether ``n_values`` per-item values are few enough to ship to every worker as a side input."""
     return n_values <= max_broadcast_items
@@ -151,15 +149,12 @@ class AttachFromDictFn(beam.DoFn):
     ``values`` is the side-input dict item -> value; the pair list follows the order of S_u.
     """
 
-    def __init__(self, pair_items: bool):
-        self._pair_items = pair_items
-
     def process(self, element, broadcast, values):
         if not broadcast:
             return
         user, user_set = element
         got = []
-        for item in set_items(user_set, self._pair_items):
+        for item in user_set:
             v = values.get(item, _MISSING)
             if v is not _MISSING:
                 got.append((item, v))
@@ -170,16 +165,11 @@ _MISSING = object()
 
 
 class SetToPairsFn(beam.DoFn):
-    """(user, S_u) -> (user, item) for users that need values (``wants_values(S_u)``; all if None)."""
-
-    def __init__(self, pair_items: bool, wants_values=None):
-        self._pair_items, self._wants = pair_items, wants_values
+    """(user, S_u) -> (user, item) for every item of S_u."""
 
     def process(self, element):
         user, user_set = element
-        if self._wants is not None and not self._wants(user_set):
-            return
-        for item in set_items(user_set, self._pair_items):
+        for item in user_set:
             yield user, item
 
 
@@ -207,37 +197,33 @@ def merge_set_and_values(element):
 class JoinValuesToSets(beam.PTransform):
     """(user, S_u) -> (user, (S_u, [(item, v) for items of S_u that have a value])), one element per user.
 
-    S_u is a list of items, or of (item, extra) tuples with ``pair_items=True``; ``values`` is a
-    PCollection of (item, v), at most one per item. The mode is chosen at run time from the number
-    of values (the choice changes only the cost, never the output):
+    S_u is a list of items; ``values`` is a PCollection of (item, v), at most one per item (used by the
+    sequential policies' count release, :class:`transforms.selection.counts.ReleaseCounts`: the values
+    are the released items). The mode is chosen at run time from the number of values (the choice
+    changes only the cost, never the output):
 
       CountValues       int                    number of (item, v)
       Broadcast?        bool                   n <= max_broadcast_items
       AttachFromDict    (user, (S_u, [(i, v)])) broadcast mode: the values as a side-input dict,
-                                               no shuffle of pairs (MAD's excess fractions and MAD2R's
-                                               biases exist only for the few heavy/borderline items)
+                                               no shuffle of pairs
       JoinSets ... MergeSetAndValues            otherwise: the sets' pairs are joined by item with the
                                                hot-item-sharded :class:`AttachItemValues` and grouped
                                                back per user (scales to any number of values)
 
-    In join mode only users with ``wants_values(S_u)`` (a picklable predicate; all users if None)
-    send their pairs to the join; the others get an empty value list. Outside the global window
-    (streaming/windowed input) the join is always used. The list of a user's values follows S_u in
-    broadcast mode and is unordered in join mode: consumers must not depend on its order.
+    Outside the global window (streaming/windowed input) the join is always used. The list of a user's
+    values follows S_u in broadcast mode and is unordered in join mode: consumers must not depend on its
+    order.
     """
 
     def __init__(
         self,
         values,
-        pair_items: bool = False,
-        wants_values=None,
         max_users_per_key: int = 10_000,
         max_broadcast_items: int = DEFAULT_MAX_BROADCAST_ITEMS,
         label=None,
     ):
         super().__init__(label)
         self._values = values
-        self._pair_items, self._wants = pair_items, wants_values
         self._max_users_per_key = int(max_users_per_key)
         self._max_broadcast = int(max_broadcast_items)
         if self._max_broadcast < 0:
@@ -254,7 +240,7 @@ class JoinValuesToSets(beam.PTransform):
         )
         small_values = self._values | "ValuesIfBroadcast" >> beam.FlatMap(_in_mode, broadcast, True)  # (item, v)
         by_dict = user_sets | "AttachFromDict" >> beam.ParDo(
-            AttachFromDictFn(self._pair_items), broadcast, beam.pvalue.AsDict(small_values)
+            AttachFromDictFn(), broadcast, beam.pvalue.AsDict(small_values)
         )
         # (user, (S_u, [(item, v)])) in broadcast mode, nothing otherwise
         join_sets = user_sets | "SetsIfJoin" >> beam.FlatMap(_in_mode, broadcast, False)  # (user, S_u) in join mode
@@ -262,7 +248,7 @@ class JoinValuesToSets(beam.PTransform):
         return (by_dict, by_join) | "EitherMode" >> beam.Flatten()  # (user, (S_u, [(item, v)]))
 
     def _join(self, user_sets, batch):
-        pairs = user_sets | "SetPairs" >> beam.ParDo(SetToPairsFn(self._pair_items, self._wants))  # (user, item)
+        pairs = user_sets | "SetPairs" >> beam.ParDo(SetToPairsFn())  # (user, item)
         if batch:
             counts = (
                 pairs

@@ -15,7 +15,7 @@ class AddNoiseFn(WorkerRngDoFn):
 
     Seeded: Z = keyed draw of (seed, purpose, round, item). Unseeded: Z from a generator seeded with
     OS entropy in ``setup`` on the worker (so forked workers never share a state). Noise is drawn
-    once per element; see :class:`AddNoise` for how re-evaluation is prevented.
+    once per element.
     """
 
     def __init__(self, noise: str, scale: float, seed: Optional[int], round_: int, purpose: str = "noise"):
@@ -59,39 +59,19 @@ def only_value(key, values):
 
 
 class AddNoise(beam.PTransform):
-    """(item, weight) -> (item, noisy_weight).
+    """(item, weight) -> (item, noisy_weight), one draw per element (:class:`AddNoiseFn`).
 
-    With ``checkpoint=True`` the noisy weights are followed by a GroupByKey, which materialises them
-    (a fusion break and checkpoint on Dataflow/Flink): every consumer then sees the same noise and no
-    re-execution of a downstream stage can redraw it. Use it whenever noisy weights feed more than
-    one consumer (MAD2R round 1: release and round-2 biases).
+    The noise stage of :class:`NoisyThreshold` (the sequential policies). A consumer that reads the
+    noisy weights twice must materialise them first (the columnar path's ``checkpoint``/``barrier``,
+    :mod:`transforms.selection.columnar`), so that no re-execution can redraw them.
     """
 
-    def __init__(
-        self,
-        noise: str,
-        scale: float,
-        seed: Optional[int] = None,
-        round_: int = 1,
-        checkpoint: bool = False,
-        label=None,
-    ):
+    def __init__(self, noise: str, scale: float, seed: Optional[int] = None, round_: int = 1, label=None):
         super().__init__(label)
         self._fn = AddNoiseFn(noise, scale, seed, round_)
-        self._checkpoint = checkpoint
 
     def expand(self, weights):
-        noisy = weights | "Noise" >> beam.ParDo(self._fn)  # (item, noisy_weight)
-        if self._checkpoint:
-            # A GroupByKey on the (unique) item keys materialises like Reshuffle (a fusion break and a
-            # checkpoint on Dataflow/Flink) at a fraction of its per-element cost (no random keys, no
-            # timestamp reification).
-            noisy = (
-                noisy
-                | "Checkpoint" >> beam.GroupByKey()  # (item, [noisy_weight]), materialised
-                | "OneValue" >> beam.MapTuple(only_value)  # (item, noisy_weight)
-            )
-        return noisy
+        return weights | "Noise" >> beam.ParDo(self._fn)  # (item, noisy_weight)
 
 
 def released_item(element, threshold):
@@ -107,15 +87,15 @@ def tag_round(item, round_):
 
 
 class NoisyThreshold(beam.PTransform):
-    """(item, weight) -> item, kept iff weight + noise >= threshold (rho).
+    """(item, weight) -> item, kept iff weight + noise >= threshold (rho); the sequential policies'
+    release (the columnar path thresholds whole item shards: ``NoisyThresholdFn``,
+    :mod:`transforms.selection.columnar`).
 
     Args:
       noise: 'gaussian' or 'laplace'.
       scale: sigma or the Laplace scale.
       threshold: rho.
       seed, round_: randomness contract; item i's noise in round r is keyed (seed, 'noise', r, i).
-      checkpoint: materialise the noisy weights (see :class:`AddNoise`); set it when the released
-        items feed more than one consumer (DP-SIPS: the output and the next round's removal).
     """
 
     def __init__(
@@ -125,18 +105,15 @@ class NoisyThreshold(beam.PTransform):
         threshold: float,
         seed: Optional[int] = None,
         round_: int = 1,
-        checkpoint: bool = False,
         label=None,
     ):
         super().__init__(label)
         self._noise, self._scale, self._seed, self._round = noise, scale, seed, round_
         self._threshold = float(threshold)
-        self._checkpoint = checkpoint
 
     def expand(self, weights):
         return (
             weights
-            | "AddNoise"
-            >> AddNoise(self._noise, self._scale, self._seed, self._round, self._checkpoint)  # (item, noisy_w)
+            | "AddNoise" >> AddNoise(self._noise, self._scale, self._seed, self._round)  # (item, noisy_w)
             | "KeepAboveRho" >> beam.FlatMap(released_item, self._threshold)  # item with noisy_w >= rho
         )

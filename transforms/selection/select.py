@@ -143,9 +143,7 @@ class SelectPartitions(beam.PTransform):
             pairs = pcoll | "Pairs" >> beam.ParDo(AsPairsFn())  # (user, item)
             if self.allowlist is not None:
                 pairs = pairs | "Allowlist" >> KeepAllowlisted(self.allowlist)  # (user, item), item allowed
-            runner = _RUNNERS[self.spec.shape](
-                self.spec, self.rounds, self.params, self.seed, self.join_options, self.counts is not None
-            )
+            runner = _RUNNERS[self.spec.shape](self.spec, self.rounds, self.params, self.seed)
             tagged, user_sets = pairs | self.algorithm.upper() >> runner  # (round, item), (user, [item]) or None
             counted = None
         if self.counts is None:
@@ -204,7 +202,7 @@ def swap(element):
 class _Sequential(beam.PTransform):
     """The single-worker policy algorithms (DPSU paper Alg. 4 and 6), tagged with their one round."""
 
-    def __init__(self, spec, plans, params: SelectionParams, seed: Optional[int], join_options: dict, with_user_sets):
+    def __init__(self, spec, plans, params: SelectionParams, seed: Optional[int]):
         super().__init__()
         self._spec, self._plan, self._params, self._seed = spec, plans[0], params, seed
 
@@ -215,7 +213,8 @@ class _Sequential(beam.PTransform):
         return released | "TagRound" >> beam.Map(tag_round, self._plan.index), user_sets  # (1, item)
 
 
-#: one Beam runner per shape of the registry (privacy.selection.SHAPES); the reference has the same table
+#: the per-element runner of the sequential shape; with _COLUMNAR one Beam runner per shape of the registry
+#: (privacy.selection.SHAPES); the reference has the same table
 _RUNNERS = {"sequential": _Sequential}
 
 
@@ -225,7 +224,7 @@ def _columnar_single(plans, params, seed, counts_plan, rows_per_shard):
     return ColumnarSingleRound(plans[0], params, seed, counts_plan, rows_per_shard)
 
 
-#: the columnar runners (batches of rows; MAD's weighting still runs per element, see _RUNNERS)
+#: the columnar runners of the parallel shapes (batches of rows, docs/columnar.md)
 _COLUMNAR = {
     "single": _columnar_single,
     "dp_sips": ColumnarDPSIPS,
