@@ -68,11 +68,13 @@ byte (``FILE:LINE: binary data ...``), invalid UTF-8 (``FILE:LINE: not valid UTF
 matching file (``allowlist: no file matches PATTERN``) raise :class:`InputFileError`; no entry at
 all raises :class:`EmptyInputError` (``allowlist: no entries in PATTERN ...``): an empty allowlist
 would release nothing.
-Batched reading: :class:`ReadRecordBatches` gives the same records as Arrow record batches (columns
-``user`` and the value's name), with the same errors and skip counts (its ``bad`` output holds one
-count per work item instead of one 1 per record). Uncompressed tsv/jsonl files are split into byte
-ranges read by separate work items; each range is checked in large blocks with numpy/Arrow, and
-only the lines those checks cannot clear go through the per-line rules above (:class:`_LineParser`).
+Two readers: :class:`ReadRecords` (one element per record: the oracle, for tests and benchmarks) and
+:class:`ReadRecordBatches` (what the CLIs use), which gives the same records as Arrow record batches
+(columns ``user`` and the value's name), with the same errors and skip counts (its ``bad`` output
+holds one count per work item instead of one 1 per record). Uncompressed tsv/jsonl files are split
+into byte ranges read by separate work items; each range is checked in large blocks with
+numpy/Arrow, and only the lines those checks cannot clear go through the per-line rules above
+(:class:`_LineParser`).
 Memory: a line is read with a bounded ``readline``; an over-long line is reported as a bad record
 (and skipped in chunks with ``skip_bad_records``) without loading it whole. Decompression produces
 at most about 1 MiB (zstd: 8 MiB) per step, whatever the compression ratio.
@@ -636,7 +638,10 @@ class _LineParser:
 
 
 class ParseFileFn(beam.DoFn):
-    """FileMetadata -> (user, value) records; bad records raise or go to the 'bad' output."""
+    """FileMetadata -> (user, value) records; bad records raise or go to the 'bad' output.
+
+    The per-record oracle of :class:`ReadRecordBatches` (through :class:`ReadRecords`): one line at a
+    time through :class:`_LineParser`, no vectorised check. The CLIs read with ReadRecordBatches."""
 
     BAD = "bad"
 
@@ -705,7 +710,12 @@ class ParseFileFn(beam.DoFn):
 
 
 class ReadRecords(beam.PTransform):
-    """Reads (user, value) records from files matching a pattern.
+    """Reads (user, value) records from files matching a pattern, one Beam element per record.
+
+    The oracle of :class:`ReadRecordBatches`, as ``reference.py`` is for the algorithms: the plain
+    per-line reading that the batched reader must reproduce exactly (records, skip counts, errors;
+    tests/test_io_batches.py). No pipeline of the package reads with it (the CLIs use
+    ReadRecordBatches); it stays for the tests and ``benchmarks/bench_readers.py``.
 
     Returns a ``DoOutputsTuple``-like pair: ``result.records`` ((user, value) PCollection) and
     ``result.bad`` (a PCollection with one 1 per skipped bad record).
