@@ -49,7 +49,7 @@ case "$cmd" in
     out=out
     mkdir -p "$out"
     # --overwrite: this demo replaces its own earlier outputs (release shards, report, charts); without
-    # it a run refuses to start when they exist (README, "Outputs")
+    # it a run refuses to start when they exist (docs/cli.md, "Outputs")
     echo "== select_partitions: MAD-SIPS (the default algorithm) on data/debian_words.tsv.gz (1,754 users), DirectRunner =="
     .venv/bin/python -m pipelines.select_partitions \
       --input data/debian_words.tsv.gz --input_format tsv \

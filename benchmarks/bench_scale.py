@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_scale.py 1e8 basic     # 100M pairs, Arrow tables per 100k-pair chunk
 
 Prints ``[size, algorithm] wall released peak``; run it under ``/usr/bin/time -v`` for the OS's view.
-Used for the 100M-pair point of issue 16 (README, Benchmarks).
+Used for the 100M-pair point of issue 16 (docs/columnar.md, "Packed tables").
 """
 
 import logging

@@ -1,5 +1,5 @@
 """Bad input through the CLIs (issue 9, point 3): a clear error naming the record or parameter, or
-documented handling (pipelines/io.py docstring, README "Bad input"); never a Beam stack trace or a
+documented handling (pipelines/io.py docstring, docs/guarantees.md "Bad input"); never a Beam stack trace or a
 silent loss.
 
 Exit codes: 2 = bad parameter (argparse, message names the parameter), 3 = bad input (message names

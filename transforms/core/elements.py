@@ -6,7 +6,7 @@ elements; ``SelectPartitions`` and ``DPNE`` also take Arrow batches. A Python va
 read as a user and an item; each transform checks every element where it enters and raises
 :class:`InputElementError` naming the expected shape and what it got.
 
-The rules (README "Using the transforms from Python", the same as the command line's readers
+The rules (docs/python_api.md, the same as the command line's readers
 ``pipelines/io.py`` where they apply to Python values):
 
 * an element is a 2-tuple (or a 2-list) ``(user, value)``, or for ``SelectPartitions`` and ``DPNE`` a

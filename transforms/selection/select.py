@@ -70,7 +70,7 @@ class SelectPartitions(beam.PTransform):
 
     Input: PCollection of ``(user, item)`` pairs and/or Arrow ``RecordBatch``/``Table`` elements with
     columns ``user`` and ``item`` (string or binary), checked where they enter
-    (:mod:`transforms.core.elements`; README "Using the transforms from Python"):
+    (:mod:`transforms.core.elements`; docs/python_api.md):
 
     * a pair is a 2-tuple (or 2-list); its user a non-empty ``str``, its item a ``str`` neither empty nor
       only whitespace (line breaks and TABs are accepted: the output is Python values, the CLI rejects
