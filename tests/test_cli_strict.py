@@ -499,8 +499,8 @@ def test_params_fields_without_a_flag_default_keep_the_dataclass_default():
 
 
 def test_readme_table_lists_every_flag_of_the_tables():
-    """README's "Command line" table of the flags each algorithm reads has a row for every entry."""
-    text = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    """docs/cli.md's "Command line" table of the flags each algorithm reads has a row for every entry."""
+    text = open(os.path.join(REPO, "docs", "cli.md"), encoding="utf-8").read()
     section = text[text.index("## Command line") : text.index("## Running `select_partitions`")]
     rows = {}
     for line in section.splitlines():
