@@ -3,6 +3,7 @@
 # ./run_local.sh test   run the full test suite: the main suite, then the engine tests on real Flink and
 #                       Spark (.ci/engines.sh test); with arguments the main suite only (test
 #                       tests/test_x.py: one file; test -k mad -x: pytest options)
+# ./run_local.sh test --quick   the quick tier (tests/quick_tier.txt, a few minutes): between commits
 # Both create .venv (if missing) and install the package with its test, gcp and bench extras.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -32,6 +33,12 @@ case "$cmd" in
     # .venv-engines, whose apache-beam is the job servers' version: .ci/engines.sh fetches what they
     # need (the job servers from Maven Central, apache-beam from PyPI) and runs them; with pytest
     # options: .ci/engines.sh test -k ...
+    # --quick: the quick tier (tests/quick_tier.txt), what to run between commits; not the engines.
+    if [ "${1:-}" = "--quick" ]; then
+      shift
+      mapfile -t quick < <(grep -v '^\s*\(#\|$\)' tests/quick_tier.txt)
+      exec .venv/bin/python -m pytest -q -m "not engines" "${quick[@]}" "$@"
+    fi
     if [ $# -gt 0 ] && [ -e "${1%%::*}" ]; then
       exec .venv/bin/python -m pytest -q -m "not engines" "$@"
     fi
@@ -79,7 +86,7 @@ case "$cmd" in
     fi
     ;;
   *)
-    echo "usage: ./run_local.sh [test [pytest args...]]" >&2
+    echo "usage: ./run_local.sh [test [--quick] [pytest args...]]" >&2
     exit 2
     ;;
 esac
