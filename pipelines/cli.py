@@ -44,8 +44,14 @@ last_result = None
 
 #: Documented errors of a run: each becomes one ``error: ...`` line and exit code 3, never a traceback.
 #: Matched by class name too, because Beam re-raises worker exceptions wrapped in its own types.
-DOCUMENTED_ERRORS = ("BadRecordError", "EmptyInputError", "InputFileError", "SequentialSizeError", "TokenizerError")
-DOCUMENTED_ERRORS += ("OutputWriteError",)  # pipelines/outputs.py: the release's shards or a directory
+DOCUMENTED_ERRORS = (
+    "BadRecordError",
+    "EmptyInputError",
+    "InputFileError",
+    "OutputWriteError",
+    "SequentialSizeError",
+    "TokenizerError",
+)
 
 #: Modules of runners that define their own PipelineOptions subclass (imported when installed, so
 #: their flags count as known); every other runner's options live in apache_beam.options.
@@ -585,10 +591,6 @@ def error_message(exc: BaseException) -> Optional[str]:
         errno_, strerror, filename = found.groups()
         return f"{filename}: {strerror}" if filename else strerror
     return None
-
-
-#: Kept for callers of the earlier name.
-input_error_message = error_message
 
 
 class DocumentedErrorFilter(logging.Filter):
