@@ -2,6 +2,10 @@
 
 import setuptools
 
+_TOP = ("privacy", "transforms", "pipelines")
+# every package under the three folders, e.g. "transforms.core" (installed as dp_partition_beam.transforms.core)
+_PACKAGES = setuptools.find_packages(include=[n for t in _TOP for n in (t, f"{t}.*")])
+
 setuptools.setup(
     name="dp-partition-beam",
     version="0.1.0",
@@ -13,9 +17,11 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.9",
-    packages=setuptools.find_packages(
-        include=["privacy", "privacy.*", "transforms", "transforms.*", "pipelines", "pipelines.*"]
-    ),
+    # The repository keeps privacy/, transforms/ and pipelines/ at the top level; installed, they are
+    # dp_partition_beam.privacy, .transforms and .pipelines (dp_partition_beam is a namespace package:
+    # no top-level name of ours but dp_partition_beam lands in site-packages).
+    packages=[f"dp_partition_beam.{p}" for p in _PACKAGES],
+    package_dir={f"dp_partition_beam.{top}": top for top in _TOP},
     install_requires=[
         "apache-beam>=2.50.0",
         "numpy>=1.24",
@@ -24,11 +30,11 @@ setuptools.setup(
     ],
     entry_points={
         "console_scripts": [
-            "dp-select-partitions=pipelines.select_partitions:main",
-            "dp-extract-ngrams=pipelines.extract_ngrams:main",
-            "dp-bayesian-ngrams=pipelines.bayesian_ngrams:main",
-            "dp-bayesian-eval=pipelines.bayesian_eval:main",
-            "dp-verify-release=pipelines.verify:main",
+            "dp-select-partitions=dp_partition_beam.pipelines.select_partitions:main",
+            "dp-extract-ngrams=dp_partition_beam.pipelines.extract_ngrams:main",
+            "dp-bayesian-ngrams=dp_partition_beam.pipelines.bayesian_ngrams:main",
+            "dp-bayesian-eval=dp_partition_beam.pipelines.bayesian_eval:main",
+            "dp-verify-release=dp_partition_beam.pipelines.verify:main",
         ]
     },
     extras_require={

@@ -9,7 +9,7 @@
 #                                   --flink-master=[local] --job-port 8099, an embedded Flink cluster)
 #   .ci/engines.sh spark [FLAGS]    run the Spark job server in the foreground (default flags:
 #                                   --spark-master-url=local[2] --job-port 8099)
-#   .ci/engines.sh python ARGS      run .venv-engines/bin/python ARGS (e.g. -m pipelines.select_partitions ...)
+#   .ci/engines.sh python ARGS      run .venv-engines/bin/python ARGS (e.g. -m dp_partition_beam.pipelines.select_partitions ...)
 #
 # Why not the job-server jars: Maven Central as reachable here serves no
 # org.apache.beam:beam-runners-{flink-1.19,spark-3}-job-server jar at any version (404), but it serves the

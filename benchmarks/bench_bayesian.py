@@ -17,9 +17,9 @@ import sys
 import time
 from typing import Dict, List
 
-from pipelines.bayesian_eval import evaluate
-from privacy.bayesian import BayesianParams
-from transforms.testing.bayesian_synthetic import synthetic_corpus
+from dp_partition_beam.pipelines.bayesian_eval import evaluate
+from dp_partition_beam.privacy.bayesian import BayesianParams
+from dp_partition_beam.transforms.testing.bayesian_synthetic import synthetic_corpus
 
 EPSILONS = (0.1, 0.2, 0.5, 1.0, 2.0)
 

@@ -27,10 +27,10 @@ from fractions import Fraction
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from privacy.selection import SelectionParams  # noqa: E402
-from transforms import reference  # noqa: E402
-from transforms.core import discrete_gaussian as dg  # noqa: E402
-from transforms.selection import counts_kernels  # noqa: E402
+from dp_partition_beam.privacy.selection import SelectionParams  # noqa: E402
+from dp_partition_beam.transforms import reference  # noqa: E402
+from dp_partition_beam.transforms.core import discrete_gaussian as dg  # noqa: E402
+from dp_partition_beam.transforms.selection import counts_kernels  # noqa: E402
 
 DATASETS = {
     "sample": os.path.join(ROOT, "data", "commits_sample.tsv.gz"),
@@ -150,7 +150,9 @@ def main(argv=None):
     ap.add_argument("--max_contributions", type=int, default=100)
     ap.add_argument("--sampler", action="store_true", help="only measure the sampler's draws/s")
     args = ap.parse_args(argv)
-    logging.getLogger("transforms.core.randomness").setLevel(logging.ERROR)  # seeded on purpose (benchmark)
+    logging.getLogger("dp_partition_beam.transforms.core.randomness").setLevel(
+        logging.ERROR
+    )  # seeded on purpose (benchmark)
     print(f"machine: {os.cpu_count()} cores; load average at start {os.getloadavg()[0]:.2f}")
     if args.sampler:
         bench_sampler()

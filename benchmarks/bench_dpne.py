@@ -30,9 +30,9 @@ from typing import Dict, Sequence
 import numpy as np
 
 from benchmarks.shared_data import shared_data_path
-from privacy.dpne import DPNEParams
-from transforms.dpne.reference import dpne_reference, ngram_user_counts, user_kgrams
-from transforms.testing.synthetic import markov_corpus
+from dp_partition_beam.privacy.dpne import DPNEParams
+from dp_partition_beam.transforms.dpne.reference import dpne_reference, ngram_user_counts, user_kgrams
+from dp_partition_beam.transforms.testing.synthetic import markov_corpus
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -198,8 +198,8 @@ def bench_beam(path: str, mode: str = "in_memory"):
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipelines.extract_ngrams import format_ngram
-    from transforms.dpne.dpne import DPNE
+    from dp_partition_beam.pipelines.extract_ngrams import format_ngram
+    from dp_partition_beam.transforms.dpne.dpne import DPNE
 
     recs = list(read_jsonl(path))
     prm = DPNEParams(epsilon=4.0, delta=1e-7, max_n=6, max_contributions=100, eta=0.01)

@@ -35,9 +35,9 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 import engines  # noqa: E402  (tests/engines.py: starts the job servers)
 
-from privacy.selection import SelectionParams  # noqa: E402
-from transforms.selection.select import SelectPartitions  # noqa: E402
-from transforms.testing.synthetic import zipf_pair_count, zipf_table_of_chunk  # noqa: E402
+from dp_partition_beam.privacy.selection import SelectionParams  # noqa: E402
+from dp_partition_beam.transforms.selection.select import SelectPartitions  # noqa: E402
+from dp_partition_beam.transforms.testing.synthetic import zipf_pair_count, zipf_table_of_chunk  # noqa: E402
 
 USERS_PER_CHUNK = 10_000  # ~100k pairs per chunk, as bench_select.py
 

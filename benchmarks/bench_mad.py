@@ -26,12 +26,12 @@ import numpy as np
 from scipy.stats import norm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from privacy.selection import (
+from dp_partition_beam.privacy.selection import (
     SelectionParams,  # noqa: E402
     plan_rounds,  # noqa: E402
 )
-from transforms import reference  # noqa: E402
-from transforms.testing.synthetic import heavy_light_sets, zipf_pairs  # noqa: E402
+from dp_partition_beam.transforms import reference  # noqa: E402
+from dp_partition_beam.transforms.testing.synthetic import heavy_light_sets, zipf_pairs  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_62 = {"basic": 519, "mad": 610, "dp_sips [0.05,0.15,0.8]": 332, "dp_sips [0.1,0.9]": 514}
@@ -100,7 +100,7 @@ def main():
     args = ap.parse_args()
     import logging
 
-    logging.getLogger("transforms.core.randomness").setLevel(logging.ERROR)  # seeded-run warnings
+    logging.getLogger("dp_partition_beam.transforms.core.randomness").setLevel(logging.ERROR)  # seeded-run warnings
     t0 = time.perf_counter()
     for name in args.datasets:
         run_dataset(name, args.trials)

@@ -30,11 +30,11 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from privacy.selection import SelectionParams, plan_rounds  # noqa: E402
-from transforms import reference  # noqa: E402
-from transforms.selection import policy_kernels  # noqa: E402
-from transforms.selection.select import SelectPartitions  # noqa: E402
-from transforms.testing.synthetic import zipf_pairs, zipf_pairs_of_chunk  # noqa: E402
+from dp_partition_beam.privacy.selection import SelectionParams, plan_rounds  # noqa: E402
+from dp_partition_beam.transforms import reference  # noqa: E402
+from dp_partition_beam.transforms.selection import policy_kernels  # noqa: E402
+from dp_partition_beam.transforms.selection.select import SelectPartitions  # noqa: E402
+from dp_partition_beam.transforms.testing.synthetic import zipf_pairs, zipf_pairs_of_chunk  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALGORITHMS = [
@@ -125,8 +125,8 @@ def kernel_time(n_users, d0):
 MEMORY_CHILD = r"""
 import sys, pickle, tracemalloc
 sys.path.insert(0, sys.argv[3])
-from transforms.selection import policy_kernels
-from transforms.testing.synthetic import zipf_pairs_of_chunk
+from dp_partition_beam.transforms.selection import policy_kernels
+from dp_partition_beam.transforms.testing.synthetic import zipf_pairs_of_chunk
 n_users, d0 = int(sys.argv[1]), int(sys.argv[2])
 # bounded user sets as the single worker receives them (decoded from the shuffle: fresh objects)
 sets = {}

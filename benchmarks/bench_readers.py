@@ -28,7 +28,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from pipelines.io import ReadRecordBatches, ReadRecords, batch_records  # noqa: E402
+from dp_partition_beam.pipelines.io import ReadRecordBatches, ReadRecords, batch_records  # noqa: E402
 
 BUNDLED = os.path.join(REPO, "data", "debian_words.tsv.gz")
 

@@ -11,12 +11,12 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-logging.getLogger("transforms.core.randomness").setLevel(logging.ERROR)
+logging.getLogger("dp_partition_beam.transforms.core.randomness").setLevel(logging.ERROR)
 
 from benchmarks import bench_select  # noqa: E402
 from benchmarks.run_all import own_peak_rss_kb  # noqa: E402
-from privacy import SelectionParams  # noqa: E402
-from transforms.selection.select import SelectPartitions  # noqa: E402
+from dp_partition_beam.privacy import SelectionParams  # noqa: E402
+from dp_partition_beam.transforms.selection.select import SelectPartitions  # noqa: E402
 
 
 def main(argv):

@@ -18,10 +18,10 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from privacy.selection import SelectionParams  # noqa: E402
-from transforms import reference  # noqa: E402
-from transforms.selection.select import SelectPartitions  # noqa: E402
-from transforms.testing.synthetic import (  # noqa: E402
+from dp_partition_beam.privacy.selection import SelectionParams  # noqa: E402
+from dp_partition_beam.transforms import reference  # noqa: E402
+from dp_partition_beam.transforms.selection.select import SelectPartitions  # noqa: E402
+from dp_partition_beam.transforms.testing.synthetic import (  # noqa: E402
     zipf_pair_count,
     zipf_pairs,
     zipf_pairs_of_chunk,

@@ -42,8 +42,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from benchmarks.run_all import _f, coverage, md_table, user_counts, write_csv  # noqa: E402
 from benchmarks.shared_data import read_user_sets, shared_data_path  # noqa: E402
-from privacy.selection import ALGORITHMS, SelectionParams  # noqa: E402
-from transforms.selection import reference  # noqa: E402
+from dp_partition_beam.privacy.selection import ALGORITHMS, SelectionParams  # noqa: E402
+from dp_partition_beam.transforms.selection import reference  # noqa: E402
 
 EPSILON, DELTA, DELTA_0 = 1.0, 1e-5, 100
 COVERAGE_K = (10, 20, 50, 100, 200, 500, 1000)
@@ -255,7 +255,7 @@ def main(argv=None):
     paths = {name: shared_data_path(DATASETS[name]) for name in args.datasets}  # fails before any work
     import logging
 
-    logging.getLogger("transforms.core.randomness").setLevel(logging.ERROR)  # seeded-run warnings
+    logging.getLogger("dp_partition_beam.transforms.core.randomness").setLevel(logging.ERROR)  # seeded-run warnings
     now = datetime.datetime.now(datetime.timezone.utc)
     started = now.strftime("%Y-%m-%d %H:%M")
     os.makedirs(args.out, exist_ok=True)

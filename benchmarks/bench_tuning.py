@@ -27,10 +27,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.bench_dpne import read_jsonl  # noqa: E402
 from benchmarks.bench_mad import load_dataset  # noqa: E402
-from privacy.dpne import DPNEParams  # noqa: E402
-from privacy.selection import SelectionParams  # noqa: E402
-from transforms import reference  # noqa: E402
-from transforms.dpne.reference import dpne_reference, user_kgrams  # noqa: E402
+from dp_partition_beam.privacy.dpne import DPNEParams  # noqa: E402
+from dp_partition_beam.privacy.selection import SelectionParams  # noqa: E402
+from dp_partition_beam.transforms import reference  # noqa: E402
+from dp_partition_beam.transforms.dpne.reference import dpne_reference, user_kgrams  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -143,7 +143,9 @@ def main(argv=None):
     a = ap.parse_args(argv)
     import logging
 
-    logging.getLogger("transforms.core.randomness").setLevel(logging.ERROR)  # seeded-run warnings (as bench_mad)
+    logging.getLogger("dp_partition_beam.transforms.core.randomness").setLevel(
+        logging.ERROR
+    )  # seeded-run warnings (as bench_mad)
     if a.only in (None, "select"):
         bench_select(a.seeds)
     if a.only in (None, "dpne"):

@@ -25,9 +25,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.shared_data import shared_data_path  # noqa: E402
-from privacy.selection import SelectionParams  # noqa: E402
-from transforms import reference  # noqa: E402
-from transforms.testing.synthetic import zipf_pairs  # noqa: E402
+from dp_partition_beam.privacy.selection import SelectionParams  # noqa: E402
+from dp_partition_beam.transforms import reference  # noqa: E402
+from dp_partition_beam.transforms.testing.synthetic import zipf_pairs  # noqa: E402
 
 SHARED = {"imdb": "imdb.user_words.tsv.gz", "higgs": "higgs.user_words.tsv.gz", "commits": "commits.user_words.tsv.gz"}
 SYNTHETIC = {
@@ -73,7 +73,7 @@ def parse_config(text: str):
 
 def split_noise_delta(q: float) -> None:
     """Patches the multi-round planner to give the noise q*delta and the thresholds (1 - q)*delta."""
-    from privacy import accounting, calibration, selection
+    from dp_partition_beam.privacy import accounting, calibration, selection
 
     original = accounting.multi_round_calibration
 

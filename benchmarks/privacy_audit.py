@@ -16,8 +16,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from privacy.audit import expected_epsilon_lower_bound  # noqa: E402
-from transforms.testing import audit  # noqa: E402
+from dp_partition_beam.privacy.audit import expected_epsilon_lower_bound  # noqa: E402
+from dp_partition_beam.transforms.testing import audit  # noqa: E402
 
 
 def main(argv=None):

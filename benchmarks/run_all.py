@@ -52,9 +52,9 @@ sys.path.insert(0, REPO)
 from benchmarks import bench_mad, bench_select  # noqa: E402
 from benchmarks.peers import PEER_STRATEGIES  # noqa: E402
 from benchmarks.shared_data import read_user_sets, shared_data_path  # noqa: E402
-from privacy.selection import ALGORITHMS, SelectionParams  # noqa: E402
-from transforms import reference  # noqa: E402
-from transforms.testing.synthetic import zipf_pair_count  # noqa: E402
+from dp_partition_beam.privacy.selection import ALGORITHMS, SelectionParams  # noqa: E402
+from dp_partition_beam.transforms import reference  # noqa: E402
+from dp_partition_beam.transforms.testing.synthetic import zipf_pair_count  # noqa: E402
 
 EPSILON, DELTA = 1.0, 1e-5
 COVERAGE_K = (10, 20, 50, 100, 200)
@@ -211,7 +211,7 @@ def _one_run(spec):
     """Runs one speed measurement in this (fresh) process; returns a JSON-able dict."""
     import logging
 
-    logging.getLogger("transforms.core.randomness").setLevel(logging.ERROR)
+    logging.getLogger("dp_partition_beam.transforms.core.randomness").setLevel(logging.ERROR)
     tool, n_chunks, mode, upc = spec["tool"], spec["n_chunks"], spec["mode"], spec["users_per_chunk"]
     params = SelectionParams(epsilon=EPSILON, delta=DELTA, max_contributions=spec["max_contributions"])
     t0 = time.perf_counter()
@@ -228,7 +228,7 @@ def _one_run(spec):
             PipelineDPSelect(tool, EPSILON, DELTA, params.max_contributions), n_chunks, mode, upc
         )
     else:
-        from transforms.selection.select import SelectPartitions
+        from dp_partition_beam.transforms.selection.select import SelectPartitions
 
         # ours read Arrow batches (what the CLIs' batched readers produce; the element API is also kept);
         # PipelineDP and read_input get one element per pair, their native input
@@ -744,7 +744,7 @@ def main(argv=None):
 
     import logging
 
-    logging.getLogger("transforms.core.randomness").setLevel(logging.ERROR)  # seeded-run warnings
+    logging.getLogger("dp_partition_beam.transforms.core.randomness").setLevel(logging.ERROR)  # seeded-run warnings
     utility = run_utility(cfg, args.corpus, tools, log)
     write_csv(os.path.join(args.out, "utility.csv"), utility)
     if args.utility_only:

@@ -50,7 +50,7 @@ def read_user_sets(path: str) -> dict:
     """dict user -> [distinct item] of a ``user<TAB>item`` .tsv.gz with a header line (the shared
     corpora's ``*.user_words.tsv.gz``). Lines are split at ``\n`` only: some IMDb items hold C1 control
     characters that universal newlines or ``str.splitlines`` would break (README.mad_datasets.md)."""
-    from transforms.selection.reference import user_sets_from_pairs
+    from dp_partition_beam.transforms.selection.reference import user_sets_from_pairs
 
     with gzip.open(path, "rt", encoding="utf-8", newline="\n") as f:
         next(f)  # header user<TAB>item

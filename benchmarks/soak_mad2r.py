@@ -37,9 +37,9 @@ def run_child(pairs: int, workers: int, out_dir: str) -> None:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from privacy.selection import SelectionParams
-    from transforms.selection.select import SelectPartitions
-    from transforms.testing.synthetic import zipf_pairs_of_chunk
+    from dp_partition_beam.privacy.selection import SelectionParams
+    from dp_partition_beam.transforms.selection.select import SelectPartitions
+    from dp_partition_beam.transforms.testing.synthetic import zipf_pairs_of_chunk
 
     n_users = max(1, pairs // MEAN_DEGREE)
     chunks = max(1, n_users // USERS_PER_CHUNK)

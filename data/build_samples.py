@@ -18,7 +18,7 @@ licence in ``data/README.md``) and writes:
     the public prior of the ``bayesian_ngrams`` demo: ``trigram<TAB>count``, the ``TOP_TRIGRAMS``
     most frequent trigrams (occurrences; ties broken by the trigram string), sorted by trigram, of
     the users that are NOT in the private sample (so the prior is public relative to it), counted
-    with the package's tokenizer (``transforms.ngrams.default_tokenize``) within lines: a trigram
+    with the package's tokenizer (``dp_partition_beam.transforms.core.text.default_tokenize``) within lines: a trigram
     never crosses a line break.
 ``debian_b_packages.txt``
     the 2,500 Debian source packages the corpus was built from (copied unchanged): which packages'
@@ -42,11 +42,12 @@ import random
 import sys
 from typing import Dict, List
 
+from dp_partition_beam.transforms.core.text import default_tokenize, segments  # the package's own tokenizer
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 from benchmarks.shared_data import shared_data_path  # noqa: E402
-from transforms.core.text import default_tokenize, segments  # noqa: E402  (the package's own tokenizer)
 
 SOURCE_TEXT = "debian_b.jsonl.gz"
 SOURCE_WORDS = "debian_b.user_words.tsv.gz"
@@ -206,7 +207,7 @@ def stats_markdown(stats: dict) -> str:
         f"distinct trigrams of its {t['users']:,} users (counts {t['counts'][0]:,} to {t['counts'][1]:,}: "
         f"{t['occurrences'][0]:,} of their {t['occurrences'][1]:,} trigram occurrences); `{PACKAGES_FILE}` one "
         f"source package each. The text columns are over the users' `text` (lines of text = changelog items), "
-        f"tokenised with `transforms.ngrams.default_tokenize`, trigrams within lines.",
+        f"tokenised with `dp_partition_beam.transforms.core.text.default_tokenize`, trigrams within lines.",
     ]
     return "\n".join(rows)
 

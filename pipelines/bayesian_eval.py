@@ -1,6 +1,6 @@
 """Offline evaluation: KL(private || released) of each mechanism vs epsilon (paper Figures 1-3).
 
-    python -m pipelines.bayesian_eval --private data/debian_text.jsonl.gz --input_format jsonl \\
+    python -m dp_partition_beam.pipelines.bayesian_eval --private data/debian_text.jsonl.gz --input_format jsonl \\
         --public data/bayesian_public_trigrams.tsv.gz [--epsilons 0.1,0.2,0.5,1,2] [--repeats 5] \\
         [--mechanisms bayesian,laplace,laplace_public] [--C 1 --W 100 --S 1 --rho 0.5 | --tune] \\
         [--distribution NAME=PATH ...] [--seed 0]
@@ -24,12 +24,12 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines import cli
-from pipelines.io import INPUT_FORMATS, ParseFileFn, load_public_counts
-from privacy.bayesian import MECHANISMS, BayesianParams
-from transforms.bayesian import bayesian_kernels as K
-from transforms.bayesian.reference import release_from_user_counts, user_counts_from_texts
-from transforms.core import randomness
+from dp_partition_beam.pipelines import cli
+from dp_partition_beam.pipelines.io import INPUT_FORMATS, ParseFileFn, load_public_counts
+from dp_partition_beam.privacy.bayesian import MECHANISMS, BayesianParams
+from dp_partition_beam.transforms.bayesian import bayesian_kernels as K
+from dp_partition_beam.transforms.bayesian.reference import release_from_user_counts, user_counts_from_texts
+from dp_partition_beam.transforms.core import randomness
 
 
 def read_user_texts(pattern: str, input_format: str, user_column: str, text_column: str) -> Dict[str, List[str]]:
@@ -130,7 +130,7 @@ def read_distribution(path: str, prior: K.PublicPrior) -> np.ndarray:
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.new_parser(
-        "python -m pipelines.bayesian_eval",
+        "dp-bayesian-eval",
         "KL(private || mechanism) vs epsilon (offline, NOT private).",
         beam_options=False,  # in memory: no Beam option applies
     )

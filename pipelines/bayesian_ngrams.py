@@ -1,6 +1,6 @@
 """Release an n-gram probability distribution over a public vocabulary (Bayesian DP paper, Alg. 1-2).
 
-    python -m pipelines.bayesian_ngrams --private data/debian_text.jsonl.gz --input_format jsonl \\
+    python -m dp_partition_beam.pipelines.bayesian_ngrams --private data/debian_text.jsonl.gz --input_format jsonl \\
         --public data/bayesian_public_trigrams.tsv.gz --output out/trigram_probs --report out/bayes.json \\
         --epsilon 1 [--delta 1e-5 (mechanism bayesian only)] [--n 3] [--mechanism bayesian|laplace|laplace_public] \\
         [--C 1] [--W 100] [--S 1 --rho 0.5 | --tune [--S_grid ...] [--rho_grid ...] \\
@@ -35,10 +35,16 @@ from typing import List, Optional
 
 import apache_beam as beam
 
-from pipelines import cli, observability, outputs
-from pipelines.io import FailIfEmpty, ReadRecordBatches, RecordsRead, batch_records, load_public_counts
-from privacy.bayesian import FIELD_USE, MECHANISMS, BayesianParams
-from transforms.bayesian.bayesian import BayesianNgrams
+from dp_partition_beam.pipelines import cli, observability, outputs
+from dp_partition_beam.pipelines.io import (
+    FailIfEmpty,
+    ReadRecordBatches,
+    RecordsRead,
+    batch_records,
+    load_public_counts,
+)
+from dp_partition_beam.privacy.bayesian import FIELD_USE, MECHANISMS, BayesianParams
+from dp_partition_beam.transforms.bayesian.bayesian import BayesianNgrams
 
 GUARANTEE = {
     "data-dependent": (
@@ -86,7 +92,7 @@ def data_dependent_warning(mechanism: str) -> Optional[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.new_parser(
-        "python -m pipelines.bayesian_ngrams",
+        "dp-bayesian-ngrams",
         "DP n-gram probability distribution over a public vocabulary with a public prior "
         "(Bayesian DP, Laplace baselines) on Beam.",
     )

@@ -31,13 +31,13 @@ import threading
 import typing
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
-from pipelines import observability, outputs, runner
-from pipelines.io import (
+from dp_partition_beam.pipelines import observability, outputs, runner
+from dp_partition_beam.pipelines.io import (
     DEFAULT_MAX_ITEM_LENGTH,
     DEFAULT_MAX_TEXT_LENGTH,
     INPUT_FORMATS,
 )
-from transforms.core import text as tx
+from dp_partition_beam.transforms.core import text as tx
 
 # The PipelineResult of the most recent run_main in this process (tests read its Beam metrics).
 last_result = None
@@ -749,7 +749,7 @@ def run_pipeline_main(
     if args.diagnostics:
         print(f"NON-PRIVATE diagnostics (exact input counts, not DP; keep private): {args.diagnostics}")
     if args.plots or args.evaluate_against:
-        from pipelines import reporting  # matplotlib and the evaluation job only when asked for
+        from dp_partition_beam.pipelines import reporting  # matplotlib and the evaluation job only when asked for
 
         for path in reporting.produce(report, args, options, evaluation, parser.prog):
             print(f"wrote {path}")

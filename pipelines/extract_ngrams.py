@@ -1,6 +1,6 @@
 """Release the n-grams of user-level text under user-level (epsilon, delta)-DP (DPNE and baselines).
 
-    python -m pipelines.extract_ngrams --input data/debian_text.jsonl.gz --input_format jsonl \\
+    python -m dp_partition_beam.pipelines.extract_ngrams --input data/debian_text.jsonl.gz --input_format jsonl \\
         --output out/ngrams --report out/ngrams_report.json \\
         --max_n 9 --epsilon 4 --delta 1e-7 --max_contributions 300 \\
         [--algorithm dpne|dpsu_all|dpsu_even|dpsu_single] [--weighting weighted_gaussian|mad] \\
@@ -28,17 +28,17 @@ from typing import List, Optional
 
 import apache_beam as beam
 
-from pipelines import cli, io, observability, outputs
-from pipelines.io import FailIfEmpty, ReadRecordBatches, RecordsRead, batch_records
-from pipelines.reporting import Evaluation
-from privacy.dpne import DPNE_ALGORITHMS, FIELD_USE, DPNEParams, release_privacy
-from transforms.core import text as tx
-from transforms.dpne.dpne import DPNE
+from dp_partition_beam.pipelines import cli, io, observability, outputs
+from dp_partition_beam.pipelines.io import FailIfEmpty, ReadRecordBatches, RecordsRead, batch_records
+from dp_partition_beam.pipelines.reporting import Evaluation
+from dp_partition_beam.privacy.dpne import DPNE_ALGORITHMS, FIELD_USE, DPNEParams, release_privacy
+from dp_partition_beam.transforms.core import text as tx
+from dp_partition_beam.transforms.dpne.dpne import DPNE
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.new_parser(
-        "python -m pipelines.extract_ngrams",
+        "dp-extract-ngrams",
         "User-level DP n-gram extraction (DPNE; DPSU-all/-even/-single baselines) on Beam.",
     )
     cli.add_input_args(p, "text")

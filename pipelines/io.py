@@ -101,7 +101,7 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.bayesian.bayesian_kernels import PublicPrior
+from dp_partition_beam.transforms.bayesian.bayesian_kernels import PublicPrior
 
 INPUT_FORMATS = ("tsv", "jsonl", "parquet")
 # Default --max_item_length (select_partitions) and --max_text_length (extract_ngrams), in characters.

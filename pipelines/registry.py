@@ -35,7 +35,7 @@ class PipelineSpec:
     input_flag: str = "input"  # the flag naming the private input files
 
     def module(self):
-        return importlib.import_module(f"pipelines.{self.name}")
+        return importlib.import_module(f"dp_partition_beam.pipelines.{self.name}")
 
 
 PIPELINES: Tuple[PipelineSpec, ...] = (

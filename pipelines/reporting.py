@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, Iterable, List, Tuple
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from pipelines import outputs, runner
+from dp_partition_beam.pipelines import outputs, runner
 
 EVAL_WARNING = (
     "NON-PRIVATE evaluation: computed from the true data (exact item frequencies). Not "

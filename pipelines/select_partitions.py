@@ -1,6 +1,6 @@
 """Release the items of (user, item) data under user-level (epsilon, delta)-DP.
 
-    python -m pipelines.select_partitions --input 'data/*.tsv' --input_format tsv \\
+    python -m dp_partition_beam.pipelines.select_partitions --input 'data/*.tsv' --input_format tsv \\
         --output out/items --report out/report.json \\
         --algorithm mad2r --epsilon 1 --delta 1e-5 --max_contributions 100 \\
         [--runner DataflowRunner --project P --region R --temp_location gs://... --setup_file ./setup.py]
@@ -22,18 +22,18 @@ from typing import List, Optional
 
 import apache_beam as beam
 
-from pipelines import cli, io, observability, outputs
-from pipelines.io import FailIfEmpty, ReadRecordBatches, RecordsRead, batch_records
-from pipelines.reporting import Evaluation
-from privacy.selection import ALGORITHMS, FIELD_USE, SEQUENTIAL_ALGORITHMS, SelectionParams
-from privacy.validation import ParamUse, needs
-from transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
-from transforms.selection.select import SelectPartitions
+from dp_partition_beam.pipelines import cli, io, observability, outputs
+from dp_partition_beam.pipelines.io import FailIfEmpty, ReadRecordBatches, RecordsRead, batch_records
+from dp_partition_beam.pipelines.reporting import Evaluation
+from dp_partition_beam.privacy.selection import ALGORITHMS, FIELD_USE, SEQUENTIAL_ALGORITHMS, SelectionParams
+from dp_partition_beam.privacy.validation import ParamUse, needs
+from dp_partition_beam.transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
+from dp_partition_beam.transforms.selection.select import SelectPartitions
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.new_parser(
-        "python -m pipelines.select_partitions",
+        "dp-select-partitions",
         "User-level DP partition selection (Basic, Laplace/count baselines, MAD, MAD2R, DP-SIPS, "
         "sequential PolicyGaussian/PolicyLaplace) on Beam.",
     )

@@ -1,4 +1,4 @@
-"""Check that a release is complete and unchanged: ``python -m pipelines.verify REPORT``.
+"""Check that a release is complete and unchanged: ``python -m dp_partition_beam.pipelines.verify REPORT``.
 
 A run writes its report last, listing every shard of its release with its size and sha256
 (:func:`pipelines.outputs.write_report`). This command reads the report and checks each listed shard
@@ -52,9 +52,7 @@ def problems(report: dict) -> List[str]:
 
 
 def run(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipelines.verify", description=__doc__.split("\n\n")[0], allow_abbrev=False
-    )
+    parser = argparse.ArgumentParser(prog="dp-verify-release", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("report", help="the JSON report of a run (--report)")
     args = parser.parse_args(argv)
     try:

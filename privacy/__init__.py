@@ -2,7 +2,7 @@
 
 The public API::
 
-    from privacy import SelectionParams, DPNEParams, BayesianParams, PrivacyBudget, ALGORITHMS
+    from dp_partition_beam.privacy import SelectionParams, DPNEParams, BayesianParams, PrivacyBudget, ALGORITHMS
 
 One module per family holds its validated, frozen parameter class and its calibration plan
 (``selection.py``, ``dpne.py``, ``bayesian.py``); ``calibration.py`` (analytic Gaussian mechanism,
@@ -12,11 +12,18 @@ accounting and budget split of the released counts (docs/counts.md); ``audit.py`
 the empirical privacy audit.
 """
 
-from privacy.bayesian import BayesianParams
-from privacy.counts import CountPlan
-from privacy.dpne import DPNEParams
-from privacy.selection import ALGORITHMS, AlgorithmSpec, RoundPlan, SelectionParams, plan_counts, plan_rounds
-from privacy.validation import PrivacyBudget
+from dp_partition_beam.privacy.bayesian import BayesianParams
+from dp_partition_beam.privacy.counts import CountPlan
+from dp_partition_beam.privacy.dpne import DPNEParams
+from dp_partition_beam.privacy.selection import (
+    ALGORITHMS,
+    AlgorithmSpec,
+    RoundPlan,
+    SelectionParams,
+    plan_counts,
+    plan_rounds,
+)
+from dp_partition_beam.privacy.validation import PrivacyBudget
 
 __all__ = [
     "SelectionParams",

@@ -39,13 +39,13 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from privacy.calibration import (
+from dp_partition_beam.privacy.calibration import (
     Calibration,
     analytic_gaussian_sigma,
     gaussian_epsilon,
     gaussian_threshold,
 )
-from privacy.validation import check_choice, check_fractions, check_int, check_range
+from dp_partition_beam.privacy.validation import check_choice, check_fractions, check_int, check_range
 
 #: multi-round accounting: exact Gaussian-DP composition (default) or the paper's basic split
 ACCOUNTINGS = ("gdp", "basic")

@@ -24,7 +24,7 @@ from typing import Tuple
 
 from scipy import stats
 
-from privacy.validation import check_int, check_range
+from dp_partition_beam.privacy.validation import check_int, check_range
 
 
 def clopper_pearson(successes: int, trials: int, alpha: float) -> Tuple[float, float]:

@@ -16,7 +16,15 @@ import dataclasses
 import math
 from typing import Tuple
 
-from privacy.validation import DELTA_RANGE, EPSILON_RANGE, check_choice, check_int, check_range, needs, use_table
+from dp_partition_beam.privacy.validation import (
+    DELTA_RANGE,
+    EPSILON_RANGE,
+    check_choice,
+    check_int,
+    check_range,
+    needs,
+    use_table,
+)
 
 MECHANISMS = ("bayesian", "laplace", "laplace_public")
 SENSITIVITIES = ("brute_force", "bound")

@@ -42,7 +42,7 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 from scipy import optimize, special
 
-from privacy.validation import check_int, check_range
+from dp_partition_beam.privacy.validation import check_int, check_range
 
 __all__ = [
     "Calibration",

@@ -32,7 +32,7 @@ from typing import Sequence, Tuple
 
 import numpy as np
 
-from privacy.validation import check_int, check_range
+from dp_partition_beam.privacy.validation import check_int, check_range
 
 __all__ = [
     "DEFAULT_CAP_QUANTILE",

@@ -60,8 +60,8 @@ from typing import Callable, Optional
 import numpy as np
 from scipy import optimize, special
 
-from privacy.calibration import analytic_gaussian_sigma, gaussian_epsilon, gaussian_log_delta
-from privacy.validation import check_choice, check_int, check_range
+from dp_partition_beam.privacy.calibration import analytic_gaussian_sigma, gaussian_epsilon, gaussian_log_delta
+from dp_partition_beam.privacy.validation import check_choice, check_int, check_range
 
 __all__ = [
     "DEFAULT_COUNT_BUDGET",

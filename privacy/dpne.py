@@ -45,10 +45,16 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from scipy import special
 
-from privacy import counts
-from privacy.accounting import gdp_compose, geometric_sigma_schedule
-from privacy.calibration import analytic_gaussian_sigma, gaussian_delta, gaussian_epsilon, gaussian_threshold, mad_tau
-from privacy.validation import (
+from dp_partition_beam.privacy import counts
+from dp_partition_beam.privacy.accounting import gdp_compose, geometric_sigma_schedule
+from dp_partition_beam.privacy.calibration import (
+    analytic_gaussian_sigma,
+    gaussian_delta,
+    gaussian_epsilon,
+    gaussian_threshold,
+    mad_tau,
+)
+from dp_partition_beam.privacy.validation import (
     DELTA_RANGE,
     EPSILON_RANGE,
     Condition,

@@ -40,9 +40,9 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from privacy import accounting, calibration, counts
-from privacy import cap as cap_plans
-from privacy.validation import (
+from dp_partition_beam.privacy import accounting, calibration, counts
+from dp_partition_beam.privacy import cap as cap_plans
+from dp_partition_beam.privacy.validation import (
     Condition,
     PrivacyBudget,
     check_bool,

@@ -8,7 +8,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 
-from transforms.testing.beam import format_tsv
+from dp_partition_beam.transforms.testing.beam import format_tsv
 
 
 def options(mode="in_memory", workers=None):

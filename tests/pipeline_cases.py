@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from pipelines import registry
+from dp_partition_beam.pipelines import registry
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # tsv: ~195 users of data/debian_words.tsv.gz (sorted by user), enough for the seeded mad2r demo run to
@@ -51,7 +51,7 @@ def cli_args(spec, input_path, out_dir, *extra):
 
 def run_cli(spec, argv, timeout=600):
     return subprocess.run(
-        [sys.executable, "-m", f"pipelines.{spec.name}", *argv],
+        [sys.executable, "-m", f"dp_partition_beam.pipelines.{spec.name}", *argv],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privacy.accounting import (
+from dp_partition_beam.privacy.accounting import (
     gdp_compose,
     gdp_round_sigmas,
     geometric_sigma_schedule,
     multi_round_calibration,
     split_budget,
 )
-from privacy.calibration import (
+from dp_partition_beam.privacy.calibration import (
     Calibration,
     analytic_gaussian_sigma,
     gaussian_delta,
@@ -216,7 +216,7 @@ def test_multi_round_h_per_round():
 
 
 def test_multi_round_single_round_equals_single_calibration():
-    from privacy.calibration import calibrate_weighted_gaussian
+    from dp_partition_beam.privacy.calibration import calibrate_weighted_gaussian
 
     single = calibrate_weighted_gaussian(1.0, 1e-5, 100)
     for acc in ("gdp", "basic"):

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privacy import calibration
-from privacy import cap as cap_plans
-from privacy.cap import CapPlan, cap_grid, choose_cap, degree_buckets, degree_histogram
-from privacy.selection import (
+from dp_partition_beam.privacy import calibration
+from dp_partition_beam.privacy import cap as cap_plans
+from dp_partition_beam.privacy.cap import CapPlan, cap_grid, choose_cap, degree_buckets, degree_histogram
+from dp_partition_beam.privacy.selection import (
     SelectionParams,
     adaptive_cap_sigmas,
     algorithm_spec,
@@ -21,9 +21,9 @@ from privacy.selection import (
     plan_rounds,
     resolve_params,
 )
-from transforms import reference
-from transforms.selection.reference import mad_sips_round
-from transforms.selection.select import SelectPartitions
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.selection.reference import mad_sips_round
+from dp_partition_beam.transforms.selection.select import SelectPartitions
 
 from beam_helpers import collect
 from conftest import pairs_of
@@ -145,7 +145,7 @@ def test_a_cap_too_small_by_noise_alone_is_rare():
     hist[0] = 250_000
     allowance = (1 - plan.quantile) * 250_000
     hist[j11 + 1] = int(allowance + 3 * sd) + 1  # all just above 11
-    from transforms.selection.columnar_kernels import noisy_cap
+    from dp_partition_beam.transforms.selection.columnar_kernels import noisy_cap
 
     caps = [noisy_cap(hist, plan, seed, None) for seed in range(300)]
     assert min(caps) > 11 and max(caps) <= 100

@@ -16,18 +16,18 @@ import tokenizers_for_tests as bad_tok
 from test_cli_bayesian import PRIOR as CLI_PRIOR
 from test_cli_bayesian import write_private, write_public
 
-from pipelines import bayesian_ngrams, extract_ngrams
-from privacy import BayesianParams, DPNEParams, SelectionParams
-from transforms import DPNE, BayesianNgrams, SelectPartitions, reference
-from transforms.bayesian import bayesian_kernels as BK
-from transforms.bayesian.bayesian import UserNgramCountsFn
-from transforms.core import elements as E
-from transforms.core import text as tx
-from transforms.core.batches import _ToBatchesFn, normalise_batch
-from transforms.core.fingerprint import from_key_bytes
-from transforms.dpne import columnar_kernels as CK
-from transforms.dpne.dpne import ToTextBatchesFn
-from transforms.selection.select import AsPairsFn
+from dp_partition_beam.pipelines import bayesian_ngrams, extract_ngrams
+from dp_partition_beam.privacy import BayesianParams, DPNEParams, SelectionParams
+from dp_partition_beam.transforms import DPNE, BayesianNgrams, SelectPartitions, reference
+from dp_partition_beam.transforms.bayesian import bayesian_kernels as BK
+from dp_partition_beam.transforms.bayesian.bayesian import UserNgramCountsFn
+from dp_partition_beam.transforms.core import elements as E
+from dp_partition_beam.transforms.core import text as tx
+from dp_partition_beam.transforms.core.batches import _ToBatchesFn, normalise_batch
+from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
+from dp_partition_beam.transforms.dpne import columnar_kernels as CK
+from dp_partition_beam.transforms.dpne.dpne import ToTextBatchesFn
+from dp_partition_beam.transforms.selection.select import AsPairsFn
 
 from beam_helpers import collect, make_test_pipeline
 

@@ -6,9 +6,8 @@ import re
 
 import pytest
 
-import privacy
-import transforms
-from privacy.selection import ALGORITHMS, SHAPES, SelectionParams, plan_rounds
+from dp_partition_beam import privacy, transforms
+from dp_partition_beam.privacy.selection import ALGORITHMS, SHAPES, SelectionParams, plan_rounds
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -27,8 +26,8 @@ def _imports(path: pathlib.Path):
 
 
 def test_public_api_is_declared_and_importable():
-    from privacy import BayesianParams, DPNEParams, SelectionParams  # noqa: F401
-    from transforms import DPNE, BayesianNgrams, SelectPartitions, reference  # noqa: F401
+    from dp_partition_beam.privacy import BayesianParams, DPNEParams, SelectionParams  # noqa: F401
+    from dp_partition_beam.transforms import DPNE, BayesianNgrams, SelectPartitions, reference  # noqa: F401
 
     for package in (privacy, transforms, transforms.reference):
         assert package.__all__, package.__name__
@@ -67,7 +66,11 @@ def test_beam_code_never_imports_a_reference_or_test_support():
         rel = path.relative_to(ROOT)
         if path.name == "reference.py" or rel.parts[1] == "testing" or rel == pathlib.Path("transforms/__init__.py"):
             continue
-        bad = {m for m in _imports(path) if m.endswith(".reference") or m.startswith("transforms.testing")}
+        bad = {
+            m
+            for m in _imports(path)
+            if m.endswith(".reference") or m.startswith("dp_partition_beam.transforms.testing")
+        }
         assert not bad, f"{rel} imports {sorted(bad)}"
 
 
@@ -80,9 +83,9 @@ def test_privacy_is_pure_math():
 def test_every_registry_entry_is_complete():
     """A new algorithm is one registry entry (+ its kernel, Beam transform and reference): the plan,
     both runners, the CLI choices, the audit and the docs table come from or are checked against it."""
-    from transforms.selection import reference as selection_reference
-    from transforms.selection import select
-    from transforms.testing import audit
+    from dp_partition_beam.transforms.selection import reference as selection_reference
+    from dp_partition_beam.transforms.selection import select
+    from dp_partition_beam.transforms.testing import audit
 
     params = SelectionParams(epsilon=1.0, delta=1e-5, budget_split=(0.5, 0.5))
     tip_cases = {c.algorithm for c in audit.standard_cases() if c.name.endswith("/tip")}

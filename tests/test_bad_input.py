@@ -16,12 +16,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import extract_ngrams, select_partitions
-from privacy.dpne import DPNEParams
-from privacy.selection import SelectionParams
-from transforms import reference
-from transforms.core import randomness
-from transforms.dpne.reference import dpne_reference
+from dp_partition_beam.pipelines import extract_ngrams, select_partitions
+from dp_partition_beam.privacy.dpne import DPNEParams
+from dp_partition_beam.privacy.selection import SelectionParams
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.dpne.reference import dpne_reference
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PARAMS = SelectionParams(2.0, 1e-4, max_contributions=8)
@@ -116,7 +116,7 @@ def test_input_errors_print_one_line_not_a_beam_stack_trace(tmp_path):
         [
             sys.executable,
             "-m",
-            "pipelines.select_partitions",
+            "dp_partition_beam.pipelines.select_partitions",
             "--input",
             str(path),
             "--input_format",
@@ -400,7 +400,7 @@ def test_ngrams_reference_agrees_on_good_input_after_bad_input_checks(tmp_path):
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from pipelines.io import read_lines  # noqa: E402
+from dp_partition_beam.pipelines.io import read_lines  # noqa: E402
 
 
 class _Stream:

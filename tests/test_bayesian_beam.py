@@ -7,10 +7,10 @@ import apache_beam as beam
 import numpy as np
 import pytest
 
-from privacy.bayesian import BayesianParams
-from transforms.bayesian import bayesian_kernels as K
-from transforms.bayesian.bayesian import BayesianNgrams
-from transforms.bayesian.reference import release
+from dp_partition_beam.privacy.bayesian import BayesianParams
+from dp_partition_beam.transforms.bayesian import bayesian_kernels as K
+from dp_partition_beam.transforms.bayesian.bayesian import BayesianNgrams
+from dp_partition_beam.transforms.bayesian.reference import release
 
 from beam_helpers import collect
 

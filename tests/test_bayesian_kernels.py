@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines.bayesian_eval import evaluate
-from privacy.bayesian import BayesianParams, check_mechanism
-from transforms import BayesianNgrams
-from transforms.bayesian import bayesian_kernels as K
-from transforms.bayesian.bayesian_kernels import candidate_log_thetas
-from transforms.bayesian.reference import release_from_user_counts
-from transforms.testing.bayesian_synthetic import synthetic_corpus
+from dp_partition_beam.pipelines.bayesian_eval import evaluate
+from dp_partition_beam.privacy.bayesian import BayesianParams, check_mechanism
+from dp_partition_beam.transforms import BayesianNgrams
+from dp_partition_beam.transforms.bayesian import bayesian_kernels as K
+from dp_partition_beam.transforms.bayesian.bayesian_kernels import candidate_log_thetas
+from dp_partition_beam.transforms.bayesian.reference import release_from_user_counts
+from dp_partition_beam.transforms.testing.bayesian_synthetic import synthetic_corpus
 
 
 @st.composite

@@ -13,8 +13,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 from benchmarks import bench_table2  # noqa: E402
 from benchmarks.shared_data import read_user_sets  # noqa: E402
-from privacy.selection import SelectionParams  # noqa: E402
-from transforms.selection import reference  # noqa: E402
+from dp_partition_beam.privacy.selection import SelectionParams  # noqa: E402
+from dp_partition_beam.transforms.selection import reference  # noqa: E402
 
 SEEDS = [0, 1, 2]
 ORIGINAL_BOUND = reference.bound_contributions
@@ -27,7 +27,7 @@ def sets():
 
     The seeded-run warnings are silenced for this module only (the level is restored: other test files
     assert that the warning is logged)."""
-    logger = logging.getLogger("transforms.core.randomness")
+    logger = logging.getLogger("dp_partition_beam.transforms.core.randomness")
     level = logger.level
     logger.setLevel(logging.ERROR)
     yield {f"u{u}": [f"h{j}" for j in range(30) if u < 10 * (j + 1)] + [f"p{u}"] for u in range(300)}

@@ -16,7 +16,7 @@ import zlib
 
 import pytest
 
-from transforms.core.text import default_tokenize, segments
+from dp_partition_beam.transforms.core.text import default_tokenize, segments
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(REPO, "data")

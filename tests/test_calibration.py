@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import special, stats
 
-from privacy import calibration
-from privacy.calibration import (
+from dp_partition_beam.privacy import calibration
+from dp_partition_beam.privacy.calibration import (
     Calibration,
     analytic_gaussian_sigma,
     calibrate_count_gaussian,

@@ -1,4 +1,4 @@
-"""End-to-end tests of ``python -m pipelines.bayesian_ngrams`` and ``python -m pipelines.bayesian_eval``."""
+"""End-to-end tests of ``dp-bayesian-ngrams`` and ``dp-bayesian-eval`` (run as ``python -m`` modules)."""
 
 import glob
 import gzip
@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 from test_bayesian_beam import PRIOR, TEXTS
 
-from pipelines import bayesian_eval, bayesian_ngrams
-from privacy.bayesian import BayesianParams
-from transforms.bayesian.reference import release
+from dp_partition_beam.pipelines import bayesian_eval, bayesian_ngrams
+from dp_partition_beam.privacy.bayesian import BayesianParams
+from dp_partition_beam.transforms.bayesian.reference import release
 
 
 def write_private(tmp_path, fmt):

@@ -13,9 +13,9 @@ import sys
 
 import pytest
 
-from pipelines import bayesian_eval, bayesian_ngrams, cli, extract_ngrams, registry, select_partitions
-from privacy import BayesianParams, DPNEParams, SelectionParams
-from privacy.selection import ALGORITHMS
+from dp_partition_beam.pipelines import bayesian_eval, bayesian_ngrams, cli, extract_ngrams, registry, select_partitions
+from dp_partition_beam.privacy import BayesianParams, DPNEParams, SelectionParams
+from dp_partition_beam.privacy.selection import ALGORITHMS
 
 from pipeline_cases import PIPELINES, REPO, cli_args, cut_sample, sample_args
 
@@ -49,7 +49,11 @@ def base_argv(name, tmp_path):
 
 def run_module(name, argv):
     return subprocess.run(
-        [sys.executable, "-m", f"pipelines.{name}", *argv], cwd=REPO, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", f"dp_partition_beam.pipelines.{name}", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 

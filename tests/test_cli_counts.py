@@ -7,12 +7,12 @@ import random
 
 import pytest
 
-from pipelines import extract_ngrams, select_partitions
-from privacy.dpne import DPNEParams
-from privacy.selection import SelectionParams, plan_counts
-from transforms import reference
-from transforms.dpne.reference import dpne_reference
-from transforms.testing.synthetic import markov_corpus
+from dp_partition_beam.pipelines import extract_ngrams, select_partitions
+from dp_partition_beam.privacy.dpne import DPNEParams
+from dp_partition_beam.privacy.selection import SelectionParams, plan_counts
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.dpne.reference import dpne_reference
+from dp_partition_beam.transforms.testing.synthetic import markov_corpus
 
 from conftest import random_user_sets
 

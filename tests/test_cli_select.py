@@ -1,4 +1,4 @@
-"""End-to-end tests of ``python -m pipelines.select_partitions``."""
+"""End-to-end tests of ``python -m dp_partition_beam.pipelines.select_partitions``."""
 
 import glob
 import gzip
@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import select_partitions
-from privacy.selection import SelectionParams
-from transforms import reference
+from dp_partition_beam.pipelines import select_partitions
+from dp_partition_beam.privacy.selection import SelectionParams
+from dp_partition_beam.transforms import reference
 
 from conftest import random_user_sets
 
@@ -226,7 +226,7 @@ def test_cli_subprocess_same_items_in_memory_and_multi_processing(tmp_path):
         cmd = [
             sys.executable,
             "-m",
-            "pipelines.select_partitions",
+            "dp_partition_beam.pipelines.select_partitions",
             "--input",
             path,
             "--input_format",

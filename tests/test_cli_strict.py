@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from pipelines import bayesian_eval, bayesian_ngrams, cli, extract_ngrams, registry, select_partitions
-from privacy import bayesian, dpne, selection
+from dp_partition_beam.pipelines import bayesian_eval, bayesian_ngrams, cli, extract_ngrams, registry, select_partitions
+from dp_partition_beam.privacy import bayesian, dpne, selection
 
 from pipeline_cases import REPO, cut_sample
 
@@ -34,6 +34,11 @@ BASE = {
     "bayesian_ngrams": {"--n": "3", "--epsilon": "1", "--delta": "1e-5", "--C": "1", "--W": "100"},
     "bayesian_eval": {"--epsilons": "1", "--repeats": "1", "--mechanisms": "laplace"},
 }
+
+
+def _script(name):
+    """The console script of a CLI module, the prog its errors start with: select_partitions -> dp-select-partitions."""
+    return "dp-" + name.replace("_", "-")
 
 
 def argv(name, tmp_path, changes=None, extra=()):
@@ -74,7 +79,7 @@ def assert_one_line_error(name, tmp_path, capsys, args, message):
         MODULES[name].run(args)
     captured = capsys.readouterr()
     assert e.value.code == 2, captured.err
-    assert captured.err.splitlines() == [f"python -m pipelines.{name}: error: {message}"], captured.err
+    assert captured.err.splitlines() == [f"{_script(name)}: error: {message}"], captured.err
     assert captured.out == ""
     assert files_under(tmp_path) == before  # nothing written, in out/ or anywhere else
     assert not (tmp_path / "out").exists()
@@ -462,15 +467,23 @@ def test_a_parameter_error_is_one_line_naming_parameter_value_and_range(name, ch
 def test_the_real_command_prints_no_usage_block_but_help_does(name, tmp_path):
     args = argv(name, tmp_path, extra=["--epsilon" if name != "bayesian_eval" else "--repeats", "1"])
     proc = subprocess.run(
-        [sys.executable, "-m", f"pipelines.{name}", *args], cwd=REPO, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", f"dp_partition_beam.pipelines.{name}", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 2
     (line,) = proc.stderr.splitlines()  # one line: no usage block, no traceback
-    assert line.startswith(f"python -m pipelines.{name}: error: ") and " given twice (" in line, line
+    assert line.startswith(f"{_script(name)}: error: ") and " given twice (" in line, line
     assert "usage:" not in proc.stderr and proc.stdout == ""
     assert not (tmp_path / "out").exists()
     proc = subprocess.run(
-        [sys.executable, "-m", f"pipelines.{name}", "--help"], cwd=REPO, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", f"dp_partition_beam.pipelines.{name}", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0 and proc.stdout.startswith("usage: ")
     assert ("--epsilon EPSILON" if name != "bayesian_eval" else "--private PRIVATE") in proc.stdout.split("\n\n")[0]

@@ -13,13 +13,13 @@ import pyarrow as pa
 import pytest
 from apache_beam.transforms import window
 
-from privacy.selection import SelectionParams
-from transforms import reference
-from transforms.core.batches import pairs_table, unpacked
-from transforms.core.fingerprint import from_key_bytes
-from transforms.selection import columnar_kernels as C
-from transforms.selection.columnar import BasicPartialsFn, MADWeightsColumnar
-from transforms.selection.select import SelectPartitions
+from dp_partition_beam.privacy.selection import SelectionParams
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.core.batches import pairs_table, unpacked
+from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
+from dp_partition_beam.transforms.selection import columnar_kernels as C
+from dp_partition_beam.transforms.selection.columnar import BasicPartialsFn, MADWeightsColumnar
+from dp_partition_beam.transforms.selection.select import SelectPartitions
 
 from beam_helpers import collect, collect_pairs
 
@@ -40,7 +40,7 @@ def _as_batches(pairs, size, kind):
 
 @pytest.mark.parametrize("algorithm", ["basic", "count_laplace", "mad", "mad2r", "dp_sips"])
 def test_batch_input_equals_element_input_and_the_reference(algorithm, monkeypatch):
-    from transforms.core import batches
+    from dp_partition_beam.transforms.core import batches
 
     monkeypatch.setattr(batches, "DEFAULT_CHUNK_ROWS", 300)  # shards cut into pieces of a few users
     want = sorted(reference.select(SETS, algorithm, PARAMS, seed=4))

@@ -18,11 +18,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.core import fingerprint as fp
-from transforms.core import randomness
-from transforms.core.batches import concat, normalise_batch, pack, pack_pairs, pairs_table, unpack_all
-from transforms.core.fixed64 import exact_sum64, fixed64_of, limbs_of, value_of_limbs
-from transforms.selection import columnar_kernels as C
+from dp_partition_beam.transforms.core import fingerprint as fp
+from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.core.batches import concat, normalise_batch, pack, pack_pairs, pairs_table, unpack_all
+from dp_partition_beam.transforms.core.fixed64 import exact_sum64, fixed64_of, limbs_of, value_of_limbs
+from dp_partition_beam.transforms.selection import columnar_kernels as C
 
 keys_st = st.one_of(
     st.text(max_size=30),
@@ -209,7 +209,7 @@ def test_mad_contributions_with_biases_equal_the_per_user_kernel_in_any_row_orde
     """MAD2R round 2's contributions (vectorised UserWeights over all users) == the reference's
     per-user mad_user_contributions (items in canonical order), summed exactly per item; and the
     partials do not depend on the order of the rows."""
-    from transforms.selection import mad_kernels as K
+    from dp_partition_beam.transforms.selection import mad_kernels as K
 
     rng = np.random.default_rng(seed)
     n_items, tau, d_max = 40, 1.0, 8.0
@@ -251,7 +251,7 @@ def test_mad_contributions_with_biases_equal_the_per_user_kernel_in_any_row_orde
 
 
 def test_side_input_cache_builds_once_per_side_input_object():
-    from transforms.core.dofns import SideInputCache
+    from dp_partition_beam.transforms.core.dofns import SideInputCache
 
     built = []
     cache = SideInputCache()

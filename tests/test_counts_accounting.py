@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import integrate, special
 
-from privacy import counts as C
-from privacy.selection import ALGORITHMS, SelectionParams, plan_cap, plan_counts, plan_rounds
-from transforms.selection import counts_kernels
-from transforms.selection.reference import bound_contributions
+from dp_partition_beam.privacy import counts as C
+from dp_partition_beam.privacy.selection import ALGORITHMS, SelectionParams, plan_cap, plan_counts, plan_rounds
+from dp_partition_beam.transforms.selection import counts_kernels
+from dp_partition_beam.transforms.selection.reference import bound_contributions
 
 # --------------------------------------------------------------------------------------------------
 # helpers: exact hockey-stick divergences
@@ -222,7 +222,7 @@ def test_every_plan_with_counts_spends_exactly_the_budget(algorithm, accounting)
         assert spec.shape in ("dp_sips", "mad2r", "mad_sips") and accounting == "basic"
         assert sum(r.epsilon for r in rounds) + counts.epsilon <= eps * (1 + 1e-12)
         assert sum(r.delta for r in rounds) + counts.delta <= delta * (1 + 1e-12)
-        from privacy.calibration import gaussian_delta
+        from dp_partition_beam.privacy.calibration import gaussian_delta
 
         assert gaussian_delta(counts.sigma_continuous, counts.epsilon, math.sqrt(d0)) <= counts.delta
     # the discrete noise adds exactly tau^2 (rounded up to 2^-32) to the continuous variance

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from privacy import counts as C
-from privacy.selection import SelectionParams, plan_counts
-from transforms import SelectPartitions, reference
-from transforms.selection import counts_kernels
-from transforms.selection.counts import ReleaseCounts
-from transforms.testing.beam import format_tsv
+from dp_partition_beam.privacy import counts as C
+from dp_partition_beam.privacy.selection import SelectionParams, plan_counts
+from dp_partition_beam.transforms import SelectPartitions, reference
+from dp_partition_beam.transforms.selection import counts_kernels
+from dp_partition_beam.transforms.selection.counts import ReleaseCounts
+from dp_partition_beam.transforms.testing.beam import format_tsv
 
 from beam_helpers import collect
 from conftest import pairs_of, random_user_sets

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from transforms.core import discrete_gaussian as dg
+from dp_partition_beam.transforms.core import discrete_gaussian as dg
 
 ALPHA = 1e-7
 

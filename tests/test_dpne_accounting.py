@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from privacy.calibration import analytic_gaussian_sigma, mad_tau
-from privacy.dpne import (
+from dp_partition_beam.privacy.calibration import analytic_gaussian_sigma, mad_tau
+from dp_partition_beam.privacy.dpne import (
     DPNEParams,
     dpne_composed_privacy,
     dpne_level_sigmas,

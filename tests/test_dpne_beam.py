@@ -9,11 +9,11 @@ import tempfile
 import apache_beam as beam
 import pytest
 
-from pipelines import extract_ngrams
-from privacy.dpne import DPNEParams
-from transforms.dpne.dpne import DPNE
-from transforms.dpne.reference import dpne_reference
-from transforms.testing.synthetic import markov_corpus
+from dp_partition_beam.pipelines import extract_ngrams
+from dp_partition_beam.privacy.dpne import DPNEParams
+from dp_partition_beam.transforms.dpne.dpne import DPNE
+from dp_partition_beam.transforms.dpne.reference import dpne_reference
+from dp_partition_beam.transforms.testing.synthetic import markov_corpus
 
 from beam_helpers import make_test_pipeline
 

@@ -7,13 +7,13 @@ import apache_beam as beam
 import pyarrow as pa
 import pytest
 
-from privacy.dpne import DPNEParams
-from transforms.core import text as tx
-from transforms.dpne import columnar_kernels as CK
-from transforms.dpne import dpne_kernels
-from transforms.dpne.dpne import DPNE
-from transforms.dpne.reference import dpne_reference
-from transforms.testing.synthetic import markov_corpus
+from dp_partition_beam.privacy.dpne import DPNEParams
+from dp_partition_beam.transforms.core import text as tx
+from dp_partition_beam.transforms.dpne import columnar_kernels as CK
+from dp_partition_beam.transforms.dpne import dpne_kernels
+from dp_partition_beam.transforms.dpne.dpne import DPNE
+from dp_partition_beam.transforms.dpne.reference import dpne_reference
+from dp_partition_beam.transforms.testing.synthetic import markov_corpus
 
 from beam_helpers import collect
 
@@ -126,7 +126,7 @@ def _run(build_input, params, **options):
     ids=["rows1-shards1", "rows17-shards3", "rows_per_shard50"],
 )
 def test_seeded_columnar_equals_reference_for_any_batching(records, options, monkeypatch):
-    from transforms.core import batches
+    from dp_partition_beam.transforms.core import batches
 
     monkeypatch.setattr(batches, "DEFAULT_CHUNK_ROWS", 40)  # user shards travel in pieces of a few users
     want = dpne_reference(records, "dpne", PARAMS, seed=SEED).lines()
@@ -192,7 +192,7 @@ def test_allowlist_and_counts_equal_reference(records, weighting):
 
 
 def test_entry_batches_are_bounded_in_rows_and_characters():
-    from transforms.dpne.dpne import ToTextBatchesFn
+    from dp_partition_beam.transforms.dpne.dpne import ToTextBatchesFn
 
     fn = ToTextBatchesFn(4)
     fn.MAX_BATCH_CHARS = 10

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privacy import counts as C
-from privacy.dpne import DPNEParams, count_l0, plan_dpne_counts, plan_runs
-from transforms.dpne.dpne import DPNE
-from transforms.dpne.reference import _capped, dpne_reference, user_kgrams
-from transforms.selection import counts_kernels
-from transforms.testing.synthetic import markov_corpus
+from dp_partition_beam.privacy import counts as C
+from dp_partition_beam.privacy.dpne import DPNEParams, count_l0, plan_dpne_counts, plan_runs
+from dp_partition_beam.transforms.dpne.dpne import DPNE
+from dp_partition_beam.transforms.dpne.reference import _capped, dpne_reference, user_kgrams
+from dp_partition_beam.transforms.selection import counts_kernels
+from dp_partition_beam.transforms.testing.synthetic import markov_corpus
 
 from beam_helpers import make_test_pipeline
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from privacy.dpne import DPNEParams
-from transforms.core import text as tx
-from transforms.dpne import dpne_kernels
-from transforms.dpne.reference import dpne_reference, ngram_user_counts, user_kgrams
-from transforms.testing.synthetic import markov_corpus
+from dp_partition_beam.privacy.dpne import DPNEParams
+from dp_partition_beam.transforms.core import text as tx
+from dp_partition_beam.transforms.dpne import dpne_kernels
+from dp_partition_beam.transforms.dpne.reference import dpne_reference, ngram_user_counts, user_kgrams
+from dp_partition_beam.transforms.testing.synthetic import markov_corpus
 
 
 @pytest.fixture(scope="module")

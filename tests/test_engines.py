@@ -13,7 +13,8 @@ What is checked, per engine:
   policy_gaussian (sequential: all capped pairs on one worker; and with counts through the sharded
   join with hot-item sharding), mad_sips with released noisy counts, a users floor and a public
   allowlist, extract_ngrams (also with counts) and bayesian_ngrams.
-  The pipelines are driven through their CLIs (``python -m pipelines.<name>``) with ``--environment_type LOOPBACK``.
+  The pipelines are driven through their CLIs (``python -m dp_partition_beam.pipelines.<name>``)
+  with ``--environment_type LOOPBACK``.
 * Unseeded noise is drawn independently by each SDK worker process: an ``EXTERNAL`` worker pool that
   starts every SDK worker as its own process, 2 of them, noise tagged with the worker's pid. If the
   generator state travelled with the pickled DoFn (or were seeded from something the workers share),
@@ -51,14 +52,14 @@ import apache_beam as beam
 import engines
 import pytest
 
-from transforms.core.noise import AddNoise
-from transforms.testing.beam import inject_bundle_failures, zero_weight
+from dp_partition_beam.transforms.core.noise import AddNoise
+from dp_partition_beam.transforms.testing.beam import inject_bundle_failures, zero_weight
 
 # --- The only imports of modules below the pipelines' CLIs (their paths move in refactors) -----------
 from pipeline_cases import PIPELINES  # the registry's PipelineSpecs (bundled sample + demo arguments)
 
 DOFN_PACKAGES = ("transforms", "pipelines", "privacy")  # walked for the package's DoFn classes
-TEST_HELPER_MODULES = ("transforms.testing.beam",)  # DoFns of the test helpers: not fault-injected
+TEST_HELPER_MODULES = ("dp_partition_beam.transforms.testing.beam",)  # DoFns of the test helpers: not fault-injected
 # ------------------------------------------------------------------------------------------------------
 
 pytestmark = pytest.mark.engines
@@ -220,11 +221,12 @@ def read_output(out_dir: str, case: Case, seconds: float = 0.0) -> Output:
 
 
 def run_cli(case: Case, input_path: str, out_dir: str, runner_args: list, server=None, seed=SEED) -> Output:
-    """``python -m pipelines.<name> ...`` in a subprocess; fails with its stderr and the job server log."""
+    """``python -m dp_partition_beam.pipelines.<name> ...`` in a subprocess;
+    fails with its stderr and the job server log."""
     argv = [
         sys.executable,
         "-m",
-        f"pipelines.{case.pipeline}",
+        f"dp_partition_beam.pipelines.{case.pipeline}",
         *cli_argv(case, input_path, out_dir, seed),
         *runner_args,
     ]
@@ -463,7 +465,9 @@ def test_bundle_failures_are_retried_without_changing_the_output(engine, name, i
     markers.mkdir()
     out_dir = str(tmp_path / "out")
     argv = cli_argv(case, inputs[case.pipeline], out_dir) + engine.pipeline_args()
-    module = importlib.import_module(f"pipelines.{case.pipeline}")  # the CLI, in this process (LOOPBACK)
+    module = importlib.import_module(
+        f"dp_partition_beam.pipelines.{case.pipeline}"
+    )  # the CLI, in this process (LOOPBACK)
     classes = package_dofn_classes()
     bound = FAILURES_PER_DOFN_CLASS * len(classes)
     assert 2 * bound <= MAX_TASK_FAILURES, f"{bound} injected failures may exhaust {MAX_TASK_FAILURES} restarts"

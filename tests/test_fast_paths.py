@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms.core import randomness
-from transforms.core.fixed64 import exact_sum64, fixed64_of, limbs_of, value_of_limbs
+from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.core.fixed64 import exact_sum64, fixed64_of, limbs_of, value_of_limbs
 
 # inside the domain of the exact sums (finite, |w| < 2^40, transforms/core/fixed64.py), and small
 # enough that 40 of them keep every int64 limb sum exact

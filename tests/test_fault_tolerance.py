@@ -28,18 +28,18 @@ import pytest
 from apache_beam.internal import pickler
 from apache_beam.options.pipeline_options import PipelineOptions
 
-import transforms
-from pipelines import outputs, select_partitions
-from privacy.dpne import DPNEParams
-from privacy.selection import SelectionParams
-from transforms import reference
-from transforms.core.bounding import CapUserItemsFn
-from transforms.core.noise import AddNoiseFn
-from transforms.dpne.dpne import DPNE
-from transforms.dpne.reference import dpne_reference
-from transforms.selection.columnar import CapFn
-from transforms.selection.select import SelectPartitions
-from transforms.testing import beam as testing
+from dp_partition_beam import transforms
+from dp_partition_beam.pipelines import outputs, select_partitions
+from dp_partition_beam.privacy.dpne import DPNEParams
+from dp_partition_beam.privacy.selection import SelectionParams
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.core.bounding import CapUserItemsFn
+from dp_partition_beam.transforms.core.noise import AddNoiseFn
+from dp_partition_beam.transforms.dpne.dpne import DPNE
+from dp_partition_beam.transforms.dpne.reference import dpne_reference
+from dp_partition_beam.transforms.selection.columnar import CapFn
+from dp_partition_beam.transforms.selection.select import SelectPartitions
+from dp_partition_beam.transforms.testing import beam as testing
 
 RND = random.Random(3)
 PAIRS = [(f"u{u}", f"i{min(int(RND.paretovariate(1.0)), 300)}") for u in range(300) for _ in range(RND.randint(1, 12))]
@@ -51,7 +51,7 @@ def package_dofn_classes():
     """Every beam.DoFn subclass defined in the transforms package (except the test helpers)."""
     classes = []
     for mod in pkgutil.walk_packages(transforms.__path__, "transforms."):
-        if mod.ispkg or mod.name.startswith("transforms.testing"):
+        if mod.ispkg or mod.name.startswith("dp_partition_beam.transforms.testing"):
             continue
         module = importlib.import_module(mod.name)
         for _, obj in inspect.getmembers(module, inspect.isclass):

@@ -6,12 +6,12 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from privacy.selection import SelectionParams, plan_rounds
-from transforms import reference
-from transforms.core.bounding import BoundContributions
-from transforms.core.joins import AttachItemValues
-from transforms.core.noise import AddNoise, NoisyThreshold
-from transforms.selection.select import SelectPartitions
+from dp_partition_beam.privacy.selection import SelectionParams, plan_rounds
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.core.bounding import BoundContributions
+from dp_partition_beam.transforms.core.joins import AttachItemValues
+from dp_partition_beam.transforms.core.noise import AddNoise, NoisyThreshold
+from dp_partition_beam.transforms.selection.select import SelectPartitions
 
 from beam_helpers import collect, collect_pairs, make_test_pipeline
 from conftest import pairs_of, random_user_sets
@@ -168,7 +168,7 @@ def test_select_partitions_validates_arguments():
 def test_join_values_to_sets_same_in_broadcast_and_join_mode():
     """JoinValuesToSets: one element per user, with exactly the values of the user's items, whichever
     mode the run picks (max_broadcast_items 0 forces the sharded join; hot item over 14 shards)."""
-    from transforms.core.joins import JoinValuesToSets
+    from dp_partition_beam.transforms.core.joins import JoinValuesToSets
 
     rng = random.Random(8)
     sets = {

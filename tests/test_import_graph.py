@@ -9,6 +9,7 @@ Then one fresh interpreter imports every module.
 
 import ast
 import os
+import re
 import subprocess
 import sys
 
@@ -17,10 +18,10 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("privacy", "transforms", "pipelines")
 CLIS = (
-    "pipelines.select_partitions",
-    "pipelines.extract_ngrams",
-    "pipelines.bayesian_ngrams",
-    "pipelines.bayesian_eval",
+    "dp_partition_beam.pipelines.select_partitions",
+    "dp_partition_beam.pipelines.extract_ngrams",
+    "dp_partition_beam.pipelines.bayesian_ngrams",
+    "dp_partition_beam.pipelines.bayesian_eval",
 )
 
 
@@ -34,7 +35,7 @@ def _modules():
                     continue
                 rel = os.path.relpath(os.path.join(root, f), REPO)[: -len(".py")].split(os.sep)
                 is_pkg = rel[-1] == "__init__"
-                name = ".".join(rel[:-1] if is_pkg else rel)
+                name = ".".join(["dp_partition_beam", *(rel[:-1] if is_pkg else rel)])
                 out[name] = (os.path.join(root, f), is_pkg)
     return out
 
@@ -103,9 +104,9 @@ GRAPH = _graph(MODULES)
 def test_the_graph_sees_the_modules_and_their_imports():
     """Sanity of the scan itself: it finds the packages' modules and known edges."""
     assert len(MODULES) > 40 and set(CLIS) <= set(MODULES)
-    assert "pipelines.cli" in GRAPH["pipelines.select_partitions"]
-    assert "pipelines.runner" in GRAPH["pipelines.reporting"]
-    assert "transforms.selection.select" in GRAPH["transforms"]
+    assert "dp_partition_beam.pipelines.cli" in GRAPH["dp_partition_beam.pipelines.select_partitions"]
+    assert "dp_partition_beam.pipelines.runner" in GRAPH["dp_partition_beam.pipelines.reporting"]
+    assert "dp_partition_beam.transforms.selection.select" in GRAPH["dp_partition_beam.transforms"]
 
 
 def test_the_cycle_finder_finds_a_cycle():
@@ -127,18 +128,20 @@ def test_no_cli_imports_another_cli_and_nothing_imports_a_cli():
 def test_layers_privacy_imports_no_beam_code_and_beam_code_no_reference():
     """privacy/ is pure math (no transforms, no pipelines); Beam transforms never import a reference."""
     for name, edges in GRAPH.items():
-        if name.startswith("privacy"):
-            assert not {e for e in edges if not e.startswith("privacy")}, name
-        if name.startswith("transforms") and not name.startswith("transforms.testing"):
-            assert not {e for e in edges if e.startswith("pipelines")}, name
+        if name.startswith("dp_partition_beam.privacy"):
+            assert not {e for e in edges if not e.startswith("dp_partition_beam.privacy")}, name
+        if name.startswith("dp_partition_beam.transforms") and not name.startswith(
+            "dp_partition_beam.transforms.testing"
+        ):
+            assert not {e for e in edges if e.startswith("dp_partition_beam.pipelines")}, name
     beam_modules = [
-        "transforms.selection.select",
-        "transforms.selection.columnar",
-        "transforms.selection.columnar_mad_sips",
-        "transforms.selection.policy",
-        "transforms.selection.counts",
-        "transforms.dpne.dpne",
-        "transforms.bayesian.bayesian",
+        "dp_partition_beam.transforms.selection.select",
+        "dp_partition_beam.transforms.selection.columnar",
+        "dp_partition_beam.transforms.selection.columnar_mad_sips",
+        "dp_partition_beam.transforms.selection.policy",
+        "dp_partition_beam.transforms.selection.counts",
+        "dp_partition_beam.transforms.dpne.dpne",
+        "dp_partition_beam.transforms.bayesian.bayesian",
     ]
     for name in beam_modules:
         assert not {e for e in GRAPH[name] if e.endswith("reference")}, name
@@ -154,5 +157,42 @@ def test_every_module_imports_in_a_fresh_interpreter():
 
 @pytest.mark.parametrize("name", CLIS)
 def test_no_module_named_common_is_left(name):
-    assert "pipelines.common" not in MODULES
-    assert "pipelines.common" not in GRAPH[name]
+    assert "dp_partition_beam.pipelines.common" not in MODULES
+    assert "dp_partition_beam.pipelines.common" not in GRAPH[name]
+
+
+def _bare_imports(path):
+    """(line, statement) of each import of a bare top-level privacy/transforms/pipelines in a Python file."""
+    out = []
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read(), path)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        out += [(node.lineno, n) for n in names if n.split(".")[0] in PACKAGES]
+    return out
+
+
+def test_no_bare_top_level_import_anywhere_in_the_tree():
+    """Installed, the package is dp_partition_beam.{privacy,transforms,pipelines}; a bare ``import privacy``
+    would load a second copy of a module from the checkout (or a stranger's package of that name)."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    py = [f for f in tracked.split() if f.endswith(".py")]
+    assert len(py) > 100
+    bad = [f"{f}:{line}: {name}" for f in py for line, name in _bare_imports(os.path.join(REPO, f))]
+    assert not bad, "bare imports (use dp_partition_beam.<package>):\n" + "\n".join(bad)
+    # and in the commands the docs and scripts give (python -m pipelines.x, from privacy import ...)
+    pattern = re.compile(r"(-m |^\s*from |^\s*import )(privacy|transforms|pipelines)\b", re.M)
+    text = [f for f in tracked.split() if f.endswith((".md", ".sh", ".json")) or f.startswith(".ci/")]
+    bad = [f for f in text if pattern.search(open(os.path.join(REPO, f), encoding="utf-8", errors="replace").read())]
+    assert not bad, f"bare module names in commands or code blocks: {bad}"
+
+
+def test_the_bare_import_scan_finds_one(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text(
+        "import os\nfrom pipelines import cli\nimport transforms.core as c\nfrom dp_partition_beam import privacy\n"
+    )
+    assert _bare_imports(str(f)) == [(2, "pipelines"), (3, "transforms.core")]

@@ -22,7 +22,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipelines import io
+from dp_partition_beam.pipelines import io
 
 BIG = 64 << 20
 

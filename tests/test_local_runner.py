@@ -5,7 +5,7 @@ import logging
 import apache_beam as beam
 import pytest
 
-from pipelines import runner
+from dp_partition_beam.pipelines import runner
 
 
 @pytest.mark.parametrize(

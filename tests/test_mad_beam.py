@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from privacy.selection import SelectionParams, plan_rounds
-from transforms import reference
-from transforms.selection.select import SelectPartitions
-from transforms.testing.synthetic import heavy_light_sets
+from dp_partition_beam.privacy.selection import SelectionParams, plan_rounds
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.selection.select import SelectPartitions
+from dp_partition_beam.transforms.testing.synthetic import heavy_light_sets
 
 from beam_helpers import collect
 from conftest import pairs_of, random_user_sets
@@ -96,7 +96,7 @@ def test_mad_tau_is_one_rule_for_selection_and_dpne():
     In selection rho > 1 always (h(1) = 1 plus a positive noise margin), so tau = rho + beta*sigma; in
     DPNE rho_k of k >= 2 can be far below 1 and the same function raises tau to 1 (the proof needs
     tau >= 1, Lemma 5.3; a larger tau only reroutes less weight)."""
-    from privacy.calibration import mad_tau
+    from dp_partition_beam.privacy.calibration import mad_tau
 
     assert mad_tau(0.5, 0.1, 0.0) == 1.0 and mad_tau(0.2, 0.1, 2.0) == 1.0
     assert mad_tau(3.0, 1.0, 2.0) == 5.0
@@ -114,7 +114,7 @@ def test_mad_family_output_does_not_depend_on_shards_or_batches(
 ):
     """The columnar MAD/MAD2R under a seed: one shard, many user/item shards, tiny batches, pieces of
     a few users (what a big shard is cut into before every shuffle): same rounds."""
-    from transforms.core import batches
+    from dp_partition_beam.transforms.core import batches
 
     if chunk_rows:
         monkeypatch.setattr(batches, "DEFAULT_CHUNK_ROWS", chunk_rows)

@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings, target
 from hypothesis import strategies as st
 
-from transforms.core.fixed64 import exact_sum64, fixed64_of
-from transforms.selection.mad_kernels import (
+from dp_partition_beam.transforms.core.fixed64 import exact_sum64, fixed64_of
+from dp_partition_beam.transforms.selection.mad_kernels import (
     adaptive_degree_range,
     excess_fraction,
     initial_weight,
@@ -542,7 +542,11 @@ def test_user_weights_many_on_adversarial_inputs_and_edge_cases():
 @given(st.lists(st.floats(0.0, 2.0), max_size=60))
 def test_user_weights_sums_are_exact_sum64(values):
     """The sums of UserWeights are exact_sum64 (order-independent), in the scalar and segment versions."""
-    from transforms.selection.mad_kernels import _exact_sum, _segment_exact_sums, _segment_sums_exceed_one
+    from dp_partition_beam.transforms.selection.mad_kernels import (
+        _exact_sum,
+        _segment_exact_sums,
+        _segment_sums_exceed_one,
+    )
 
     v = np.asarray(values, dtype=np.float64)
     assert _exact_sum(v) == exact_sum64(values)

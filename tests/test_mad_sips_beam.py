@@ -5,9 +5,9 @@ import random
 import apache_beam as beam
 import pytest
 
-from privacy.selection import SelectionParams
-from transforms import reference
-from transforms.selection.select import SelectPartitions
+from dp_partition_beam.privacy.selection import SelectionParams
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.selection.select import SelectPartitions
 
 from beam_helpers import collect
 from conftest import pairs_of, random_user_sets

@@ -4,11 +4,11 @@ import random
 
 import apache_beam as beam
 
-from privacy.selection import SelectionParams
-from transforms import reference
-from transforms.core.noise import AddNoise
-from transforms.selection.select import SelectPartitions
-from transforms.testing.beam import TagWithPidFn, zero_weight
+from dp_partition_beam.privacy.selection import SelectionParams
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.core.noise import AddNoise
+from dp_partition_beam.transforms.selection.select import SelectPartitions
+from dp_partition_beam.transforms.testing.beam import TagWithPidFn, zero_weight
 
 from beam_helpers import collect
 from conftest import pairs_of, random_user_sets

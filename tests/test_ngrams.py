@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from transforms.core import text as tx
-from transforms.dpne import dpne_kernels
-from transforms.dpne.reference import sample_spurious
+from dp_partition_beam.transforms.core import text as tx
+from dp_partition_beam.transforms.dpne import dpne_kernels
+from dp_partition_beam.transforms.dpne.reference import sample_spurious
 
 # ------------------------------------------------------------------------------------------------
 # Tokenizer and k-grams
@@ -162,11 +162,11 @@ def test_oversample_size_makes_failure_negligible():
 
 
 def test_cli_tokenizer_option_loads_module_function():
-    from pipelines.cli import load_tokenizer
+    from dp_partition_beam.pipelines.cli import load_tokenizer
 
     assert load_tokenizer(None) is tx.default_tokenize
-    assert load_tokenizer("transforms.core.text:default_tokenize") is tx.default_tokenize
+    assert load_tokenizer("dp_partition_beam.transforms.core.text:default_tokenize") is tx.default_tokenize
     with pytest.raises(ValueError, match="module:function"):
         load_tokenizer("nocolon")
     with pytest.raises(ValueError, match="cannot be imported"):
-        load_tokenizer("transforms.core.text:nope")
+        load_tokenizer("dp_partition_beam.transforms.core.text:nope")

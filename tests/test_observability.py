@@ -9,7 +9,7 @@ import re
 import apache_beam as beam
 import pytest
 
-from pipelines import observability, reporting, runner
+from dp_partition_beam.pipelines import observability, reporting, runner
 
 from pipeline_cases import IDS, PIPELINES, cli_args, cut_sample, released_lines
 
@@ -28,7 +28,7 @@ def test_default_run_exposes_no_data_dependent_counts(spec, tmp_path, caplog):
     path = cut_sample(spec, tmp_path)
     argv = cli_args(spec, path, str(tmp_path / "out"), "--runner", "DirectRunner", "--direct_running_mode", "in_memory")
     stream = io.StringIO()
-    with caplog.at_level(logging.INFO, logger="pipelines.observability"):
+    with caplog.at_level(logging.INFO, logger="dp_partition_beam.pipelines.observability"):
         with observability.ProgressDisplay(0.05, show_counts=False, stream=stream):
             result = _build(spec, argv).run()
             result.wait_until_finish()
@@ -39,7 +39,7 @@ def test_default_run_exposes_no_data_dependent_counts(spec, tmp_path, caplog):
         re.fullmatch(r"\[progress\] +[0-9.]+s elapsed( \(finished\))?; stages started: [A-Za-z, -]+", l) for l in lines
     ), lines
     assert "Read" in lines[-1] and "finished" in lines[-1]
-    messages = [r.getMessage() for r in caplog.records if r.name == "pipelines.observability"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "dp_partition_beam.pipelines.observability"]
     assert "stage Read running" in messages
     assert all(re.fullmatch(r"stage [A-Za-z]+ running", m) for m in messages), messages
 

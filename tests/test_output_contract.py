@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from pipelines import bayesian_ngrams, extract_ngrams, outputs, select_partitions
+from dp_partition_beam.pipelines import bayesian_ngrams, extract_ngrams, outputs, select_partitions
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -359,7 +359,7 @@ def test_full_disk_fails_with_one_line_and_leaves_nothing(tmp_path, capsys, smal
 # are final and before the report is written (outputs.list_shards is the report's first step).
 _DRIVER = """
 import os, signal, sys, time
-from pipelines import outputs, select_partitions
+from dp_partition_beam.pipelines import outputs, select_partitions
 real = outputs.list_shards
 def list_shards(*a, **k):
     os.kill(os.getpid(), getattr(signal, sys.argv[1]))
@@ -401,7 +401,7 @@ def test_sigterm_at_any_moment_leaves_outputs_absent_or_complete(tmp_path):
     _big_input(tmp_path / "in.tsv", items=400)
     argv = select_argv(tmp_path)
     (tmp_path / "out").mkdir()
-    cmd = [sys.executable, "-m", "pipelines.select_partitions", *argv, "--progress_interval", "0"]
+    cmd = [sys.executable, "-m", "dp_partition_beam.pipelines.select_partitions", *argv, "--progress_interval", "0"]
     t0 = time.monotonic()
     subprocess.run(cmd, cwd=REPO, capture_output=True, check=True, timeout=300)
     full = time.monotonic() - t0
@@ -432,13 +432,13 @@ def test_sigterm_at_any_moment_leaves_outputs_absent_or_complete(tmp_path):
 def test_sigterm_stops_the_multi_processing_workers(tmp_path):
     # The DirectRunner's multi_processing SDK workers are processes of their own: an interrupted run
     # stops them and exits 143 instead of hanging on the runner's threads or leaving them running.
-    from pipelines.cli import _descendants
+    from dp_partition_beam.pipelines.cli import _descendants
 
     _big_input(tmp_path / "in.tsv", items=3000)
     (tmp_path / "out").mkdir()
     argv = select_argv(tmp_path)
     argv[argv.index("--direct_running_mode") + 1] = "multi_processing"
-    cmd = [sys.executable, "-m", "pipelines.select_partitions", *argv, "--direct_num_workers", "2"]
+    cmd = [sys.executable, "-m", "dp_partition_beam.pipelines.select_partitions", *argv, "--direct_num_workers", "2"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     workers, deadline = [], time.monotonic() + 120
     while not workers and time.monotonic() < deadline and proc.poll() is None:
@@ -469,7 +469,7 @@ def test_sigterm_stops_the_multi_processing_workers(tmp_path):
 
 
 def test_verify_checks_a_release_against_its_report(work, capsys):
-    from pipelines import verify
+    from dp_partition_beam.pipelines import verify
 
     assert run_cli(select_partitions, select_argv(work)) == 0
     report = str(work / "out" / "report.json")
@@ -494,7 +494,7 @@ def test_missing_input_is_one_line_and_leaves_no_directory(tmp_path):
     argv[1] = str(tmp_path / "nowhere" / "*.tsv")
     before = snapshot(tmp_path)
     proc = subprocess.run(
-        [sys.executable, "-m", "pipelines.select_partitions", *argv, "--progress_interval", "0"],
+        [sys.executable, "-m", "dp_partition_beam.pipelines.select_partitions", *argv, "--progress_interval", "0"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from privacy.selection import SelectionParams, plan_rounds, resolve_params
-from transforms.core import randomness
+from dp_partition_beam.privacy.selection import SelectionParams, plan_rounds, resolve_params
+from dp_partition_beam.transforms.core import randomness
 
 
 @pytest.mark.parametrize(
@@ -133,7 +133,7 @@ def test_keyed_noise_draw_is_bitwise_standard_noise():
     == the plain formula (draw64 of the draw key and the key's fingerprint)."""
     import random as _random
 
-    from transforms.core import randomness as R
+    from dp_partition_beam.transforms.core import randomness as R
 
     rng = _random.Random(0)
     keys = [f"w{rng.randrange(10**6)}" for _ in range(5000)] + [("a", 1), 3, 2.5, "é", b"x", None]
@@ -165,7 +165,7 @@ def test_keyed_noise_draw_is_bitwise_standard_noise():
 def test_subsample_canonical_order_and_distinct(items, k, seed):
     """subsample (str fast path included): distinct items in encode_key order; all of them when at most
     k are distinct, else k of them, and the same result for any input order."""
-    from transforms.core.randomness import encode_key, subsample
+    from dp_partition_beam.transforms.core.randomness import encode_key, subsample
 
     got = subsample(items, k, "u", 0, seed, None)
     keys = [encode_key(x) for x in got]

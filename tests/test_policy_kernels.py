@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import special
 
-from privacy import calibration
-from privacy.selection import SelectionParams, plan_rounds
-from transforms.selection import policy_kernels as PK
+from dp_partition_beam.privacy import calibration
+from dp_partition_beam.privacy.selection import SelectionParams, plan_rounds
+from dp_partition_beam.transforms.selection import policy_kernels as PK
 
 TOL = 1e-9
 

@@ -15,14 +15,14 @@ import math
 
 import pytest
 
-from privacy.audit import (
+from dp_partition_beam.privacy.audit import (
     audit_bound,
     clopper_pearson,
     epsilon_lower_bound,
     expected_epsilon_lower_bound,
     zero_event_false_failure,
 )
-from transforms.testing import audit
+from dp_partition_beam.transforms.testing import audit
 
 CASES = audit.standard_cases()
 ALPHA = 1e-6 / (4 * len(CASES))
@@ -147,7 +147,7 @@ def test_single_user_items_never_released(algorithm):
 
 
 def test_audit_cases_cover_every_algorithm():
-    from privacy.selection import ALGORITHMS
+    from dp_partition_beam.privacy.selection import ALGORITHMS
 
     assert set(ALGORITHMS) | {"dpne"} == {c.algorithm for c in CASES}
 
@@ -157,7 +157,7 @@ def test_the_tip_case_has_a_nontrivial_bound_in_expectation():
     # audit can certify a positive epsilon (not a vacuous test).
     from scipy import stats
 
-    from privacy.selection import plan_rounds
+    from dp_partition_beam.privacy.selection import plan_rounds
 
     case = next(c for c in CASES if c.name == "basic/tip")
     (plan,) = plan_rounds("basic", case.params)
@@ -172,7 +172,7 @@ def test_the_count_case_is_on_the_released_count_and_nontrivial_in_expectation()
     import numpy as np
     from scipy import stats
 
-    from privacy.selection import plan_counts, plan_rounds
+    from dp_partition_beam.privacy.selection import plan_counts, plan_rounds
 
     case = next(c for c in CASES if c.name == "basic/counts")
     assert case.params.release_counts and case.min_count is not None
@@ -197,9 +197,9 @@ def test_the_count_case_is_on_the_released_count_and_nontrivial_in_expectation()
 def test_the_resample_case_exercises_resubsampling():
     """mad_sips/resample: the added user holds twice Delta_0 targets; round 1 takes Delta_0 of them and
     round 2 re-subsamples its unreleased ones, so across the rounds it sends more than Delta_0 targets."""
-    from privacy.selection import plan_rounds, resolve_params
-    from transforms import reference
-    from transforms.selection.reference import mad_sips_round
+    from dp_partition_beam.privacy.selection import plan_rounds, resolve_params
+    from dp_partition_beam.transforms import reference
+    from dp_partition_beam.transforms.selection.reference import mad_sips_round
 
     case = next(c for c in CASES if c.name == "mad_sips/resample")
     params = resolve_params("mad_sips", case.params)  # the algorithm's budget split and C_ub

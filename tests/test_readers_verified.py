@@ -23,12 +23,12 @@ from apache_beam.testing.util import assert_that, equal_to
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines import bayesian_ngrams, extract_ngrams, select_partitions
-from pipelines import io as pio
-from privacy.dpne import DPNEParams
-from privacy.selection import SelectionParams
-from transforms import reference
-from transforms.dpne.reference import dpne_reference
+from dp_partition_beam.pipelines import bayesian_ngrams, extract_ngrams, select_partitions
+from dp_partition_beam.pipelines import io as pio
+from dp_partition_beam.privacy.dpne import DPNEParams
+from dp_partition_beam.privacy.selection import SelectionParams
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.dpne.reference import dpne_reference
 
 PARAMS = SelectionParams(5.0, 1e-4, max_contributions=4)
 # 300 users: item j (j < 6) is held by 300 - 40 j users (far above the threshold), t0/t1 by one user

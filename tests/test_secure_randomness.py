@@ -20,13 +20,13 @@ from apache_beam.internal import pickler
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 
-from privacy import BayesianParams
-from privacy.dpne import DPNEParams
-from privacy.selection import ALGORITHMS, SelectionParams
-from transforms import BayesianNgrams, PublicPrior, reference
-from transforms.core.noise import AddNoise, AddNoiseFn
-from transforms.dpne.dpne import DPNE
-from transforms.selection.select import SelectPartitions
+from dp_partition_beam.privacy import BayesianParams
+from dp_partition_beam.privacy.dpne import DPNEParams
+from dp_partition_beam.privacy.selection import ALGORITHMS, SelectionParams
+from dp_partition_beam.transforms import BayesianNgrams, PublicPrior, reference
+from dp_partition_beam.transforms.core.noise import AddNoise, AddNoiseFn
+from dp_partition_beam.transforms.dpne.dpne import DPNE
+from dp_partition_beam.transforms.selection.select import SelectPartitions
 
 from beam_helpers import collect_pairs
 
@@ -247,7 +247,7 @@ def test_cli_with_seed_prints_the_warning(tmp_path):
     argv = [
         sys.executable,
         "-m",
-        "pipelines.select_partitions",
+        "dp_partition_beam.pipelines.select_partitions",
         "--input",
         str(src),
         "--input_format",

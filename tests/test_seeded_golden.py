@@ -5,7 +5,8 @@ package) without changing any output. This file pins, under a fixed seed, the sh
 released lines of
 
 * every selection algorithm of :data:`privacy.selection.ALGORITHMS` through the in-memory reference
-  (:func:`transforms.reference.select`) and through ``python -m pipelines.select_partitions`` (plus a few
+  (:func:`transforms.reference.select`) and through
+  ``python -m dp_partition_beam.pipelines.select_partitions`` (plus a few
   variants: the adaptive cap, released counts, an allowlist, the sequential policies' sharded join);
 * every DPNE algorithm (and MAD weighting, released counts) through ``pipelines.extract_ngrams``;
 * every mechanism through ``pipelines.bayesian_ngrams``,
@@ -27,9 +28,9 @@ import os
 
 import pytest
 
-from pipelines import bayesian_ngrams, extract_ngrams, select_partitions
-from privacy.selection import ALGORITHMS, SelectionParams
-from transforms import reference
+from dp_partition_beam.pipelines import bayesian_ngrams, extract_ngrams, select_partitions
+from dp_partition_beam.privacy.selection import ALGORITHMS, SelectionParams
+from dp_partition_beam.transforms import reference
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = os.path.join(REPO, "data", "debian_words.tsv.gz")  # 1,754 users, 199,954 (user, word) pairs

@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from pipelines import cli, extract_ngrams, select_partitions
+from dp_partition_beam.pipelines import cli, extract_ngrams, select_partitions
 
 CANARY = "canaryqz7x"
 N_USERS = 1373

@@ -10,7 +10,7 @@ import tarfile
 import apache_beam as beam
 import pytest
 
-from pipelines import runner
+from dp_partition_beam.pipelines import runner
 
 from pipeline_cases import IDS, PIPELINES, REPO, sample_args
 
@@ -20,7 +20,7 @@ DRY_RUN = r"""
 import json, sys
 import apache_beam as beam
 from apache_beam.portability.api import beam_runner_api_pb2
-from pipelines import registry, runner
+from dp_partition_beam.pipelines import registry, runner
 spec = registry.get(sys.argv[1])
 m = spec.module()
 args, beam_args = m.build_parser().parse_known_args(sys.argv[2:])

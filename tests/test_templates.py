@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from pipelines import cli, registry
+from dp_partition_beam.pipelines import cli, registry
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATES = os.path.join(REPO, "templates")

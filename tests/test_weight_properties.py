@@ -5,7 +5,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transforms import reference
+from dp_partition_beam.transforms import reference
 
 ITEMS = [f"i{j}" for j in range(12)]
 user_set = st.lists(st.sampled_from(ITEMS), min_size=1, max_size=12, unique=True)

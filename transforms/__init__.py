@@ -2,7 +2,7 @@
 
 The public API (everything else is internal and may change)::
 
-    from transforms import SelectPartitions, DPNE, BayesianNgrams, PublicPrior, reference
+    from dp_partition_beam.transforms import SelectPartitions, DPNE, BayesianNgrams, PublicPrior, reference
 
     items = pairs | SelectPartitions("mad2r", SelectionParams(epsilon=1, delta=1e-5))  # (user, item) -> item
 
@@ -18,11 +18,11 @@ pure kernels (``*_kernels.py``), Beam transforms and an in-memory ``reference.py
 test/benchmark support (not API).
 """
 
-from transforms import reference
-from transforms.bayesian.bayesian import BayesianNgrams
-from transforms.bayesian.bayesian_kernels import PublicPrior
-from transforms.dpne.dpne import DPNE
-from transforms.selection.select import SelectPartitions
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.bayesian.bayesian import BayesianNgrams
+from dp_partition_beam.transforms.bayesian.bayesian_kernels import PublicPrior
+from dp_partition_beam.transforms.dpne.dpne import DPNE
+from dp_partition_beam.transforms.selection.select import SelectPartitions
 
 __all__ = [
     "SelectPartitions",

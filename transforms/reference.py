@@ -12,9 +12,9 @@ under a seed each function returns exactly what its transform releases:
 Everything here holds the whole dataset in memory; use the Beam transforms beyond a few million pairs.
 """
 
-from transforms.bayesian.reference import release as bayesian_release
-from transforms.dpne.reference import DPNEResult, dpne_reference, user_kgrams
-from transforms.selection.reference import (
+from dp_partition_beam.transforms.bayesian.reference import release as bayesian_release
+from dp_partition_beam.transforms.dpne.reference import DPNEResult, dpne_reference, user_kgrams
+from dp_partition_beam.transforms.selection.reference import (
     add_noise,
     basic_weights,
     bound_contributions,

@@ -19,13 +19,13 @@ from typing import Optional
 import apache_beam as beam
 import numpy as np
 
-from privacy.bayesian import BayesianParams, check_mechanism
-from transforms.bayesian import bayesian_kernels as K
-from transforms.bayesian.bayesian_kernels import candidate_log_thetas, finalize
-from transforms.core import elements as E
-from transforms.core import randomness
-from transforms.core import text as tx
-from transforms.core.dofns import WorkerRngDoFn
+from dp_partition_beam.privacy.bayesian import BayesianParams, check_mechanism
+from dp_partition_beam.transforms.bayesian import bayesian_kernels as K
+from dp_partition_beam.transforms.bayesian.bayesian_kernels import candidate_log_thetas, finalize
+from dp_partition_beam.transforms.core import elements as E
+from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.core import text as tx
+from dp_partition_beam.transforms.core.dofns import WorkerRngDoFn
 
 
 class UserNgramCountsFn(beam.DoFn):

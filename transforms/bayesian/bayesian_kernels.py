@@ -34,10 +34,10 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 import numpy as np
 from scipy import special
 
-from privacy.bayesian import BayesianParams
-from privacy.calibration import analytic_gaussian_sigma
-from transforms.core import randomness
-from transforms.core import text as tx
+from dp_partition_beam.privacy.bayesian import BayesianParams
+from dp_partition_beam.privacy.calibration import analytic_gaussian_sigma
+from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.core import text as tx
 
 # Randomness purposes (the contract's "purpose" field).
 PURPOSE_TOTAL_CAP = "bayes_total_cap"

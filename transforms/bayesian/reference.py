@@ -11,11 +11,11 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 import numpy as np
 
-from privacy.bayesian import BayesianParams, check_mechanism
-from transforms.bayesian import bayesian_kernels as K
-from transforms.bayesian.bayesian_kernels import candidate_log_thetas, finalize
-from transforms.core import randomness
-from transforms.core import text as tx
+from dp_partition_beam.privacy.bayesian import BayesianParams, check_mechanism
+from dp_partition_beam.transforms.bayesian import bayesian_kernels as K
+from dp_partition_beam.transforms.bayesian.bayesian_kernels import candidate_log_thetas, finalize
+from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.core import text as tx
 
 
 def user_counts_from_texts(

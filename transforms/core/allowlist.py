@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import apache_beam as beam
 
-from transforms.core.batches import binary_array
-from transforms.core.dofns import SideInputCache
+from dp_partition_beam.transforms.core.batches import binary_array
+from dp_partition_beam.transforms.core.dofns import SideInputCache
 
 __all__ = ["check_allowlist", "in_allowlist", "KeepAllowlisted", "KeepAllowlistedRows"]
 
@@ -56,7 +56,7 @@ class KeepAllowlisted(beam.PTransform):
 
 def item_key_bytes(item) -> bytes:
     """An allowlisted item's key bytes (:mod:`transforms.core.fingerprint`)."""
-    from transforms.core.fingerprint import to_key_bytes
+    from dp_partition_beam.transforms.core.fingerprint import to_key_bytes
 
     return to_key_bytes(item)
 

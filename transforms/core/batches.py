@@ -26,10 +26,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
-from privacy.validation import check_int
-from transforms.core import elements as E
-from transforms.core.dofns import in_global_window, is_batch
-from transforms.core.fingerprint import fingerprint64, to_key_bytes
+from dp_partition_beam.privacy.validation import check_int
+from dp_partition_beam.transforms.core import elements as E
+from dp_partition_beam.transforms.core.dofns import in_global_window, is_batch
+from dp_partition_beam.transforms.core.fingerprint import fingerprint64, to_key_bytes
 
 __all__ = [
     "USER",
@@ -351,7 +351,7 @@ def binary_array(keys: Iterable[bytes]) -> pa.Array:
 
 def item_array_to_keys(column) -> List:
     """Python keys of a key-bytes column (decoded: str for UTF-8 bytes)."""
-    from transforms.core.fingerprint import from_key_bytes
+    from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
 
     return [from_key_bytes(b) for b in column.to_pylist()]
 

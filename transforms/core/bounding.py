@@ -6,9 +6,9 @@ from typing import Optional
 
 import apache_beam as beam
 
-from privacy.validation import check_int
-from transforms.core import randomness
-from transforms.core.dofns import WorkerRngDoFn
+from dp_partition_beam.privacy.validation import check_int
+from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.core.dofns import WorkerRngDoFn
 
 
 class CapUserItemsFn(WorkerRngDoFn):

@@ -36,7 +36,7 @@ import os
 from fractions import Fraction
 from typing import Any, List, Sequence, Union
 
-from transforms.core import randomness
+from dp_partition_beam.transforms.core import randomness
 
 __all__ = [
     "UniformSource",

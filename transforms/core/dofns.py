@@ -16,7 +16,7 @@ from typing import Dict, Optional
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms.core import randomness
+from dp_partition_beam.transforms.core import randomness
 
 # finish_bundle outputs must be WindowedValues; building one per element (GlobalWindows.windowed_value)
 # costs a Timestamp construction each (~4 us, a large share of the MAD2R profile), so copy a template.

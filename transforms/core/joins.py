@@ -18,8 +18,8 @@ import zlib
 
 import apache_beam as beam
 
-from transforms.core.dofns import BundleDictFn, BundleListsFn, is_batch
-from transforms.core.randomness import encode_key
+from dp_partition_beam.transforms.core.dofns import BundleDictFn, BundleListsFn, is_batch
+from dp_partition_beam.transforms.core.randomness import encode_key
 
 
 def user_shard(user, num_shards: int) -> int:

@@ -6,8 +6,8 @@ from typing import Optional
 
 import apache_beam as beam
 
-from transforms.core import randomness
-from transforms.core.dofns import WorkerRngDoFn
+from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.core.dofns import WorkerRngDoFn
 
 
 class AddNoiseFn(WorkerRngDoFn):

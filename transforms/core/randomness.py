@@ -36,8 +36,8 @@ from typing import Any, Iterable, List, NamedTuple, Optional, Sequence
 import numpy as np
 from scipy import special
 
-from transforms.core import fingerprint as fp
-from transforms.core.fingerprint import encode_key
+from dp_partition_beam.transforms.core import fingerprint as fp
+from dp_partition_beam.transforms.core.fingerprint import encode_key
 
 __all__ = [
     "DrawKey",

@@ -28,9 +28,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms.core import text as tx
-from transforms.core.batches import ITEM, USER, concat, key_bytes_column
-from transforms.selection.columnar_kernels import cap_pairs
+from dp_partition_beam.transforms.core import text as tx
+from dp_partition_beam.transforms.core.batches import ITEM, USER, concat, key_bytes_column
+from dp_partition_beam.transforms.selection.columnar_kernels import cap_pairs
 
 __all__ = [
     "TEXT",

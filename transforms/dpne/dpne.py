@@ -61,7 +61,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from privacy.dpne import (
+from dp_partition_beam.privacy.dpne import (
     DPNEParams,
     RunPlan,
     baseline_run_report,
@@ -70,12 +70,12 @@ from privacy.dpne import (
     plan_dpne_counts,
     plan_runs,
 )
-from privacy.validation import check_int
-from transforms.core import elements as E
-from transforms.core import randomness
-from transforms.core import text as tx
-from transforms.core.allowlist import check_allowlist
-from transforms.core.batches import (
+from dp_partition_beam.privacy.validation import check_int
+from dp_partition_beam.transforms.core import elements as E
+from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.core import text as tx
+from dp_partition_beam.transforms.core.allowlist import check_allowlist
+from dp_partition_beam.transforms.core.batches import (
     DEFAULT_BATCH_ROWS,
     DEFAULT_ROWS_PER_SHARD,
     ITEM,
@@ -90,13 +90,13 @@ from transforms.core.batches import (
     unpacked,
     user_chunks,
 )
-from transforms.core.dofns import SideInputCache, WorkerRngDoFn, in_global_window
-from transforms.core.fingerprint import from_key_bytes
-from transforms.dpne import columnar_kernels as CK
-from transforms.dpne import dpne_kernels
-from transforms.selection import columnar_kernels as C
-from transforms.selection.columnar import BasicPartialsFn, MADWeightsColumnar, RunSeed, checkpoint
-from transforms.selection.counts import NoisyCounts
+from dp_partition_beam.transforms.core.dofns import SideInputCache, WorkerRngDoFn, in_global_window
+from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
+from dp_partition_beam.transforms.dpne import columnar_kernels as CK
+from dp_partition_beam.transforms.dpne import dpne_kernels
+from dp_partition_beam.transforms.selection import columnar_kernels as C
+from dp_partition_beam.transforms.selection.columnar import BasicPartialsFn, MADWeightsColumnar, RunSeed, checkpoint
+from dp_partition_beam.transforms.selection.counts import NoisyCounts
 
 # ---------------------------------------------------------------------------------------------
 # Entry: (user, text) elements or Arrow batches -> token tables sharded by user

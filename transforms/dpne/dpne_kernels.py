@@ -16,8 +16,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 import numpy as np
 from scipy import stats
 
-from transforms.core import randomness
-from transforms.core.text import first_word, head, join, last_word, tail
+from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.core.text import first_word, head, join, last_word, tail
 
 # ---------------------------------------------------------------------------------------------
 # Valid k-grams V_k

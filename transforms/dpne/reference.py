@@ -24,9 +24,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Uni
 
 import numpy as np
 
-from privacy.calibration import mad_tau
-from privacy.counts import CountPlan
-from privacy.dpne import (
+from dp_partition_beam.privacy.calibration import mad_tau
+from dp_partition_beam.privacy.counts import CountPlan
+from dp_partition_beam.privacy.dpne import (
     DPNEParams,
     RunPlan,
     baseline_run_report,
@@ -37,12 +37,12 @@ from privacy.dpne import (
     plan_runs,
     release_privacy,
 )
-from transforms.core import randomness
-from transforms.core import text as tx
-from transforms.dpne import dpne_kernels
-from transforms.selection import counts_kernels
-from transforms.selection.mad_kernels import mad_weights
-from transforms.selection.reference import add_noise, basic_weights, bound_contributions
+from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.core import text as tx
+from dp_partition_beam.transforms.dpne import dpne_kernels
+from dp_partition_beam.transforms.selection import counts_kernels
+from dp_partition_beam.transforms.selection.mad_kernels import mad_weights
+from dp_partition_beam.transforms.selection.reference import add_noise, basic_weights, bound_contributions
 
 Records = Union[Mapping[Any, Union[str, Iterable[str]]], Iterable[Tuple[Any, str]]]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, List, Tuple
 
-from privacy.validation import check_choice
+from dp_partition_beam.privacy.validation import check_choice
 
 WEIGHTINGS = ("weighted_gaussian", "weighted_laplace", "count")
 

@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms.core.batches import (
+from dp_partition_beam.transforms.core.batches import (
     DEFAULT_ROWS_PER_SHARD,
     ITEM,
     USER,
@@ -51,11 +51,11 @@ from transforms.core.batches import (
     unpacked,
     user_chunks,
 )
-from transforms.core.dofns import SideInputCache, WorkerRngDoFn
-from transforms.core.fingerprint import fingerprint64, from_key_bytes
-from transforms.core.noise import only_value
-from transforms.selection import columnar_kernels as C
-from transforms.selection import mad_kernels as K
+from dp_partition_beam.transforms.core.dofns import SideInputCache, WorkerRngDoFn
+from dp_partition_beam.transforms.core.fingerprint import fingerprint64, from_key_bytes
+from dp_partition_beam.transforms.core.noise import only_value
+from dp_partition_beam.transforms.selection import columnar_kernels as C
+from dp_partition_beam.transforms.selection import mad_kernels as K
 
 __all__ = ["ShardedUsers", "RunSeed", "BasicRound", "decode_tagged"]
 
@@ -311,7 +311,7 @@ def _seed_arg(pipeline_input, seed: Optional[int], label: str):
 
 def _counts(holders, counts_plan, seed, min_users):
     """(item bytes, holders) of released items -> (item, noisy_count) (the count release's tail)."""
-    from transforms.selection.counts import NoisyCounts
+    from dp_partition_beam.transforms.selection.counts import NoisyCounts
 
     return (
         holders

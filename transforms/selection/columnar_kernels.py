@@ -21,14 +21,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from privacy import cap as cap_plans
-from privacy.validation import check_choice, check_int
-from transforms.core import randomness
-from transforms.core.batches import ITEM, USER, concat, dictionary_codes
-from transforms.core.fingerprint import fingerprint64
-from transforms.core.fixed64 import limbs_of, value_of_limbs
-from transforms.selection import mad_kernels as K
-from transforms.selection.basic_kernels import WEIGHTINGS
+from dp_partition_beam.privacy import cap as cap_plans
+from dp_partition_beam.privacy.validation import check_choice, check_int
+from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.core.batches import ITEM, USER, concat, dictionary_codes
+from dp_partition_beam.transforms.core.fingerprint import fingerprint64
+from dp_partition_beam.transforms.core.fixed64 import limbs_of, value_of_limbs
+from dp_partition_beam.transforms.selection import mad_kernels as K
+from dp_partition_beam.transforms.selection.basic_kernels import WEIGHTINGS
 
 __all__ = [
     "SUBSAMPLE",

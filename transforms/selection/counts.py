@@ -30,11 +30,11 @@ from typing import Optional
 
 import apache_beam as beam
 
-from privacy.counts import CountPlan, check_min_users
-from transforms.core.dofns import BundleDictFn, is_batch
-from transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS, JoinValuesToSets
-from transforms.core.noise import only_value
-from transforms.selection.counts_kernels import CountNoise, at_least
+from dp_partition_beam.privacy.counts import CountPlan, check_min_users
+from dp_partition_beam.transforms.core.dofns import BundleDictFn, is_batch
+from dp_partition_beam.transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS, JoinValuesToSets
+from dp_partition_beam.transforms.core.noise import only_value
+from dp_partition_beam.transforms.selection.counts_kernels import CountNoise, at_least
 
 __all__ = ["ReleaseCounts", "NoisyCounts", "AddCountNoiseFn"]
 

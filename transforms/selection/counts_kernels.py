@@ -5,7 +5,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any, Dict, Hashable, Iterable, Mapping, Optional
 
-from transforms.core.discrete_gaussian import DiscreteGaussian
+from dp_partition_beam.transforms.core.discrete_gaussian import DiscreteGaussian
 
 #: the randomness-contract purpose of the count noise (key: the item; round: CountPlan.round)
 COUNT_NOISE_PURPOSE = "count_noise"

@@ -26,9 +26,9 @@ from typing import Any, Dict, Hashable, Iterable, List, Mapping, NamedTuple, Opt
 
 import numpy as np
 
-from privacy.validation import check_range
-from transforms.core.fixed64 import FRACTION_BITS, exact_sum64, limbs_of, value_of_limbs
-from transforms.core.randomness import encode_key
+from dp_partition_beam.privacy.validation import check_range
+from dp_partition_beam.transforms.core.fixed64 import FRACTION_BITS, exact_sum64, limbs_of, value_of_limbs
+from dp_partition_beam.transforms.core.randomness import encode_key
 
 __all__ = [
     "user_weights",

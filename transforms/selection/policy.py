@@ -17,10 +17,10 @@ from typing import Optional
 
 import apache_beam as beam
 
-from privacy.selection import RoundPlan, SelectionParams, algorithm_spec
-from transforms.core.bounding import BoundContributions
-from transforms.core.noise import NoisyThreshold
-from transforms.selection import policy_kernels
+from dp_partition_beam.privacy.selection import RoundPlan, SelectionParams, algorithm_spec
+from dp_partition_beam.transforms.core.bounding import BoundContributions
+from dp_partition_beam.transforms.core.noise import NoisyThreshold
+from dp_partition_beam.transforms.selection import policy_kernels
 
 #: budgeted bytes per gathered (user, item) pair on the single worker (measured ~110 by
 #: benchmarks/bench_policy.py with short items; see DEFAULT_MAX_SEQUENTIAL_PAIRS in privacy/selection.py)

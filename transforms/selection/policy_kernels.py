@@ -31,8 +31,8 @@ import math
 import os
 from typing import Any, Dict, Hashable, Iterable, List, MutableMapping, Optional, Sequence, Tuple
 
-from privacy.validation import check_choice, check_int
-from transforms.core import randomness
+from dp_partition_beam.privacy.validation import check_choice, check_int
+from dp_partition_beam.transforms.core import randomness
 
 #: the policies (the ``weighting`` of the sequential algorithms in privacy.selection.ALGORITHMS)
 POLICIES = ("l1_descent", "l2_descent")

@@ -18,9 +18,9 @@ from typing import Dict, Hashable, Iterable, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 
-from privacy.cap import CapPlan, choose_cap, degree_histogram
-from privacy.counts import CountPlan
-from privacy.selection import (
+from dp_partition_beam.privacy.cap import CapPlan, choose_cap, degree_histogram
+from dp_partition_beam.privacy.counts import CountPlan
+from dp_partition_beam.privacy.selection import (
     RoundPlan,
     SelectionParams,
     algorithm_spec,
@@ -29,12 +29,12 @@ from privacy.selection import (
     plan_rounds,
     resolve_params,
 )
-from privacy.validation import check_choice, check_int
-from transforms.core import randomness
-from transforms.core.fixed64 import exact_sum64
-from transforms.selection import counts_kernels, policy_kernels
-from transforms.selection import mad_kernels as K
-from transforms.selection.basic_kernels import WEIGHTINGS, per_item_weight
+from dp_partition_beam.privacy.validation import check_choice, check_int
+from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.core.fixed64 import exact_sum64
+from dp_partition_beam.transforms.selection import counts_kernels, policy_kernels
+from dp_partition_beam.transforms.selection import mad_kernels as K
+from dp_partition_beam.transforms.selection.basic_kernels import WEIGHTINGS, per_item_weight
 
 UserSets = Mapping[Hashable, Iterable[Hashable]]
 

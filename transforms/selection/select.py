@@ -21,19 +21,38 @@ from typing import Optional
 import apache_beam as beam
 import pyarrow as pa
 
-from privacy.selection import SelectionParams, algorithm_spec, plan_cap, plan_counts, plan_rounds, resolve_params
-from privacy.validation import check_int
-from transforms.core import randomness
-from transforms.core.allowlist import KeepAllowlisted, KeepAllowlistedRows, check_allowlist
-from transforms.core.batches import DEFAULT_BATCH_ROWS, DEFAULT_ROWS_PER_SHARD, ITEM, USER, ToBatches, normalise_batch
-from transforms.core.elements import SELECT_SHAPE, check_pair
-from transforms.core.fingerprint import from_key_bytes
-from transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
-from transforms.core.noise import only_value, tag_round
-from transforms.selection.columnar import ColumnarDPSIPS, ColumnarMAD, ColumnarMAD2R, ColumnarSingleRound
-from transforms.selection.columnar_mad_sips import ColumnarMADSIPS
-from transforms.selection.counts import ReleaseCounts
-from transforms.selection.policy import SequentialPolicy
+from dp_partition_beam.privacy.selection import (
+    SelectionParams,
+    algorithm_spec,
+    plan_cap,
+    plan_counts,
+    plan_rounds,
+    resolve_params,
+)
+from dp_partition_beam.privacy.validation import check_int
+from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.core.allowlist import KeepAllowlisted, KeepAllowlistedRows, check_allowlist
+from dp_partition_beam.transforms.core.batches import (
+    DEFAULT_BATCH_ROWS,
+    DEFAULT_ROWS_PER_SHARD,
+    ITEM,
+    USER,
+    ToBatches,
+    normalise_batch,
+)
+from dp_partition_beam.transforms.core.elements import SELECT_SHAPE, check_pair
+from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
+from dp_partition_beam.transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
+from dp_partition_beam.transforms.core.noise import only_value, tag_round
+from dp_partition_beam.transforms.selection.columnar import (
+    ColumnarDPSIPS,
+    ColumnarMAD,
+    ColumnarMAD2R,
+    ColumnarSingleRound,
+)
+from dp_partition_beam.transforms.selection.columnar_mad_sips import ColumnarMADSIPS
+from dp_partition_beam.transforms.selection.counts import ReleaseCounts
+from dp_partition_beam.transforms.selection.policy import SequentialPolicy
 
 
 def join_round(element):

@@ -41,9 +41,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Dict, Hashable, List, Optional, Sequence, Set, Tuple
 
-from privacy.audit import AuditBound, audit_bound
-from privacy.dpne import DPNEParams
-from privacy.selection import ALGORITHMS, SelectionParams
+from dp_partition_beam.privacy.audit import AuditBound, audit_bound
+from dp_partition_beam.privacy.dpne import DPNEParams
+from dp_partition_beam.privacy.selection import ALGORITHMS, SelectionParams
 
 UserSets = Dict[Hashable, List[str]]
 
@@ -117,11 +117,11 @@ def case_datasets(case: AuditCase, copies: int) -> Tuple[UserSets, UserSets]:
 
 def _release(case: AuditCase, user_sets: UserSets) -> Set[str]:
     if case.algorithm == "dpne":
-        from transforms.dpne.reference import dpne_reference
+        from dp_partition_beam.transforms.dpne.reference import dpne_reference
 
         texts = {u: " ".join(items) for u, items in user_sets.items()}
         return set(dpne_reference(texts, "dpne", case.params).ngrams.get(1, set()))
-    from transforms import reference
+    from dp_partition_beam.transforms import reference
 
     if case.min_count is not None:
         counts = reference.select_counts(user_sets, case.algorithm, case.params)

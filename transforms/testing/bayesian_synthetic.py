@@ -14,7 +14,7 @@ from typing import Dict
 
 import numpy as np
 
-from transforms.bayesian import bayesian_kernels as K
+from dp_partition_beam.transforms.bayesian import bayesian_kernels as K
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,7 +42,7 @@ class InjectedFailure(RuntimeError):
 def _element_marker(marker_dir: str, label: str, element) -> str:
     import hashlib
 
-    from transforms.core.randomness import encode_key
+    from dp_partition_beam.transforms.core.randomness import encode_key
 
     digest = hashlib.blake2b(encode_key((label, element)), digest_size=16).hexdigest()
     return os.path.join(marker_dir, f"{label}-{digest}")
