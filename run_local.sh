@@ -58,7 +58,7 @@ case "$cmd" in
     # --overwrite: this demo replaces its own earlier outputs (release shards, report, charts); without
     # it a run refuses to start when they exist (docs/cli.md, "Outputs")
     echo "== select_partitions: MAD-SIPS (the default algorithm) on data/debian_words.tsv.gz (1,754 users), DirectRunner =="
-    .venv/bin/python -m dp_partition_beam.pipelines.select_partitions \
+    .venv/bin/dp-select-partitions \
       --input data/debian_words.tsv.gz --input_format tsv \
       --output "$out/items" --report "$out/report.json" \
       --algorithm mad_sips --epsilon 1 --delta 1e-5 --max_contributions 100 \
@@ -67,7 +67,7 @@ case "$cmd" in
     echo "released items: $(cat "$out"/items-?????-of-????? | wc -l) in $out/items-?????-of-?????; report: $out/report.json; chart: $out/plots/released.png"
     if [ -f pipelines/extract_ngrams.py ] && [ -f data/debian_text.jsonl.gz ]; then
       echo "== extract_ngrams: DPNE on data/debian_text.jsonl.gz (1,000 users), DirectRunner =="
-      .venv/bin/python -m dp_partition_beam.pipelines.extract_ngrams \
+      .venv/bin/dp-extract-ngrams \
         --input data/debian_text.jsonl.gz --input_format jsonl \
         --output "$out/ngrams" --report "$out/ngrams_report.json" \
         --max_n 6 --epsilon 4 --delta 1e-7 --max_contributions 100 --overwrite \
@@ -76,7 +76,7 @@ case "$cmd" in
     fi
     if [ -f pipelines/bayesian_ngrams.py ] && [ -f data/bayesian_public_trigrams.tsv.gz ]; then
       echo "== bayesian_ngrams: trigram distribution with a public prior (Algorithm 2), DirectRunner =="
-      .venv/bin/python -m dp_partition_beam.pipelines.bayesian_ngrams \
+      .venv/bin/dp-bayesian-ngrams \
         --private data/debian_text.jsonl.gz --input_format jsonl \
         --public data/bayesian_public_trigrams.tsv.gz \
         --output "$out/trigram_probs" --report "$out/bayesian_report.json" \
