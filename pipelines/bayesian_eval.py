@@ -24,8 +24,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from dp_partition_beam.pipelines import cli
-from dp_partition_beam.pipelines.io import INPUT_FORMATS, ParseFileFn, load_public_counts
+from dp_partition_beam.pipelines import cli, outputs
+from dp_partition_beam.pipelines.io import INPUT_FORMATS, InputFileError, ParseFileFn, load_public_counts, open_input
 from dp_partition_beam.privacy.bayesian import MECHANISMS, BayesianParams
 from dp_partition_beam.transforms.bayesian import bayesian_kernels as K
 from dp_partition_beam.transforms.bayesian.reference import release_from_user_counts, user_counts_from_texts
@@ -38,7 +38,7 @@ def read_user_texts(pattern: str, input_format: str, user_column: str, text_colu
     out: Dict[str, List[str]] = {}
     matches = FileSystems.match([pattern])[0].metadata_list
     if not matches:
-        raise ValueError(f"--private: no file matches {pattern}")
+        raise InputFileError(f"--private: no file matches {pattern}")
     for meta in matches:
         for user, text in fn.process(meta):
             out.setdefault(user, []).append(text)
@@ -112,19 +112,29 @@ def read_distribution(path: str, prior: K.PublicPrior) -> np.ndarray:
     """A released ``n-gram<TAB>probability`` file set (prefix or glob) as a vector over the vocabulary."""
     index = prior.index()
     q = np.zeros(prior.size)
-    matches = FileSystems.match([path if any(ch in path for ch in "*?[") else path + "*"])[0].metadata_list
+    # a prefix means the release's shards (PREFIX-?????-of-?????), never whatever else starts with it
+    pattern = path if any(ch in path for ch in "*?[") else outputs.shard_pattern(path)
+    matches = FileSystems.match([pattern])[0].metadata_list
     if not matches:
-        raise ValueError(f"--distribution: no file matches {path}")
+        raise InputFileError(f"--distribution: no file matches {pattern}")
     for meta in matches:
-        with FileSystems.open(meta.path) as f:
+        with open_input(meta.path) as f:  # a truncated or corrupt compressed file raises InputFileError
             for line_no, raw in enumerate(iter(f.readline, b""), 1):
-                line = raw.decode("utf-8").rstrip("\n")
+                try:
+                    line = raw.decode("utf-8").rstrip("\n")
+                except UnicodeDecodeError:
+                    raise InputFileError(f"{meta.path}:{line_no}: not UTF-8 text") from None
                 if not line:
                     continue
                 gram, _, value = line.rpartition("\t")
                 if gram not in index:
-                    raise ValueError(f"{meta.path}:{line_no}: n-gram {gram!r} is not in the public vocabulary")
-                q[index[gram]] = float(value)
+                    raise InputFileError(f"{meta.path}:{line_no}: n-gram {gram!r} is not in the public vocabulary")
+                try:
+                    q[index[gram]] = float(value)
+                except ValueError:
+                    raise InputFileError(
+                        f"{meta.path}:{line_no}: expected n-gram<TAB>probability, got a probability of {value[:40]!r}"
+                    ) from None
     return q
 
 
@@ -184,7 +194,14 @@ def run(argv: Optional[List[str]] = None) -> int:
             name, path = spec.split("=", 1)
             named.append((name, read_distribution(path, prior)))
     except ValueError as e:
+        message = cli.error_message(e)  # a documented data error (a damaged --public or --private file): exit 3
+        if message is not None:
+            print(f"error: {message}", file=sys.stderr)
+            return 3
         parser.error(str(e))
+    except OSError as e:  # a file that cannot be read
+        print(f"error: {cli.error_message(e) or e}", file=sys.stderr)
+        return 3
     randomness.warn_if_seeded(args.seed)  # once; the repeats use seed, seed + 1, ...
     users = user_counts_from_texts(texts, prior, base, seed=args.seed, rng=None)
     rows = evaluate(users, p_private, prior, base, args.epsilons, mechanisms, args.repeats, args.seed)

@@ -201,3 +201,55 @@ def test_eval_command_prints_kl_per_mechanism(tmp_path, capsys):
     kl = {(r[0], r[1]): float(r[2]) for r in rows}
     assert all(v >= 0 and math.isfinite(v) for v in kl.values())
     assert kl[("laplace", "4")] < kl[("laplace", "0.5")]  # seeds 0-1 (deterministic): 0.18 vs 3.4 nats
+
+
+def _eval(private, public, *extra):
+    argv = ["--private", private, "--input_format", "jsonl", "--public", public, "--n", "2", "--C", "2", "--W", "6"]
+    return bayesian_eval.run(argv + ["--epsilons", "1", "--repeats", "1", *extra])
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("truncated_public", "truncated gzip stream"),
+        ("missing_private", "--private: no file matches"),
+        ("truncated_distribution", "truncated gzip stream"),
+        ("bad_probability", "expected n-gram<TAB>probability"),
+        ("no_shards", "--distribution: no file matches"),
+    ],
+)
+def test_eval_data_errors_are_one_line_and_exit_3(tmp_path, capsys, damage, message):
+    """A damaged or missing input file of dp-bayesian-eval is a data error (exit 3, one ``error:`` line), as in
+    the release commands; a --distribution prefix means the release's shards, not every file it starts."""
+    private = write_private(tmp_path, "jsonl")
+    public = write_public(tmp_path)
+    extra = []
+    if damage == "truncated_public":
+        data = open(public, "rb").read()
+        open(public, "wb").write(data[: len(data) // 2])
+    elif damage == "missing_private":
+        private = str(tmp_path / "nope.jsonl")
+    else:
+        gram = PRIOR.vocab[0]
+        shard = tmp_path / "rel-00000-of-00001"
+        shard.write_text(f"{gram}\t0.5\n" if damage != "bad_probability" else f"{gram}\thalf\n")
+        extra = ["--distribution", f"x={tmp_path / 'rel'}"]
+        if damage == "truncated_distribution":  # a compressed copy, named by a glob
+            (tmp_path / "copy.gz").write_bytes(gzip.compress(shard.read_bytes())[:-6])
+            extra = ["--distribution", f"x={tmp_path / '*.gz'}"]
+        if damage == "no_shards":  # a file that merely starts with the prefix is not a shard of the release
+            shard.rename(tmp_path / "rel.txt")
+    capsys.readouterr()
+    assert _eval(private, public, *extra) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_eval_reads_a_release_by_its_shards(tmp_path, capsys):
+    """The happy path of the check above: the same shard, undamaged, is scored (exit 0, a row named x)."""
+    private = write_private(tmp_path, "jsonl")
+    public = write_public(tmp_path)
+    (tmp_path / "rel-00000-of-00001").write_text(f"{PRIOR.vocab[0]}\t1\n")
+    (tmp_path / "rel.txt").write_text("not a shard: never read\n")
+    assert _eval(private, public, "--distribution", f"x={tmp_path / 'rel'}") == 0
+    assert any(line.split()[:1] == ["x"] for line in capsys.readouterr().out.splitlines())
