@@ -58,7 +58,11 @@ from dp_partition_beam.transforms.testing.beam import inject_bundle_failures, ze
 # --- The only imports of modules below the pipelines' CLIs (their paths move in refactors) -----------
 from pipeline_cases import PIPELINES  # the registry's PipelineSpecs (bundled sample + demo arguments)
 
-DOFN_PACKAGES = ("transforms", "pipelines", "privacy")  # walked for the package's DoFn classes
+DOFN_PACKAGES = (
+    "dp_partition_beam.transforms",
+    "dp_partition_beam.pipelines",
+    "dp_partition_beam.privacy",
+)  # walked for the package's DoFn classes
 TEST_HELPER_MODULES = ("dp_partition_beam.transforms.testing.beam",)  # DoFns of the test helpers: not fault-injected
 # ------------------------------------------------------------------------------------------------------
 

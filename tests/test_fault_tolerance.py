@@ -50,7 +50,7 @@ TEXTS = [(f"u{u}", " ".join(RND.choice("abcdefgh") for _ in range(6))) for u in 
 def package_dofn_classes():
     """Every beam.DoFn subclass defined in the transforms package (except the test helpers)."""
     classes = []
-    for mod in pkgutil.walk_packages(transforms.__path__, "transforms."):
+    for mod in pkgutil.walk_packages(transforms.__path__, "dp_partition_beam.transforms."):
         if mod.ispkg or mod.name.startswith("dp_partition_beam.transforms.testing"):
             continue
         module = importlib.import_module(mod.name)
