@@ -15,10 +15,10 @@ from apache_beam.transforms import window
 
 from dp_partition_beam.privacy.selection import SelectionParams
 from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.core import tables as C
 from dp_partition_beam.transforms.core.batches import pairs_table, unpacked
+from dp_partition_beam.transforms.core.engine import BasicPartialsFn, MADWeightsColumnar
 from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
-from dp_partition_beam.transforms.selection import columnar_kernels as C
-from dp_partition_beam.transforms.selection.columnar import BasicPartialsFn, MADWeightsColumnar
 from dp_partition_beam.transforms.selection.select import SelectPartitions
 
 from beam_helpers import collect, collect_pairs

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from dp_partition_beam.transforms.core import fingerprint as fp
 from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.core import tables as C
 from dp_partition_beam.transforms.core.batches import concat, normalise_batch, pack, pack_pairs, pairs_table, unpack_all
 from dp_partition_beam.transforms.core.fixed64 import exact_sum64, fixed64_of, limbs_of, value_of_limbs
-from dp_partition_beam.transforms.selection import columnar_kernels as C
 
 keys_st = st.one_of(
     st.text(max_size=30),

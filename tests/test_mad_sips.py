@@ -13,8 +13,8 @@ from dp_partition_beam.privacy.accounting import gdp_compose
 from dp_partition_beam.privacy.calibration import analytic_gaussian_sigma
 from dp_partition_beam.privacy.selection import ALGORITHMS, SelectionParams, plan_cap, plan_rounds
 from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.core import tables as C
 from dp_partition_beam.transforms.core.batches import ITEM, USER
-from dp_partition_beam.transforms.selection import columnar_kernels as C
 from dp_partition_beam.transforms.selection.reference import drop_hopeless, mad_sips_round, previous_round_biases
 
 PARAMS = SelectionParams(epsilon=1.0, delta=1e-5, budget_split=(0.05, 0.15, 0.8))

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from dp_partition_beam.transforms.core import text as tx
 from dp_partition_beam.transforms.core.batches import ITEM, USER, concat, key_bytes_column
-from dp_partition_beam.transforms.selection.columnar_kernels import cap_pairs
+from dp_partition_beam.transforms.core.tables import cap_pairs
 
 __all__ = [
     "TEXT",

@@ -73,6 +73,7 @@ from dp_partition_beam.privacy.dpne import (
 from dp_partition_beam.privacy.validation import check_int
 from dp_partition_beam.transforms.core import elements as E
 from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.core import tables as C
 from dp_partition_beam.transforms.core import text as tx
 from dp_partition_beam.transforms.core.allowlist import check_allowlist
 from dp_partition_beam.transforms.core.batches import (
@@ -91,11 +92,10 @@ from dp_partition_beam.transforms.core.batches import (
     user_chunks,
 )
 from dp_partition_beam.transforms.core.dofns import SideInputCache, WorkerRngDoFn, in_global_window
+from dp_partition_beam.transforms.core.engine import BasicPartialsFn, MADWeightsColumnar, RunSeed, checkpoint
 from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
 from dp_partition_beam.transforms.dpne import columnar_kernels as CK
 from dp_partition_beam.transforms.dpne import dpne_kernels
-from dp_partition_beam.transforms.selection import columnar_kernels as C
-from dp_partition_beam.transforms.selection.columnar import BasicPartialsFn, MADWeightsColumnar, RunSeed, checkpoint
 from dp_partition_beam.transforms.selection.counts import NoisyCounts
 
 # ---------------------------------------------------------------------------------------------

@@ -41,17 +41,17 @@ from dp_partition_beam.transforms.core.batches import (
     normalise_batch,
 )
 from dp_partition_beam.transforms.core.elements import SELECT_SHAPE, check_pair
-from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
-from dp_partition_beam.transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
-from dp_partition_beam.transforms.core.noise import only_value, tag_round
-from dp_partition_beam.transforms.selection.columnar import (
+from dp_partition_beam.transforms.core.engine import (
     ColumnarDPSIPS,
     ColumnarMAD,
     ColumnarMAD2R,
     ColumnarSingleRound,
 )
-from dp_partition_beam.transforms.selection.columnar_mad_sips import ColumnarMADSIPS
+from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
+from dp_partition_beam.transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
+from dp_partition_beam.transforms.core.noise import only_value, tag_round
 from dp_partition_beam.transforms.selection.counts import ReleaseCounts
+from dp_partition_beam.transforms.selection.mad_sips import ColumnarMADSIPS
 from dp_partition_beam.transforms.selection.policy import SequentialPolicy
 
 

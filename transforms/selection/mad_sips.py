@@ -40,10 +40,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dp_partition_beam.transforms.core import tables as C
 from dp_partition_beam.transforms.core.batches import DEFAULT_ROWS_PER_SHARD, ITEM, by_item_shard, unpacked
 from dp_partition_beam.transforms.core.dofns import SideInputCache, WorkerRngDoFn
-from dp_partition_beam.transforms.selection import columnar_kernels as C
-from dp_partition_beam.transforms.selection.columnar import (
+from dp_partition_beam.transforms.core.engine import (
     MADWeightsColumnar,
     NoisyThresholdFn,
     ShardedUsers,

@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dp_partition_beam.transforms.core import tables as C
 from dp_partition_beam.transforms.core.batches import (
     DEFAULT_ROWS_PER_SHARD,
     ITEM,
@@ -54,7 +55,6 @@ from dp_partition_beam.transforms.core.batches import (
 from dp_partition_beam.transforms.core.dofns import SideInputCache, WorkerRngDoFn
 from dp_partition_beam.transforms.core.fingerprint import fingerprint64, from_key_bytes
 from dp_partition_beam.transforms.core.noise import only_value
-from dp_partition_beam.transforms.selection import columnar_kernels as C
 from dp_partition_beam.transforms.selection import mad_kernels as K
 
 __all__ = ["ShardedUsers", "RunSeed", "BasicRound", "decode_tagged"]
