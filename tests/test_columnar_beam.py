@@ -17,8 +17,9 @@ from dp_partition_beam.privacy.selection import SelectionParams
 from dp_partition_beam.transforms import reference
 from dp_partition_beam.transforms.core import tables as C
 from dp_partition_beam.transforms.core.batches import pairs_table, unpacked
-from dp_partition_beam.transforms.core.engine import BasicPartialsFn, MADWeightsColumnar
 from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
+from dp_partition_beam.transforms.selection.basic import BasicPartialsFn
+from dp_partition_beam.transforms.selection.mad import MADWeights
 from dp_partition_beam.transforms.selection.select import SelectPartitions
 
 from beam_helpers import collect, collect_pairs
@@ -144,7 +145,7 @@ def test_basic_weight_stage_equals_the_reference_weights(weighting, num_shards):
 @pytest.mark.parametrize("num_shards", [1, 4])
 @pytest.mark.parametrize("biased", [False, True])
 def test_mad_weight_stage_equals_the_reference_weights(biased, num_shards):
-    """MADWeightsColumnar (Alg. 3: w_init, excess, the users' contributions with Alg. 2 for biased users)
+    """MADWeights (Alg. 3: w_init, excess, the users' contributions with Alg. 2 for biased users)
     on capped user shards: bit for bit the reference's mad_weights, whatever the number of shards."""
     capped = reference.bound_contributions(SETS, 6, seed=1)
     items = sorted({i for v in capped.values() for i in v})
@@ -152,7 +153,7 @@ def test_mad_weight_stage_equals_the_reference_weights(biased, num_shards):
     biases = {i: rng.choice([1.0, rng.random()]) for i in items} if biased else None
     b_min, b_max = (0.5, 2.0) if biased else (1.0, 1.0)
     tau, d_max = 3.0, 6
-    stage = MADWeightsColumnar(tau, d_max, b_min, b_max, num_shards)
+    stage = MADWeights(tau, d_max, b_min, b_max, num_shards)
     got = _stage_weights(_capped_shards(capped, num_shards, biases), stage)
     want = reference.mad_weights(capped, tau, d_max, biases, b_min, b_max)
     assert got == want

@@ -1,10 +1,11 @@
-"""Vectorised kernels of the columnar path (pure numpy/Arrow, no Beam): capping, weights, sums, noise.
+"""Table kernels of the columnar engine (pure numpy/Arrow, no Beam): distinct, cap, exact partial sums, noise.
 
 Every function takes and returns Arrow tables of key bytes (:mod:`transforms.core.batches`) and is a
 pure function of its inputs and the seed, so the Beam stages that call them are deterministic on
-retries, and the in-memory reference (:mod:`transforms.selection.reference`) gets the same numbers
-from the same draw functions (:mod:`transforms.core.randomness`) and the same exact sums
-(:mod:`transforms.core.fixed64`).
+retries, and the in-memory references get the same numbers from the same draw functions
+(:mod:`transforms.core.randomness`) and the same exact sums (:mod:`transforms.core.fixed64`). The
+algorithms' own table kernels sit beside their scalar forms: :mod:`transforms.selection.basic_kernels`,
+:mod:`~.mad_kernels`, :mod:`~.mad_sips_kernels`, :mod:`transforms.dpne.dpne_kernels`.
 
 Table shapes:
   pairs      (user, item)                          key bytes, repeats allowed
@@ -21,27 +22,29 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dp_partition_beam.privacy import cap as cap_plans
-from dp_partition_beam.privacy.validation import check_choice, check_int
+from dp_partition_beam.privacy.validation import check_int
 from dp_partition_beam.transforms.core import randomness
 from dp_partition_beam.transforms.core.batches import ITEM, USER, concat, dictionary_codes
 from dp_partition_beam.transforms.core.fingerprint import fingerprint64
 from dp_partition_beam.transforms.core.fixed64 import limbs_of, value_of_limbs
-from dp_partition_beam.transforms.selection import mad_kernels as K
-from dp_partition_beam.transforms.selection.basic_kernels import WEIGHTINGS
 
 __all__ = [
     "SUBSAMPLE",
     "distinct_pairs",
     "cap_pairs",
-    "per_item_weights",
-    "basic_partials",
+    "limb_table",
+    "sum_by_item",
     "merge_partials",
     "noisy_weights",
     "drop_items",
+    "keep_items",
+    "with_degree",
 ]
 
+
 SUBSAMPLE = "subsample"  # the randomness-contract purpose of the bottom-k priorities (as randomness.subsample)
+
+
 _LIMBS = ("hi", "mid", "lo")
 
 
@@ -119,28 +122,17 @@ def cap_pairs(pairs: pa.Table, k: int, seed: int, round_: int = 0, purpose: str 
     return t.append_column("degree", pa.array(deg.astype(np.int64)))
 
 
-def per_item_weights(weighting: str, degree: np.ndarray) -> np.ndarray:
-    """Basic weightings per row (bit-identical to :func:`transforms.selection.basic_kernels.per_item_weight`)."""
-    check_choice("weighting", weighting, WEIGHTINGS)
-    d = np.asarray(degree, dtype=np.float64)
-    if weighting == "weighted_gaussian":
-        return 1.0 / np.sqrt(d)
-    if weighting == "weighted_laplace":
-        return 1.0 / d
-    return np.ones_like(d)
-
-
-def _limb_table(items: pa.Array, weights: np.ndarray, holders: Optional[np.ndarray] = None) -> pa.Table:
+def limb_table(items: pa.Array, weights: np.ndarray, holders: Optional[np.ndarray] = None) -> pa.Table:
     hi, mid, lo = limbs_of(weights)
     cols = {ITEM: items, "hi": hi, "mid": mid, "lo": lo}
     cols["holders"] = np.ones(len(weights), dtype=np.int64) if holders is None else holders
     return pa.table(cols)
 
 
-_EXACT_FLOAT_SUM = float(2**52)
+EXACT_FLOAT_SUM = float(2**52)
 
 
-def _sum_by_item(table: pa.Table) -> pa.Table:
+def sum_by_item(table: pa.Table) -> pa.Table:
     """Table(item, hi, mid, lo, holders) summed per item: exact int64 totals.
 
     Per-item sums by ``np.bincount`` (float64 accumulation) are exact while the sum of absolute values
@@ -153,7 +145,7 @@ def _sum_by_item(table: pa.Table) -> pa.Table:
         )
     cols = {c: table.column(c).to_numpy() for c in (*_LIMBS, "holders")}
     bound = max(float(np.abs(v).sum(dtype=np.float64)) for v in cols.values())
-    if bound >= _EXACT_FLOAT_SUM:
+    if bound >= EXACT_FLOAT_SUM:
         out = table.group_by(ITEM, use_threads=False).aggregate([(c, "sum") for c in cols]).combine_chunks()
         return out.select([ITEM, "hi_sum", "mid_sum", "lo_sum", "holders_sum"]).rename_columns([ITEM, *cols])
     codes, items = dictionary_codes(table.column(ITEM))
@@ -161,16 +153,9 @@ def _sum_by_item(table: pa.Table) -> pa.Table:
     return pa.table({ITEM: items, **sums})
 
 
-def basic_partials(capped: pa.Table, weighting: str) -> pa.Table:
-    """Table(item, hi, mid, lo, holders): per item, the exact fixed-point sum of its holders' weights
-    ``w(d)`` (:func:`per_item_weights`) and the number of holders, over the rows of ``capped``."""
-    w = per_item_weights(weighting, capped.column("degree").to_numpy())
-    return _sum_by_item(_limb_table(capped.column(ITEM), w))
-
-
 def merge_partials(partials: Iterable[pa.Table]) -> pa.Table:
     """Sums partial tables per item -> Table(item, weight, holders), weight correctly rounded."""
-    t = _sum_by_item(concat(partials))
+    t = sum_by_item(concat(partials))
     weight = value_of_limbs(*(t.column(c).to_numpy() for c in _LIMBS))
     return pa.table({ITEM: t.column(ITEM), "weight": weight, "holders": t.column("holders")})
 
@@ -212,182 +197,15 @@ def keep_items(table: pa.Table, items: pa.Array) -> pa.Table:
     return table.filter(pc.is_in(table.column(ITEM), value_set=items))
 
 
-def drop_hopeless(table: pa.Table, hopeless: Optional[pa.Array]) -> pa.Table:
-    """MAD-SIPS: each user's rows without its hopeless items, unless all of the user's items are hopeless.
-
-    The columnar :func:`transforms.selection.reference.drop_hopeless` (docs/mad_sips.md): a user keeps its
-    hopeless items only when it has no other item to give its l2 budget to.
-    """
-    if hopeless is None or len(hopeless) == 0 or table.num_rows == 0:
-        return table
-    doomed = pc.is_in(table.column(ITEM), value_set=hopeless).to_numpy(zero_copy_only=False)
-    codes, users = dictionary_codes(table.column(USER))
-    has_hope = np.zeros(len(users), dtype=bool)
-    has_hope[codes[~doomed]] = True  # users with at least one item that is not hopeless
-    return table.filter(pa.array(~doomed | ~has_hope[codes]))
-
-
-# --------------------------------------------------------------------------------------------------
-# MAD (MAD paper Alg. 3) and MAD2R's round-2 biases (Alg. 4), vectorised over users and items
-# --------------------------------------------------------------------------------------------------
-
-
-def _user_codes(table: pa.Table) -> np.ndarray:
+def user_codes(table: pa.Table) -> np.ndarray:
     codes, _ = dictionary_codes(table.column(USER))
     return codes
 
 
 def with_degree(table: pa.Table) -> pa.Table:
     """Table(user, item, ...) with its ``degree`` column recomputed (rows per user)."""
-    codes = _user_codes(table)
+    codes = user_codes(table)
     deg = np.bincount(codes)[codes] if table.num_rows else np.zeros(0, np.int64)
     cols = {c: table.column(c) for c in table.column_names if c != "degree"}
     cols["degree"] = pa.array(deg.astype(np.int64))
     return pa.table(cols)
-
-
-def adaptive_rows(degree: np.ndarray, b_min: float, d_max: float) -> np.ndarray:
-    """Alg. 3 line 3 per row: whether the row's user is adaptive (``ceil(1/b_min^2) <= d <= d_max``)."""
-    lo, hi = K.adaptive_degree_range(b_min, d_max)
-    return (degree >= lo) & (degree <= hi)
-
-
-def mad_init_partials(capped: pa.Table, b_min: float, d_max: float) -> pa.Table:
-    """Alg. 3 lines 3-5: partial sums of ``w_init(i)`` = sum of 1/|S_u| over the adaptive holders."""
-    d = capped.column("degree").to_numpy()
-    adaptive = adaptive_rows(d, b_min, d_max)
-    rows = np.flatnonzero(adaptive)
-    return _sum_by_item(_limb_table(capped.column(ITEM).take(rows), 1.0 / d[rows].astype(np.float64)))
-
-
-def mad_item_excess(w: pa.Table, tau: float):
-    """Per item: ``r(i)`` (line 6, erratum) and ``w_trunc(i)`` (line 8) from Table(item, weight=w_init).
-
-    Returns ``(hot, trunc)``: Table(item, r) of the items with r > 0 (the values users need), and the
-    partials Table(item, hi, mid, lo, holders=0) of w_trunc (added to the final sum of the item's shard).
-    """
-    w_init = w.column("weight").to_numpy()
-    r = K.excess_fraction(w_init, tau)  # Alg. 3 line 6
-    w_trunc = K.truncate(w_init, tau)  # Alg. 3 line 8
-    hot = np.flatnonzero(r > 0.0)
-    items = w.column(ITEM)
-    trunc = _limb_table(items, np.asarray(w_trunc, dtype=np.float64), np.zeros(len(w_init), dtype=np.int64))
-    return pa.table({ITEM: items.take(hot), "r": np.asarray(r)[hot]}), trunc
-
-
-def _per_user_sum(codes: np.ndarray, values: np.ndarray, n_users: int) -> np.ndarray:
-    """Exact (fixed64) sum of ``values`` per user code (bincount of the limbs: exact below 2^52)."""
-    limbs = limbs_of(values)
-    if max(float(np.abs(limb).sum(dtype=np.float64)) for limb in limbs) < _EXACT_FLOAT_SUM:
-        sums = [np.bincount(codes, weights=limb, minlength=n_users).astype(np.int64) for limb in limbs]
-    else:
-        sums = []
-        for limb in limbs:
-            acc = np.zeros(n_users, dtype=np.int64)
-            np.add.at(acc, codes, limb)
-            sums.append(acc)
-    return value_of_limbs(*sums)
-
-
-def mad_contribution_partials(
-    capped: pa.Table,
-    hot: Optional[pa.Table],
-    tau: float,
-    d_max: float,
-    b_min: float = 1.0,
-    b_max: float = 1.0,
-) -> pa.Table:
-    """Alg. 3 lines 9-17: every user's contribution to its items, summed per item (partials table).
-
-    ``capped`` is Table(user, item, degree) or, for MAD2R's round 2, Table(user, item, degree, bias).
-    ``hot`` is Table(item, r) of the items with r > 0 (others have r = 0). Fully vectorised: users with
-    a biased item (b < 1) get Alg. 2 (UserWeights) from
-    :func:`transforms.selection.mad_kernels.user_weights_many`, bit-identical to the reference's
-    per-user :func:`transforms.selection.mad_kernels.user_weights` whatever the order of the rows
-    (its sums are exact), so each row gets the contribution that
-    :func:`transforms.selection.mad_kernels.mad_user_contributions` gives its item. ``tau`` enters only
-    through ``hot`` (r, Alg. 3 line 6).
-    """
-    n = capped.num_rows
-    if n == 0:
-        return _sum_by_item(_limb_table(capped.column(ITEM), np.zeros(0)))
-    items = capped.column(ITEM)
-    d = capped.column("degree").to_numpy().astype(np.int64)
-    df = d.astype(np.float64)
-    r = np.zeros(n, dtype=np.float64)
-    if hot is not None and hot.num_rows:
-        pos = pc.fill_null(pc.index_in(items, value_set=hot.column(ITEM)), -1).to_numpy().astype(np.int64)
-        has = pos >= 0
-        r[has] = hot.column("r").to_numpy()[pos[has]]
-    codes = _user_codes(capped)
-    n_users = int(codes.max()) + 1
-    e_sum = _per_user_sum(codes, r, n_users)[codes]  # Alg. 3 line 10: sum of r(i) over S_u (exact)
-    adaptive = adaptive_rows(d, b_min, d_max)  # Alg. 3 line 3
-    alpha = K.reroute_discount(b_min, d_max)  # Alg. 3 line 2
-    e_u = e_sum / df  # Alg. 3 line 10
-    reroute = np.where(adaptive, alpha * e_u / float(d_max), 0.0)  # Alg. 3 line 11
-    w_b = 1.0 / np.sqrt(df)  # Alg. 2 with b = 1
-    if "bias" in capped.column_names:
-        bias = capped.column("bias").to_numpy()
-        biased_user = np.bincount(codes, weights=bias < 1.0, minlength=n_users) > 0
-        rows = np.flatnonzero(biased_user[codes])  # every row of the users with a biased item
-        if rows.size:
-            if not np.array_equal(np.bincount(codes[rows], minlength=n_users)[codes[rows]], d[rows]):
-                raise ValueError("the degree column must be the number of rows of each user (with_degree)")
-            w_b[rows] = K.user_weights_many(codes[rows], bias[rows], b_min, b_max)  # Alg. 2 (Alg. 3 line 13)
-    part = np.where(adaptive, w_b - 1.0 / df, w_b)  # Alg. 3 line 15 (adaptive) / 17
-    contrib = reroute + part  # Alg. 3 lines 12, 15, 17
-    return _sum_by_item(_limb_table(items, contrib))
-
-
-def round2_biases(w1: np.ndarray, rho2: float, sigma1: float, c_lb: float, c_ub: float):
-    """Alg. 4 lines 10-14, vectorised :func:`transforms.selection.mad_kernels.round2_bias`.
-
-    Returns ``(kept, b)``: which items round 2 keeps (not in U_low) and their biases.
-    """
-    kept = ~(w1 + c_ub * sigma1 < rho2)  # lines 11-13
-    w_lb = np.maximum(0.0, w1 - c_lb * sigma1)  # line 10
-    with np.errstate(divide="ignore"):
-        b = np.where(w_lb <= rho2, 1.0, rho2 / np.where(w_lb > 0.0, w_lb, 1.0))  # line 14
-    return kept, b
-
-
-def attach_biases(capped: pa.Table, biased_items: pa.Table) -> pa.Table:
-    """MAD2R line 13: the capped rows whose item round 2 keeps, with its bias, degrees recomputed."""
-    if capped.num_rows == 0 or biased_items.num_rows == 0:
-        return pa.table(
-            {
-                USER: pa.array([], pa.binary()),
-                ITEM: pa.array([], pa.binary()),
-                "degree": pa.array([], pa.int64()),
-                "bias": pa.array([], pa.float64()),
-            }
-        )
-    pos = pc.index_in(capped.column(ITEM), value_set=biased_items.column(ITEM))
-    keep = pc.is_valid(pos)
-    t = capped.filter(keep)
-    b = biased_items.column("bias").take(pos.filter(keep))
-    return with_degree(pa.table({USER: t.column(USER), ITEM: t.column(ITEM), "bias": b}))
-
-
-# ---- MAD-SIPS's adaptive cap (privacy/cap.py) ------------------------------------------------------
-
-#: the randomness purpose of the adaptive cap's histogram noise (round 0, key = bucket index)
-CAP_NOISE = "cap"
-
-
-def degree_histogram_of(table: pa.Table, grid) -> np.ndarray:
-    """``n_j`` of a piece of distinct (user, item) rows whose users are all complete in it (privacy/cap.py)."""
-    if table.num_rows == 0:
-        return np.zeros(len(grid), dtype=np.int64)
-    degrees = np.bincount(_user_codes(table))
-    return cap_plans.degree_histogram(degrees[degrees > 0], grid)
-
-
-def noisy_cap(histogram: np.ndarray, plan: "cap_plans.CapPlan", seed: Optional[int], rng) -> int:
-    """The chosen cap: ``n_j + sigma_H Z_j`` (Z_j keyed by (seed, 'cap', 0, j), or from ``rng``), then
-    :func:`privacy.cap.choose_cap`."""
-    keys = list(range(len(plan.grid)))
-    z = randomness.standard_noise("gaussian", keys, CAP_NOISE, 0, seed, rng)
-    noisy = np.asarray(histogram, dtype=np.float64) + plan.noise_scale * z
-    return cap_plans.choose_cap(noisy, plan)

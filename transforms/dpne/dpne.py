@@ -43,7 +43,7 @@ side inputs):
                                                        combine over S_{k-1} (or the sampling estimator)
 
 MAD weighting (``weighting='mad'``) replaces the Partials/GroupItems steps by
-:class:`transforms.selection.columnar.MADWeightsColumnar` (MAD paper Alg. 3 on the same capped tables),
+:class:`transforms.selection.mad.MADWeights` (MAD paper Alg. 3 on the same capped tables),
 with tau_k = rho_k + beta sigma_k a side input (it depends on rho_k, known once S_{k-1} is released).
 
 Memory: a user shard holds ~rows_per_shard tokens (plus the n-grams of one level while it is capped);
@@ -73,7 +73,6 @@ from dp_partition_beam.privacy.dpne import (
 from dp_partition_beam.privacy.validation import check_int
 from dp_partition_beam.transforms.core import elements as E
 from dp_partition_beam.transforms.core import randomness
-from dp_partition_beam.transforms.core import tables as C
 from dp_partition_beam.transforms.core import text as tx
 from dp_partition_beam.transforms.core.allowlist import check_allowlist
 from dp_partition_beam.transforms.core.batches import (
@@ -92,11 +91,14 @@ from dp_partition_beam.transforms.core.batches import (
     user_chunks,
 )
 from dp_partition_beam.transforms.core.dofns import SideInputCache, WorkerRngDoFn, in_global_window
-from dp_partition_beam.transforms.core.engine import BasicPartialsFn, MADWeightsColumnar, RunSeed, checkpoint
+from dp_partition_beam.transforms.core.engine import RunSeed, checkpoint
 from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
+from dp_partition_beam.transforms.core.tables import keep_items, merge_partials, noisy_weights
 from dp_partition_beam.transforms.dpne import columnar_kernels as CK
 from dp_partition_beam.transforms.dpne import dpne_kernels
+from dp_partition_beam.transforms.selection.basic import BasicPartialsFn
 from dp_partition_beam.transforms.selection.counts import NoisyCounts
+from dp_partition_beam.transforms.selection.mad import MADWeights
 
 # ---------------------------------------------------------------------------------------------
 # Entry: (user, text) elements or Arrow batches -> token tables sharded by user
@@ -264,7 +266,7 @@ class LevelCapFn(beam.DoFn):
 
 def merge_shard(shard, partials):
     """(item shard, [Packed partials]) -> (item shard, Table(item, weight, holders))."""
-    return shard, C.merge_partials(unpacked(partials))
+    return shard, merge_partials(unpacked(partials))
 
 
 class NoisyKeepFn(WorkerRngDoFn):
@@ -280,7 +282,7 @@ class NoisyKeepFn(WorkerRngDoFn):
         if rho is None:
             return
         _, w = element
-        noisy = C.noisy_weights(
+        noisy = noisy_weights(
             w.column(ITEM), w.column("weight").to_numpy(), "gaussian", self._sigma, self._seed, self._round, self._rng
         )
         idx = pa.array(np.flatnonzero(noisy >= rho))
@@ -300,7 +302,7 @@ class InSupportFn(beam.DoFn):
             return
         _, w = element
         cands = CK.string_array(sorted(set(candidates))).cast(pa.binary())
-        kept = C.keep_items(pa.table({ITEM: cands}), w.column(ITEM))
+        kept = keep_items(pa.table({ITEM: cands}), w.column(ITEM))
         for g in kept.column(ITEM).to_pylist():
             yield g.decode("utf-8")
 
@@ -515,7 +517,7 @@ class _NoisyRun(beam.PTransform):
         level_si = beam.pvalue.AsSingleton(self._level)
         if self._weighting == "mad":
             tau = beam.pvalue.AsSingleton(self._level | "Tau" >> beam.Map(level_tau))  # tau_k = rho_k + beta sigma_k
-            grouped = capped | "MADWeights" >> MADWeightsColumnar(tau, self._d_max, 1.0, 1.0, self._num_shards)
+            grouped = capped | "MADWeights" >> MADWeights(tau, self._d_max, 1.0, 1.0, self._num_shards)
             # (item shard, [Packed partials]) of MAD's w(i)
         else:
             grouped = (

@@ -41,17 +41,13 @@ from dp_partition_beam.transforms.core.batches import (
     normalise_batch,
 )
 from dp_partition_beam.transforms.core.elements import SELECT_SHAPE, check_pair
-from dp_partition_beam.transforms.core.engine import (
-    ColumnarDPSIPS,
-    ColumnarMAD,
-    ColumnarMAD2R,
-    ColumnarSingleRound,
-)
 from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
 from dp_partition_beam.transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
 from dp_partition_beam.transforms.core.noise import only_value, tag_round
+from dp_partition_beam.transforms.selection.basic import _DPSIPS, _Basic
 from dp_partition_beam.transforms.selection.counts import ReleaseCounts
-from dp_partition_beam.transforms.selection.mad_sips import ColumnarMADSIPS
+from dp_partition_beam.transforms.selection.mad import _MAD, _MAD2R
+from dp_partition_beam.transforms.selection.mad_sips import _MADSIPS
 from dp_partition_beam.transforms.selection.policy import SequentialPolicy
 
 
@@ -239,14 +235,14 @@ _RUNNERS = {"sequential": _Sequential}
 
 def _columnar_single(plans, params, seed, counts_plan, rows_per_shard):
     if plans[0].weighting == "mad":
-        return ColumnarMAD(plans, params, seed, counts_plan, rows_per_shard)
-    return ColumnarSingleRound(plans[0], params, seed, counts_plan, rows_per_shard)
+        return _MAD(plans, params, seed, counts_plan, rows_per_shard)
+    return _Basic(plans[0], params, seed, counts_plan, rows_per_shard)
 
 
 #: the columnar runners of the parallel shapes (batches of rows, docs/columnar.md)
 _COLUMNAR = {
     "single": _columnar_single,
-    "dp_sips": ColumnarDPSIPS,
-    "mad2r": ColumnarMAD2R,
-    "mad_sips": ColumnarMADSIPS,
+    "dp_sips": _DPSIPS,
+    "mad2r": _MAD2R,
+    "mad_sips": _MADSIPS,
 }
