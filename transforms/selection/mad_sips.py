@@ -1,8 +1,9 @@
 """MAD-SIPS on the columnar path (docs/mad_sips.md): R rounds of MAD with removal, re-subsampling, biases.
 
-Built from the columnar building blocks of :mod:`transforms.selection.columnar` (ShardedUsers,
-MADWeights, NoisyThresholdFn, the count release's holders) and the kernels of
-:mod:`transforms.selection.columnar_kernels`. With the adaptive cap (privacy/cap.py), first:
+Built from the shared engine (:mod:`transforms.core.engine`: ShardedUsers, barriers, checkpoints),
+:class:`transforms.selection.mad.MADWeights`, :class:`transforms.selection.basic.NoisyThresholdFn`, the
+count release's holders, and the kernels of :mod:`transforms.selection.mad_sips_kernels`. With the adaptive
+cap (privacy/cap.py), first:
 
   Cap         Delta (one int, materialised)                    per piece n_j of the users' degree
                                                                 buckets, summed, noise sigma_H per
@@ -74,7 +75,7 @@ class RoundSetsFn(beam.DoFn):
     """(user shard, Table(user, item)) -> (user shard, Table(user, item, degree[, bias])): round r's sets.
 
     Drops U_<r (post-processing), from round 2 each user's hopeless items unless all of its items are
-    hopeless (Alg. 4 line 13; :func:`columnar_kernels.drop_hopeless`), then bottom-k to the round's cap
+    hopeless (Alg. 4 line 13; :func:`mad_sips_kernels.drop_hopeless`), then bottom-k to the round's cap
     (Delta_0, or the adaptive cap: a singleton side input) with round r's priorities (re-subsampling, as
     DP-SIPS).
     """

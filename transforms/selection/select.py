@@ -6,8 +6,8 @@ exactly one round); with ``params.release_counts`` ``(item, noisy_count)`` (or `
 noisy_count))``), the counts of distinct holders in the same capped user sets (docs/counts.md).
 
 Basic, the DPSU weightings, MAD, MAD2R, DP-SIPS and MAD-SIPS run on the columnar path
-(:mod:`transforms.selection.columnar`, :mod:`transforms.selection.columnar_mad_sips`: Arrow tables through
-user and item shards, docs/columnar.md);
+(:mod:`transforms.selection.basic`, :mod:`~.mad`, :mod:`~.mad_sips` on the shared engine
+:mod:`transforms.core.engine`: Arrow tables through user and item shards, docs/columnar.md);
 the sequential policies gather one worker's histogram per element (:mod:`transforms.selection.policy`).
 
 Every algorithm follows the calibrated plan of :func:`privacy.selection.plan_rounds`; the in-memory
@@ -100,7 +100,7 @@ class SelectPartitions(beam.PTransform):
       ['user', 'item']``.
 
     Every algorithm except the sequential policies runs on the columnar path
-    (:mod:`transforms.selection.columnar`, docs/columnar.md): global window only.
+    (:mod:`transforms.core.engine`, docs/columnar.md): global window only.
     Output: released items, or ``(item, noisy_count)`` (ints) with ``release_counts`` (or the
     round-tagged forms with ``output_rounds``). The plans are public: ``self.rounds`` (the selection)
     and ``self.counts`` (:class:`privacy.counts.CountPlan` or None). MAD-SIPS's adaptive cap
