@@ -160,3 +160,51 @@ def test_mad_weight_stage_equals_the_reference_weights(biased, num_shards):
     basic = reference.basic_weights(capped)
     assert any(got[i] > basic[i] + 1e-9 for i in got)  # weight was rerouted
     assert any(got[i] < basic[i] - 1e-9 for i in got)  # and truncated or biased away
+
+
+#: sha256 (first 16 hex digits) of the sorted unique transform labels of SelectPartitions(algorithm,
+#: SelectionParams(epsilon=1, delta=1e-5, ...), seed=1) over beam.Create([("u", "i")]), recorded at
+#: 0a330ba before issue 28's step 2 moved the Beam code into files named by algorithm. Dataflow's
+#: update compatibility matches stages by these names: a refactoring must not change them.
+STAGE_LABELS = {
+    "basic": ("4318531cbb051e04", "1ef2179c437c4594"),
+    "weighted_laplace": ("c3482142b5198741", "98150193352696f3"),
+    "count_gaussian": ("b9783a1581143e24", "cd1bd64e96758e52"),
+    "count_laplace": ("57c0c3935b87249a", "48fdd01086c5b245"),
+    "mad": ("e2618c262affb36c", "27f73c6fad0d90e9"),
+    "mad2r": ("ebc19ffb5b325289", "82a201246b2cba79"),
+    "dp_sips": ("b0a6972f413dea32", "8da5f9519a23981a"),
+    "mad_sips": ("af836d057c872930", "61470da5ea8c2ed4"),  # adaptive cap on (its default)
+    "mad_sips/cap1": ("088b0c44e7bbb845", "541b16f34f535e3d"),  # cap_quantile=1: no Cap stage
+    "policy_gaussian": ("b884b4e6c6b7abb5", "10b45c6729e3e25d"),
+    "policy_laplace": ("2e84d5d4f800e45e", "19adf33add419c7e"),
+}
+
+
+def _stage_labels_hash(algorithm, **params):
+    import hashlib
+
+    p = beam.Pipeline()
+    _ = (
+        p
+        | beam.Create([("u", "i")])
+        | SelectPartitions(algorithm, SelectionParams(epsilon=1, delta=1e-5, **params), seed=1)
+    )
+    labels = sorted(t.unique_name for t in p.to_runner_api().components.transforms.values())
+    return hashlib.sha256("\n".join(labels).encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("case", sorted(STAGE_LABELS))
+def test_stage_labels_are_unchanged(case):
+    """Every algorithm's job graph keeps its stage names, with and without released counts."""
+    algorithm, _, variant = case.partition("/")
+    extra = {"cap_quantile": 1.0} if variant == "cap1" else {}
+    plain, counts = STAGE_LABELS[case]
+    assert _stage_labels_hash(algorithm, **extra) == plain
+    assert _stage_labels_hash(algorithm, release_counts=True, **extra) == counts
+
+
+def test_stage_label_snapshot_covers_every_algorithm():
+    from dp_partition_beam.privacy.selection import ALGORITHMS
+
+    assert {case.partition("/")[0] for case in STAGE_LABELS} == set(ALGORITHMS)

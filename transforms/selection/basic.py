@@ -112,10 +112,11 @@ class _Basic(beam.PTransform):
     ``counts`` is ``(item, noisy_count)`` of the released items when ``counts_plan`` is given, else None.
     """
 
-    def __init__(self, plan, params, seed, counts_plan=None, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):
+    def __init__(self, plan, seed, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):
         super().__init__(label)
-        self._plan, self._params, self._seed = plan, params, seed
-        self._counts_plan, self._rows_per_shard = counts_plan, rows_per_shard
+        # plan: the run's privacy.selection.SelectionPlan (one round)
+        self._plan, self._params, self._seed = plan.rounds[0], plan.params, seed
+        self._counts_plan, self._rows_per_shard = plan.counts, rows_per_shard
 
     def expand(self, batches):
         k = self._params.max_contributions
@@ -147,10 +148,10 @@ class _DPSIPS(beam.PTransform):
     removal see the same draw). Counts (optional) count holders in one round-0 subsample of the full sets.
     """
 
-    def __init__(self, plans, params, seed, counts_plan=None, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):
+    def __init__(self, plan, seed, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):
         super().__init__(label)
-        self._plans, self._params, self._seed = plans, params, seed
-        self._counts_plan, self._rows_per_shard = counts_plan, rows_per_shard
+        self._plans, self._params, self._seed = plan.rounds, plan.params, seed
+        self._counts_plan, self._rows_per_shard = plan.counts, rows_per_shard
 
     def expand(self, batches):
         k = self._params.max_contributions

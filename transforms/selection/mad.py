@@ -204,10 +204,11 @@ class MADRound(beam.PTransform):
 class _MAD(beam.PTransform):
     """MAD (one round): batches -> ((round, item), counts or None)."""
 
-    def __init__(self, plans, params, seed, counts_plan=None, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):
+    def __init__(self, plan, seed, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):
         super().__init__(label)
-        self._plan, self._params, self._seed = plans[0], params, seed
-        self._counts_plan, self._rows_per_shard = counts_plan, rows_per_shard
+        # plan: the run's privacy.selection.SelectionPlan (one round)
+        self._plan, self._params, self._seed = plan.rounds[0], plan.params, seed
+        self._counts_plan, self._rows_per_shard = plan.counts, rows_per_shard
 
     def expand(self, batches):
         k = self._params.max_contributions
@@ -302,10 +303,10 @@ class _MAD2R(beam.PTransform):
     U_1 and U_low, with biases b(i) (side input), biased MAD with h(t) = b_max/sqrt(t), noise, rho_2.
     """
 
-    def __init__(self, plans, params, seed, counts_plan=None, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):
+    def __init__(self, plan, seed, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):
         super().__init__(label)
-        (self._r1, self._r2), self._params, self._seed = plans, params, seed
-        self._counts_plan, self._rows_per_shard = counts_plan, rows_per_shard
+        (self._r1, self._r2), self._params, self._seed = plan.rounds, plan.params, seed
+        self._counts_plan, self._rows_per_shard = plan.counts, rows_per_shard
 
     def expand(self, batches):
         p, r1, r2 = self._params, self._r1, self._r2

@@ -241,25 +241,17 @@ class _MADSIPS(beam.PTransform):
     round 2), re-subsampled to Delta_0 with round r's priorities, biased MAD (unbiased in round 1), noise,
     rho_r. Counts (optional) count holders in one round-0 subsample of the full sets (as DP-SIPS).
 
-    With ``cap_plan`` (:class:`privacy.cap.CapPlan`, the adaptive cap) a noisy degree histogram of the
+    With ``plan.cap`` (:class:`privacy.cap.CapPlan`, the adaptive cap) a noisy degree histogram of the
     full sets first picks the cap Delta of every round (:class:`_AdaptiveCap`); the rounds re-subsample to
-    Delta and use ``cap_plan.rounds_for(Delta)``. After ``expand``, :attr:`cap` is that singleton
+    Delta and use ``plan.cap.rounds_for(Delta)``. After ``expand``, :attr:`cap` is that singleton
     PCollection (None without the adaptive cap).
     """
 
-    def __init__(
-        self,
-        plans,
-        params,
-        seed,
-        counts_plan=None,
-        rows_per_shard=DEFAULT_ROWS_PER_SHARD,
-        label=None,
-        cap_plan=None,
-    ):
+    def __init__(self, plan, seed, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):
         super().__init__(label)
-        self._plans, self._params, self._seed = plans, params, seed
-        self._counts_plan, self._rows_per_shard, self._cap_plan = counts_plan, rows_per_shard, cap_plan
+        # plan: the run's privacy.selection.SelectionPlan; plan.cap is the adaptive cap's plan or None
+        self._plans, self._params, self._seed = plan.rounds, plan.params, seed
+        self._counts_plan, self._rows_per_shard, self._cap_plan = plan.counts, rows_per_shard, plan.cap
         self.cap = None
 
     def expand(self, batches):
