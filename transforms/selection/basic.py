@@ -109,7 +109,9 @@ class BasicRound(beam.PTransform):
 class _Basic(beam.PTransform):
     """One Basic round (weighted_gaussian, weighted_laplace, count_*): batches -> ((round, item), counts).
 
-    ``counts`` is ``(item, noisy_count)`` of the released items when ``counts_plan`` is given, else None.
+    ``counts`` is ``(item, noisy_count)`` of the released items when the plan has a count plan, else None.
+    The one-round shape of the registry: :class:`transforms.selection.mad._MAD` is this transform with
+    MAD's round (:meth:`round_transform`).
     """
 
     def __init__(self, plan, seed, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):
@@ -125,14 +127,18 @@ class _Basic(beam.PTransform):
         # (user shard, Table(user, item)), S
         capped = sharded | "Cap" >> beam.ParDo(CapFn(k, 0), seed_arg)  # (user shard, Table(user, item, degree))
         with_holders = self._counts_plan is not None
-        out = capped | "Round1" >> BasicRound(
-            self._plan, self._seed, beam.pvalue.AsSingleton(num_shards), with_holders
+        out = capped | "Round1" >> self.round_transform(
+            beam.pvalue.AsSingleton(num_shards), with_holders
         )  # (round, item bytes) [, (item bytes, holders)]
         released, holders = out if with_holders else (out, None)
         tagged = released | "Decode" >> beam.Map(decode_tagged)  # (round, item)
         if not with_holders:
             return tagged, None
         return tagged, noisy_counts_of_holders(holders, self._counts_plan, self._seed, self._params.min_users)
+
+    def round_transform(self, num_shards, with_holders: bool):
+        """(user shard, capped) -> (round, item bytes) [+ holders]: the round's weights, noise and threshold."""
+        return BasicRound(self._plan, self._seed, num_shards, with_holders)
 
 
 class _DPSIPS(beam.PTransform):

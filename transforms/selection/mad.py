@@ -32,7 +32,7 @@ from dp_partition_beam.transforms.core.engine import (
     run_seed_arg,
 )
 from dp_partition_beam.transforms.core.tables import merge_partials, noisy_weights
-from dp_partition_beam.transforms.selection.basic import NoisyThresholdFn
+from dp_partition_beam.transforms.selection.basic import NoisyThresholdFn, _Basic
 from dp_partition_beam.transforms.selection.counts import noisy_counts_of_holders
 from dp_partition_beam.transforms.selection.mad_kernels import (
     attach_biases,
@@ -201,29 +201,11 @@ class MADRound(beam.PTransform):
         return out.released
 
 
-class _MAD(beam.PTransform):
-    """MAD (one round): batches -> ((round, item), counts or None)."""
+class _MAD(_Basic):
+    """MAD (one round): batches -> ((round, item), counts or None); Basic's one-round runner with MAD's round."""
 
-    def __init__(self, plan, seed, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):
-        super().__init__(label)
-        # plan: the run's privacy.selection.SelectionPlan (one round)
-        self._plan, self._params, self._seed = plan.rounds[0], plan.params, seed
-        self._counts_plan, self._rows_per_shard = plan.counts, rows_per_shard
-
-    def expand(self, batches):
-        k = self._params.max_contributions
-        seed_arg = run_seed_arg(batches, self._seed, "RunSeed")
-        sharded, num_shards = batches | "Users" >> ShardedUsers(seed_arg, k, self._rows_per_shard)
-        capped = sharded | "Cap" >> beam.ParDo(CapFn(k, 0), seed_arg)  # (user shard, Table(user, item, degree))
-        with_holders = self._counts_plan is not None
-        out = capped | "Round1" >> MADRound(
-            self._plan, self._params, self._seed, beam.pvalue.AsSingleton(num_shards), with_holders=with_holders
-        )
-        released, holders = out if with_holders else (out, None)
-        tagged = released | "Decode" >> beam.Map(decode_tagged)  # (round, item)
-        if not with_holders:
-            return tagged, None
-        return tagged, noisy_counts_of_holders(holders, self._counts_plan, self._seed, self._params.min_users)
+    def round_transform(self, num_shards, with_holders: bool):
+        return MADRound(self._plan, self._params, self._seed, num_shards, with_holders=with_holders)
 
 
 class Round1StatusFn(WorkerRngDoFn):
