@@ -26,22 +26,17 @@ def params_report(params) -> Dict[str, Any]:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(params).items()}
 
 
-def build_report(_, base: dict, round_counts: Dict[int, int], cap: Optional[int] = None) -> str:
+def build_report(_, base: dict, plan, round_counts: Dict[int, int], cap: Optional[int] = None) -> str:
     """The selection report: privacy parameters, per-round noise/threshold and released counts (DP outputs).
 
-    With MAD-SIPS's adaptive cap (``cap``: the chosen cap, a DP output; ``base["_rounds_by_cap"]``: the
-    rounds of every candidate cap) the report's ``cap`` and ``rounds`` are those of the run's cap.
-    Nothing else about the data: exact input counts (e.g. skipped bad records) go to the opt-in
-    NON-PRIVATE ``--diagnostics`` file only.
+    ``plan`` is the run's :class:`privacy.selection.SelectionPlan`: its ``as_report(cap)`` gives the rounds
+    (those of the chosen ``cap``, a DP output, when the plan has an adaptive cap), the count release's
+    plan and the adaptive cap's. Nothing else about the data: exact input counts (e.g. skipped bad
+    records) go to the opt-in NON-PRIVATE ``--diagnostics`` file only.
     """
-    report = dict(base)
-    by_cap = report.pop("_rounds_by_cap", None)
-    planned = report.pop("_rounds")
-    if by_cap is not None:
-        planned = by_cap[int(cap)]
-        report["cap"] = int(cap)
+    report = {**base, **plan.as_report(cap)}
     rounds = []
-    for r in planned:
+    for r in report["rounds"]:
         r = dict(r)
         r["released"] = int(round_counts.get(r["round"], 0))
         rounds.append(r)

@@ -131,25 +131,15 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
         "skip_bad_records": bool(args.skip_bad_records),
         "seed": args.seed,
         "private": args.seed is None,
-        "_rounds": [r.as_report() for r in select.rounds],
         "allowlist": args.allowlist,
     }
-    if select.counts is not None:
-        # the count release's plan: discrete Gaussian scale, std and 95% error bound (docs/counts.md);
-        # the per-round "released" numbers below are the items kept by min_users
-        base["counts"] = dict(
-            select.counts.as_report(), min_users=params.min_users, min_users_cost="none (post-processing)"
-        )
-    cap = None
-    if select.cap_plan is not None:  # MAD-SIPS's adaptive cap: the report shows the rounds of the chosen cap
-        plan = select.cap_plan
-        base["adaptive_cap"] = plan.as_report()
-        base["_rounds_by_cap"] = {g: [r.as_report() for r in rs] for g, rs in zip(plan.grid, plan.rounds)}
-        cap = beam.pvalue.AsSingleton(select.cap)
+    # the rounds, the count release's plan and the adaptive cap come from select.plan (SelectionPlan.as_report,
+    # given the cap the run chose when the plan has one)
+    cap = None if select.cap is None else beam.pvalue.AsSingleton(select.cap)
     report = (
         pipeline
         | "ReportSeed" >> beam.Create([None])
-        | "BuildReport" >> beam.Map(outputs.build_report, base, beam.pvalue.AsDict(round_counts), cap)
+        | "BuildReport" >> beam.Map(outputs.build_report, base, select.plan, beam.pvalue.AsDict(round_counts), cap)
     )
     outputs.write_report(report, args, [written, diag])  # last: lists the shards it belongs to
     return select

@@ -3,10 +3,12 @@
 Everything here is pure math, fixed before any data is read. :class:`SelectionParams` holds the user's
 choices (validated on construction); :data:`ALGORITHMS` is the one table of the selection algorithms
 (the CLI's ``--algorithm`` choices, the report, the template metadata, the audit cases and the docs
-table are generated from it or checked against it); :func:`plan_rounds` turns an algorithm and its
-parameters into the calibrated rounds that the Beam transform
-(:class:`transforms.selection.select.SelectPartitions`) and the in-memory reference
-(:func:`transforms.reference.select`) both execute, and that the report prints.
+table are generated from it or checked against it); :func:`plan` turns an algorithm and its
+parameters, once, into a :class:`SelectionPlan` (resolved parameters, calibrated rounds, the count
+release's and the adaptive cap's plans) that the Beam transform
+(:class:`transforms.selection.select.SelectPartitions`), the in-memory reference
+(:func:`transforms.reference.select`) and the report all read (:func:`plan_rounds`, :func:`plan_counts`,
+:func:`plan_cap` are its parts).
 
 Rounds per algorithm (the ``shape`` of its :class:`AlgorithmSpec`):
 
@@ -61,6 +63,8 @@ __all__ = [
     "SEQUENTIAL_ALGORITHMS",
     "SHAPES",
     "MULTI_ROUND_SHAPES",
+    "SelectionPlan",
+    "plan",
     "ACCOUNTINGS",
     "DEFAULT_MAX_SEQUENTIAL_PAIRS",
     "SelectionParams",
@@ -632,3 +636,69 @@ def plan_counts(algorithm: str, params: SelectionParams) -> Optional[counts.Coun
     """The count release's plan (discrete Gaussian noise, error bound) or None without ``release_counts``."""
     share = selection_share(algorithm_spec(algorithm), resolve_params(algorithm, params))
     return None if share is None else share.counts
+
+
+# --------------------------------------------------------------------------------------------------
+# The plan: computed once, before any data is read
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectionPlan:
+    """Everything a selection run fixes before reading data, computed once by :func:`plan`.
+
+    ``SelectPartitions``, the in-memory reference (:func:`transforms.reference.release`) and the CLI's
+    report all read this one object: a runner gets the plan and finds what its algorithm needs in it
+    (MAD-SIPS's adaptive cap in :attr:`cap`), so no generic code special-cases an algorithm.
+
+    Attributes:
+      spec: the registry row (:class:`AlgorithmSpec`); ``algorithm`` and ``shape`` are its name and shape.
+      params: the :class:`SelectionParams` resolved for the algorithm (:func:`resolve_params`).
+      rounds: the calibrated :class:`RoundPlan` of each round (with the adaptive cap: those of Delta_0).
+      counts: the count release's :class:`privacy.counts.CountPlan`, or None without ``release_counts``.
+      cap: the adaptive cap's :class:`privacy.cap.CapPlan` (mad_sips, ``cap_quantile < 1``), or None.
+    """
+
+    spec: AlgorithmSpec
+    params: SelectionParams
+    rounds: Tuple[RoundPlan, ...]
+    counts: Optional[counts.CountPlan]
+    cap: Optional[cap_plans.CapPlan]
+
+    @property
+    def algorithm(self) -> str:
+        return self.spec.name
+
+    @property
+    def shape(self) -> str:
+        return self.spec.shape
+
+    def rounds_for(self, cap: Optional[int] = None) -> Tuple[RoundPlan, ...]:
+        """The rounds a run uses: those of the cap it chose (adaptive cap), else :attr:`rounds`."""
+        return self.rounds if self.cap is None else self.cap.rounds_for(cap)
+
+    def as_report(self, cap: Optional[int] = None) -> dict:
+        """The plan's part of the run report: ``rounds`` (of the run's ``cap`` with the adaptive cap, a DP
+        output then), ``counts`` (with ``min_users``) and ``adaptive_cap``/``cap`` when they apply."""
+        report = {"rounds": [r.as_report() for r in self.rounds_for(cap)]}
+        if self.counts is not None:
+            # the per-round "released" numbers the report adds are the items kept by min_users
+            report["counts"] = dict(
+                self.counts.as_report(), min_users=self.params.min_users, min_users_cost="none (post-processing)"
+            )
+        if self.cap is not None:
+            report["adaptive_cap"] = self.cap.as_report()
+            report["cap"] = int(cap)
+        return report
+
+
+def plan(algorithm: str, params: SelectionParams) -> SelectionPlan:
+    """The :class:`SelectionPlan` of ``algorithm`` under ``params``: resolved parameters, calibrated rounds,
+    the count release's plan and the adaptive cap's plan (``ValueError``/``TypeError`` on bad input)."""
+    spec = algorithm_spec(algorithm)
+    if not isinstance(params, SelectionParams):
+        raise TypeError(f"params must be a SelectionParams, got {type(params).__name__}")
+    params = resolve_params(spec.name, params)
+    return SelectionPlan(
+        spec, params, plan_rounds(spec.name, params), plan_counts(spec.name, params), plan_cap(spec.name, params)
+    )

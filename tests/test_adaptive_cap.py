@@ -145,7 +145,7 @@ def test_a_cap_too_small_by_noise_alone_is_rare():
     hist[0] = 250_000
     allowance = (1 - plan.quantile) * 250_000
     hist[j11 + 1] = int(allowance + 3 * sd) + 1  # all just above 11
-    from dp_partition_beam.transforms.selection.columnar_kernels import noisy_cap
+    from dp_partition_beam.transforms.selection.mad_sips_kernels import noisy_cap
 
     caps = [noisy_cap(hist, plan, seed, None) for seed in range(300)]
     assert min(caps) > 11 and max(caps) <= 100

@@ -25,7 +25,7 @@ from dp_partition_beam.transforms.core import elements as E
 from dp_partition_beam.transforms.core import text as tx
 from dp_partition_beam.transforms.core.batches import _ToBatchesFn, normalise_batch
 from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
-from dp_partition_beam.transforms.dpne import columnar_kernels as CK
+from dp_partition_beam.transforms.dpne import dpne_kernels as CK
 from dp_partition_beam.transforms.dpne.dpne import ToTextBatchesFn
 from dp_partition_beam.transforms.selection.select import AsPairsFn
 

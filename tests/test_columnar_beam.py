@@ -15,10 +15,11 @@ from apache_beam.transforms import window
 
 from dp_partition_beam.privacy.selection import SelectionParams
 from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.core import tables as C
 from dp_partition_beam.transforms.core.batches import pairs_table, unpacked
 from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
-from dp_partition_beam.transforms.selection import columnar_kernels as C
-from dp_partition_beam.transforms.selection.columnar import BasicPartialsFn, MADWeightsColumnar
+from dp_partition_beam.transforms.selection.basic import BasicPartialsFn
+from dp_partition_beam.transforms.selection.mad import MADWeights
 from dp_partition_beam.transforms.selection.select import SelectPartitions
 
 from beam_helpers import collect, collect_pairs
@@ -144,7 +145,7 @@ def test_basic_weight_stage_equals_the_reference_weights(weighting, num_shards):
 @pytest.mark.parametrize("num_shards", [1, 4])
 @pytest.mark.parametrize("biased", [False, True])
 def test_mad_weight_stage_equals_the_reference_weights(biased, num_shards):
-    """MADWeightsColumnar (Alg. 3: w_init, excess, the users' contributions with Alg. 2 for biased users)
+    """MADWeights (Alg. 3: w_init, excess, the users' contributions with Alg. 2 for biased users)
     on capped user shards: bit for bit the reference's mad_weights, whatever the number of shards."""
     capped = reference.bound_contributions(SETS, 6, seed=1)
     items = sorted({i for v in capped.values() for i in v})
@@ -152,10 +153,58 @@ def test_mad_weight_stage_equals_the_reference_weights(biased, num_shards):
     biases = {i: rng.choice([1.0, rng.random()]) for i in items} if biased else None
     b_min, b_max = (0.5, 2.0) if biased else (1.0, 1.0)
     tau, d_max = 3.0, 6
-    stage = MADWeightsColumnar(tau, d_max, b_min, b_max, num_shards)
+    stage = MADWeights(tau, d_max, b_min, b_max, num_shards)
     got = _stage_weights(_capped_shards(capped, num_shards, biases), stage)
     want = reference.mad_weights(capped, tau, d_max, biases, b_min, b_max)
     assert got == want
     basic = reference.basic_weights(capped)
     assert any(got[i] > basic[i] + 1e-9 for i in got)  # weight was rerouted
     assert any(got[i] < basic[i] - 1e-9 for i in got)  # and truncated or biased away
+
+
+#: sha256 (first 16 hex digits) of the sorted unique transform labels of SelectPartitions(algorithm,
+#: SelectionParams(epsilon=1, delta=1e-5, ...), seed=1) over beam.Create([("u", "i")]), recorded at
+#: 0a330ba before issue 28's step 2 moved the Beam code into files named by algorithm. Dataflow's
+#: update compatibility matches stages by these names: a refactoring must not change them.
+STAGE_LABELS = {
+    "basic": ("4318531cbb051e04", "1ef2179c437c4594"),
+    "weighted_laplace": ("c3482142b5198741", "98150193352696f3"),
+    "count_gaussian": ("b9783a1581143e24", "cd1bd64e96758e52"),
+    "count_laplace": ("57c0c3935b87249a", "48fdd01086c5b245"),
+    "mad": ("e2618c262affb36c", "27f73c6fad0d90e9"),
+    "mad2r": ("ebc19ffb5b325289", "82a201246b2cba79"),
+    "dp_sips": ("b0a6972f413dea32", "8da5f9519a23981a"),
+    "mad_sips": ("af836d057c872930", "61470da5ea8c2ed4"),  # adaptive cap on (its default)
+    "mad_sips/cap1": ("088b0c44e7bbb845", "541b16f34f535e3d"),  # cap_quantile=1: no Cap stage
+    "policy_gaussian": ("b884b4e6c6b7abb5", "10b45c6729e3e25d"),
+    "policy_laplace": ("2e84d5d4f800e45e", "19adf33add419c7e"),
+}
+
+
+def _stage_labels_hash(algorithm, **params):
+    import hashlib
+
+    p = beam.Pipeline()
+    _ = (
+        p
+        | beam.Create([("u", "i")])
+        | SelectPartitions(algorithm, SelectionParams(epsilon=1, delta=1e-5, **params), seed=1)
+    )
+    labels = sorted(t.unique_name for t in p.to_runner_api().components.transforms.values())
+    return hashlib.sha256("\n".join(labels).encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("case", sorted(STAGE_LABELS))
+def test_stage_labels_are_unchanged(case):
+    """Every algorithm's job graph keeps its stage names, with and without released counts."""
+    algorithm, _, variant = case.partition("/")
+    extra = {"cap_quantile": 1.0} if variant == "cap1" else {}
+    plain, counts = STAGE_LABELS[case]
+    assert _stage_labels_hash(algorithm, **extra) == plain
+    assert _stage_labels_hash(algorithm, release_counts=True, **extra) == counts
+
+
+def test_stage_label_snapshot_covers_every_algorithm():
+    from dp_partition_beam.privacy.selection import ALGORITHMS
+
+    assert {case.partition("/")[0] for case in STAGE_LABELS} == set(ALGORITHMS)

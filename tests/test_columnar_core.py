@@ -20,9 +20,11 @@ from hypothesis import strategies as st
 
 from dp_partition_beam.transforms.core import fingerprint as fp
 from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.core import tables as C
 from dp_partition_beam.transforms.core.batches import concat, normalise_batch, pack, pack_pairs, pairs_table, unpack_all
 from dp_partition_beam.transforms.core.fixed64 import exact_sum64, fixed64_of, limbs_of, value_of_limbs
-from dp_partition_beam.transforms.selection import columnar_kernels as C
+from dp_partition_beam.transforms.selection.basic_kernels import basic_partials
+from dp_partition_beam.transforms.selection.mad_kernels import mad_contribution_partials
 
 keys_st = st.one_of(
     st.text(max_size=30),
@@ -155,7 +157,7 @@ def test_emitted_tables_own_their_buffers():
     rng = random.Random(0)
     pairs = [(f"u{rng.randrange(5000)}", f"i{rng.randrange(3000)}") for _ in range(100_000)]
     capped = C.cap_pairs(pairs_table(*zip(*pairs)), 10, 1, 0)
-    partials = C.basic_partials(capped, "weighted_gaussian")
+    partials = basic_partials(capped, "weighted_gaussian")
     for table in (capped, partials):
         assert len(pickle.dumps(table)) < 1.2 * table.nbytes + 10_000
 
@@ -184,7 +186,7 @@ def test_packing_shrinks_pair_tables():
     table = pairs_table(*zip(*pairs))
     plain, packed = len(pickle.dumps(table)), len(pickle.dumps(pack_pairs(table)))
     assert packed < plain / 2.5, (plain, packed)  # zstd + dictionary keys: what the shuffles carry
-    parts = C.basic_partials(C.cap_pairs(table, 100, 1, 0), "weighted_gaussian")
+    parts = basic_partials(C.cap_pairs(table, 100, 1, 0), "weighted_gaussian")
     assert len(pickle.dumps(pack(parts))) < len(pickle.dumps(parts)) / 1.5
 
 
@@ -221,7 +223,7 @@ def test_mad_contributions_with_biases_equal_the_per_user_kernel_in_any_row_orde
     capped = capped.append_column("bias", pa.array([bias_of[i] for _, i in pairs], pa.float64()))
     hot = pa.table({"item": pa.array([k.encode() for k in r_of], pa.binary()), "r": list(r_of.values())})
 
-    got = C.merge_partials([C.mad_contribution_partials(capped, hot, tau, d_max, b_min, b_max)])
+    got = C.merge_partials([mad_contribution_partials(capped, hot, tau, d_max, b_min, b_max)])
     got = dict(zip((fp.from_key_bytes(k) for k in got.column("item").to_pylist()), got.column("weight").to_pylist()))
     parts = {}
     for user in sorted(sets, key=randomness.encode_key):
@@ -245,8 +247,8 @@ def test_mad_contributions_with_biases_equal_the_per_user_kernel_in_any_row_orde
         return [t.column(c).to_pylist() for c in t.column_names]
 
     shuffled = capped.take(pa.array(rng.permutation(capped.num_rows)))
-    assert limbs(C.mad_contribution_partials(shuffled, hot, tau, d_max, b_min, b_max)) == limbs(
-        C.mad_contribution_partials(capped, hot, tau, d_max, b_min, b_max)
+    assert limbs(mad_contribution_partials(shuffled, hot, tau, d_max, b_min, b_max)) == limbs(
+        mad_contribution_partials(capped, hot, tau, d_max, b_min, b_max)
     )
 
 

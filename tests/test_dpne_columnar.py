@@ -9,8 +9,8 @@ import pytest
 
 from dp_partition_beam.privacy.dpne import DPNEParams
 from dp_partition_beam.transforms.core import text as tx
-from dp_partition_beam.transforms.dpne import columnar_kernels as CK
 from dp_partition_beam.transforms.dpne import dpne_kernels
+from dp_partition_beam.transforms.dpne import dpne_kernels as CK
 from dp_partition_beam.transforms.dpne.dpne import DPNE
 from dp_partition_beam.transforms.dpne.reference import dpne_reference
 from dp_partition_beam.transforms.testing.synthetic import markov_corpus

@@ -34,10 +34,10 @@ from dp_partition_beam.privacy.dpne import DPNEParams
 from dp_partition_beam.privacy.selection import SelectionParams
 from dp_partition_beam.transforms import reference
 from dp_partition_beam.transforms.core.bounding import CapUserItemsFn
+from dp_partition_beam.transforms.core.engine import CapFn
 from dp_partition_beam.transforms.core.noise import AddNoiseFn
 from dp_partition_beam.transforms.dpne.dpne import DPNE
 from dp_partition_beam.transforms.dpne.reference import dpne_reference
-from dp_partition_beam.transforms.selection.columnar import CapFn
 from dp_partition_beam.transforms.selection.select import SelectPartitions
 from dp_partition_beam.transforms.testing import beam as testing
 

@@ -136,8 +136,10 @@ def test_layers_privacy_imports_no_beam_code_and_beam_code_no_reference():
             assert not {e for e in edges if e.startswith("dp_partition_beam.pipelines")}, name
     beam_modules = [
         "dp_partition_beam.transforms.selection.select",
-        "dp_partition_beam.transforms.selection.columnar",
-        "dp_partition_beam.transforms.selection.columnar_mad_sips",
+        "dp_partition_beam.transforms.core.engine",
+        "dp_partition_beam.transforms.selection.basic",
+        "dp_partition_beam.transforms.selection.mad",
+        "dp_partition_beam.transforms.selection.mad_sips",
         "dp_partition_beam.transforms.selection.policy",
         "dp_partition_beam.transforms.selection.counts",
         "dp_partition_beam.transforms.dpne.dpne",

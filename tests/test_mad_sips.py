@@ -14,7 +14,7 @@ from dp_partition_beam.privacy.calibration import analytic_gaussian_sigma
 from dp_partition_beam.privacy.selection import ALGORITHMS, SelectionParams, plan_cap, plan_rounds
 from dp_partition_beam.transforms import reference
 from dp_partition_beam.transforms.core.batches import ITEM, USER
-from dp_partition_beam.transforms.selection import columnar_kernels as C
+from dp_partition_beam.transforms.selection.mad_sips_kernels import drop_hopeless as drop_hopeless_table
 from dp_partition_beam.transforms.selection.reference import drop_hopeless, mad_sips_round, previous_round_biases
 
 PARAMS = SelectionParams(epsilon=1.0, delta=1e-5, budget_split=(0.05, 0.15, 0.8))
@@ -200,7 +200,7 @@ def test_columnar_drop_hopeless_equals_reference(sets, hopeless):
             ITEM: pa.array([i.encode() for _, i in rows], pa.binary()),
         }
     )
-    out = C.drop_hopeless(table, pa.array([i.encode() for i in sorted(hopeless)], pa.binary()))
+    out = drop_hopeless_table(table, pa.array([i.encode() for i in sorted(hopeless)], pa.binary()))
     got = sorted(zip(out.column(USER).to_pylist(), out.column(ITEM).to_pylist()))
     biases = {i: 1.0 for i in ITEMS if i not in hopeless}
     want = sorted((u.encode(), i.encode()) for u, items in sets.items() for i in drop_hopeless(items, biases))

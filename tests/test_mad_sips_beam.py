@@ -1,4 +1,4 @@
-"""MAD-SIPS on Beam (transforms/selection/columnar_mad_sips.py) equals the in-memory reference under a seed."""
+"""MAD-SIPS on Beam (transforms/selection/mad_sips.py) equals the in-memory reference under a seed."""
 
 import random
 

@@ -7,7 +7,7 @@ The public API (everything else is internal and may change)::
     items = pairs | SelectPartitions("mad2r", SelectionParams(epsilon=1, delta=1e-5))  # (user, item) -> item
 
 Each selection algorithm has one Beam path: the parallel ones run columnar (Arrow tables through user
-and item shards, :mod:`transforms.selection.columnar`; docs/columnar.md lists the stages with their
+and item shards, :mod:`transforms.core.engine`; docs/columnar.md lists the stages with their
 table shapes), the sequential policies per element on one worker (:mod:`transforms.selection.policy`).
 The stages inside the entry points are internal; ``reference`` holds the same algorithms in memory
 (the test oracle).

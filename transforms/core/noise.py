@@ -63,7 +63,7 @@ class AddNoise(beam.PTransform):
 
     The noise stage of :class:`NoisyThreshold` (the sequential policies). A consumer that reads the
     noisy weights twice must materialise them first (the columnar path's ``checkpoint``/``barrier``,
-    :mod:`transforms.selection.columnar`), so that no re-execution can redraw them.
+    :mod:`transforms.core.engine`), so that no re-execution can redraw them.
     """
 
     def __init__(self, noise: str, scale: float, seed: Optional[int] = None, round_: int = 1, label=None):
@@ -89,7 +89,7 @@ def tag_round(item, round_):
 class NoisyThreshold(beam.PTransform):
     """(item, weight) -> item, kept iff weight + noise >= threshold (rho); the sequential policies'
     release (the columnar path thresholds whole item shards: ``NoisyThresholdFn``,
-    :mod:`transforms.selection.columnar`).
+    :mod:`transforms.core.engine`).
 
     Args:
       noise: 'gaussian' or 'laplace'.

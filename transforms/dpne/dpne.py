@@ -3,8 +3,8 @@
 Paper: Kim, Gopi, Kulkarni, Yekhanin, "Differentially Private n-gram Extraction", Algorithm 1 and
 supplement Algorithm 1 (scalable). Accounting: :mod:`privacy.dpne`. Kernels shared with the
 in-memory reference (:mod:`transforms.dpne.reference`): :mod:`transforms.dpne.dpne_kernels`; the
-vectorised token and n-gram kernels: :mod:`transforms.dpne.columnar_kernels`; capping, exact
-partial sums and noise: :mod:`transforms.selection.columnar_kernels`.
+vectorised token and n-gram kernels: :mod:`transforms.dpne.dpne_kernels`; capping, exact
+partial sums and noise: :mod:`transforms.core.tables`.
 
 Input: PCollection of ``(user, text)`` elements and/or Arrow batches (``RecordBatch``/``Table`` with
 columns ``user`` and ``text``). A user may have many records; each line of a text is one segment,
@@ -43,7 +43,7 @@ side inputs):
                                                        combine over S_{k-1} (or the sampling estimator)
 
 MAD weighting (``weighting='mad'``) replaces the Partials/GroupItems steps by
-:class:`transforms.selection.columnar.MADWeightsColumnar` (MAD paper Alg. 3 on the same capped tables),
+:class:`transforms.selection.mad.MADWeights` (MAD paper Alg. 3 on the same capped tables),
 with tau_k = rho_k + beta sigma_k a side input (it depends on rho_k, known once S_{k-1} is released).
 
 Memory: a user shard holds ~rows_per_shard tokens (plus the n-grams of one level while it is capped);
@@ -91,12 +91,13 @@ from dp_partition_beam.transforms.core.batches import (
     user_chunks,
 )
 from dp_partition_beam.transforms.core.dofns import SideInputCache, WorkerRngDoFn, in_global_window
+from dp_partition_beam.transforms.core.engine import RunSeed, checkpoint
 from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
-from dp_partition_beam.transforms.dpne import columnar_kernels as CK
+from dp_partition_beam.transforms.core.tables import keep_items, merge_partials, noisy_weights
 from dp_partition_beam.transforms.dpne import dpne_kernels
-from dp_partition_beam.transforms.selection import columnar_kernels as C
-from dp_partition_beam.transforms.selection.columnar import BasicPartialsFn, MADWeightsColumnar, RunSeed, checkpoint
+from dp_partition_beam.transforms.selection.basic import BasicPartialsFn
 from dp_partition_beam.transforms.selection.counts import NoisyCounts
+from dp_partition_beam.transforms.selection.mad import MADWeights
 
 # ---------------------------------------------------------------------------------------------
 # Entry: (user, text) elements or Arrow batches -> token tables sharded by user
@@ -122,7 +123,7 @@ class ToTextBatchesFn(beam.DoFn):
     def _flush(self) -> Optional[pa.Table]:
         if not self._users:
             return None
-        table = CK.texts_table(self._users, self._texts)
+        table = dpne_kernels.texts_table(self._users, self._texts)
         self._users, self._texts, self._chars = [], [], 0
         E.check_key_column(table.column(USER), USER, "DPNE", E.DPNE_SHAPE, "(user, text) pair")  # no empty user
         return table
@@ -131,14 +132,15 @@ class ToTextBatchesFn(beam.DoFn):
         if type(element) is tuple and len(element) == 2 and type(element[0]) is str and type(element[1]) is str:
             user, text = element  # the hot path; an empty user is found per flushed batch (Arrow)
         elif isinstance(element, (pa.RecordBatch, pa.Table)):
-            E.check_batch_schema(element, "DPNE", E.DPNE_SHAPE, CK.TEXT, int_users=True)  # columns, types, nulls
+            # columns, types, nulls
+            E.check_batch_schema(element, "DPNE", E.DPNE_SHAPE, dpne_kernels.TEXT, int_users=True)
             for start in range(0, element.num_rows, self._batch_rows):
-                table = CK.normalise_text_batch(element.slice(start, self._batch_rows))
+                table = dpne_kernels.normalise_text_batch(element.slice(start, self._batch_rows))
                 E.check_key_column(table.column(USER), USER, "DPNE", E.DPNE_SHAPE)  # no empty user
                 yield owned(table)
             return
         else:
-            user, text = E.check_pair(element, "DPNE", E.DPNE_SHAPE, CK.TEXT)  # typed user keys, or an error
+            user, text = E.check_pair(element, "DPNE", E.DPNE_SHAPE, dpne_kernels.TEXT)  # typed user keys, or an error
         self._users.append(user)
         self._texts.append(text)
         self._chars += len(text)
@@ -152,13 +154,13 @@ class ToTextBatchesFn(beam.DoFn):
 
 
 class TokenizeFn(beam.DoFn):
-    """Table(user, text) -> Table(user, token, rem) (:func:`transforms.dpne.columnar_kernels.tokenize_table`)."""
+    """Table(user, text) -> Table(user, token, rem) (:func:`transforms.dpne.dpne_kernels.tokenize_table`)."""
 
     def __init__(self, tokenizer):
         self._tokenizer = None if tokenizer is tx.default_tokenize else tokenizer
 
     def process(self, table):
-        tokens = CK.tokenize_table(table, self._tokenizer)
+        tokens = dpne_kernels.tokenize_table(table, self._tokenizer)
         if tokens.num_rows:
             yield tokens
 
@@ -228,11 +230,16 @@ class LevelCapFn(beam.DoFn):
 
     Side inputs: ``seed`` (the run seed), ``s_prev``/``s1`` (lists of released n-grams; None without
     pruning), ``allowlist`` (list of n-grams or None). A shard of more than ``chunk_rows`` tokens is
-    capped a chunk of lines at a time (:func:`transforms.dpne.columnar_kernels.capped_level`).
+    capped a chunk of lines at a time (:func:`transforms.dpne.dpne_kernels.capped_level`).
     """
 
     def __init__(
-        self, lengths, pruning: Optional[str], max_contributions: int, round_: int, chunk_rows=CK.DEFAULT_CHUNK_ROWS
+        self,
+        lengths,
+        pruning: Optional[str],
+        max_contributions: int,
+        round_: int,
+        chunk_rows=dpne_kernels.DEFAULT_CHUNK_ROWS,
     ):
         self._lengths, self._pruning = tuple(lengths), pruning
         self._cap, self._round, self._chunk_rows = max_contributions, round_, chunk_rows
@@ -246,16 +253,16 @@ class LevelCapFn(beam.DoFn):
             self.setup()
         shard, tokens = element
         prev_c, s1_c, allow_c = self._caches
-        capped = CK.capped_level(
+        capped = dpne_kernels.capped_level(
             tokens,
             self._lengths,
             self._cap,
             seed,
             self._round,
-            prev_c.get(s_prev, CK.string_array) if self._pruning else None,
-            s1_c.get(s1, CK.string_array) if self._pruning else None,
+            prev_c.get(s_prev, dpne_kernels.string_array) if self._pruning else None,
+            s1_c.get(s1, dpne_kernels.string_array) if self._pruning else None,
             self._pruning or "both",
-            allow_c.get(allowlist, CK.string_array),
+            allow_c.get(allowlist, dpne_kernels.string_array),
             self._chunk_rows,
         )  # Table(user, item, degree), <= max_contributions per user
         if capped.num_rows:
@@ -264,7 +271,7 @@ class LevelCapFn(beam.DoFn):
 
 def merge_shard(shard, partials):
     """(item shard, [Packed partials]) -> (item shard, Table(item, weight, holders))."""
-    return shard, C.merge_partials(unpacked(partials))
+    return shard, merge_partials(unpacked(partials))
 
 
 class NoisyKeepFn(WorkerRngDoFn):
@@ -280,7 +287,7 @@ class NoisyKeepFn(WorkerRngDoFn):
         if rho is None:
             return
         _, w = element
-        noisy = C.noisy_weights(
+        noisy = noisy_weights(
             w.column(ITEM), w.column("weight").to_numpy(), "gaussian", self._sigma, self._seed, self._round, self._rng
         )
         idx = pa.array(np.flatnonzero(noisy >= rho))
@@ -299,8 +306,8 @@ class InSupportFn(beam.DoFn):
         if not candidates:
             return
         _, w = element
-        cands = CK.string_array(sorted(set(candidates))).cast(pa.binary())
-        kept = C.keep_items(pa.table({ITEM: cands}), w.column(ITEM))
+        cands = dpne_kernels.string_array(sorted(set(candidates))).cast(pa.binary())
+        kept = keep_items(pa.table({ITEM: cands}), w.column(ITEM))
         for g in kept.column(ITEM).to_pylist():
             yield g.decode("utf-8")
 
@@ -515,7 +522,7 @@ class _NoisyRun(beam.PTransform):
         level_si = beam.pvalue.AsSingleton(self._level)
         if self._weighting == "mad":
             tau = beam.pvalue.AsSingleton(self._level | "Tau" >> beam.Map(level_tau))  # tau_k = rho_k + beta sigma_k
-            grouped = capped | "MADWeights" >> MADWeightsColumnar(tau, self._d_max, 1.0, 1.0, self._num_shards)
+            grouped = capped | "MADWeights" >> MADWeights(tau, self._d_max, 1.0, 1.0, self._num_shards)
             # (item shard, [Packed partials]) of MAD's w(i)
         else:
             grouped = (

@@ -1,7 +1,8 @@
 """Partition selection (Basic, the DPSU baselines, MAD, MAD2R, DP-SIPS, MAD-SIPS, the sequential policies).
 
-Per algorithm: pure kernels (``*_kernels.py``; ``columnar_kernels.py`` the vectorised forms), one Beam
-path (``columnar.py`` and ``columnar_mad_sips.py`` for the parallel algorithms, ``policy.py`` for the
-sequential policies, ``counts.py`` for the released counts, the entry point ``select.py``) and the
-in-memory reference (``reference.py``). The public entry point is :class:`transforms.SelectPartitions`.
+Files by algorithm: ``<algo>_kernels.py`` is the pure math (scalar oracle and vectorised table forms
+side by side; no Beam), ``<algo>.py`` its Beam stages (``basic.py``, ``mad.py``, ``mad_sips.py``,
+``policy.py``; ``counts.py`` the released counts), ``reference.py`` everything in memory. The shared
+sharding/capping engine is :mod:`transforms.core.engine`. The public entry point is ``select.py``'s
+:class:`transforms.SelectPartitions`; the runners it dispatches to are private (docs/design.md).
 """

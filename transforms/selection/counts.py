@@ -32,6 +32,7 @@ import apache_beam as beam
 
 from dp_partition_beam.privacy.counts import CountPlan, check_min_users
 from dp_partition_beam.transforms.core.dofns import BundleDictFn, is_batch
+from dp_partition_beam.transforms.core.engine import decode_key_value
 from dp_partition_beam.transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS, JoinValuesToSets
 from dp_partition_beam.transforms.core.noise import only_value
 from dp_partition_beam.transforms.selection.counts_kernels import CountNoise, at_least
@@ -163,3 +164,12 @@ class NoisyCounts(beam.PTransform):
         if self._min_users > 0:
             noisy = noisy | "MinUsers" >> beam.Filter(at_least, self._min_users)  # (item, noisy >= M)
         return noisy
+
+
+def noisy_counts_of_holders(holders, counts_plan, seed, min_users):
+    """(item bytes, holders) of released items -> (item, noisy_count) (the count release's tail)."""
+    return (
+        holders
+        | "DecodeHolders" >> beam.Map(decode_key_value)  # (item, holders)
+        | "NoisyCounts" >> NoisyCounts(counts_plan, seed, min_users)  # (item, noisy_count >= M)
+    )

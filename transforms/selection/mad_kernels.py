@@ -25,10 +25,14 @@ import math
 from typing import Any, Dict, Hashable, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from dp_partition_beam.privacy.validation import check_range
+from dp_partition_beam.transforms.core.batches import ITEM, USER
 from dp_partition_beam.transforms.core.fixed64 import FRACTION_BITS, exact_sum64, limbs_of, value_of_limbs
 from dp_partition_beam.transforms.core.randomness import encode_key
+from dp_partition_beam.transforms.core.tables import EXACT_FLOAT_SUM, limb_table, sum_by_item, user_codes, with_degree
 
 __all__ = [
     "user_weights",
@@ -719,3 +723,133 @@ def round2_bias(
     if w_lb <= rho2:
         return 1.0  # line 14 with rho_2 / w_lb >= 1 (or w_lb = 0)
     return rho2 / w_lb  # line 14, in (0, 1)
+
+
+# --------------------------------------------------------------------------------------------------
+# MAD (Alg. 3) and MAD2R's round-2 biases (Alg. 4), vectorised over the rows of capped tables (the Beam
+# path, :mod:`transforms.selection.mad`)
+# --------------------------------------------------------------------------------------------------
+
+
+def adaptive_rows(degree: np.ndarray, b_min: float, d_max: float) -> np.ndarray:
+    """Alg. 3 line 3 per row: whether the row's user is adaptive (``ceil(1/b_min^2) <= d <= d_max``)."""
+    lo, hi = adaptive_degree_range(b_min, d_max)
+    return (degree >= lo) & (degree <= hi)
+
+
+def mad_init_partials(capped: pa.Table, b_min: float, d_max: float) -> pa.Table:
+    """Alg. 3 lines 3-5: partial sums of ``w_init(i)`` = sum of 1/|S_u| over the adaptive holders."""
+    d = capped.column("degree").to_numpy()
+    adaptive = adaptive_rows(d, b_min, d_max)
+    rows = np.flatnonzero(adaptive)
+    return sum_by_item(limb_table(capped.column(ITEM).take(rows), 1.0 / d[rows].astype(np.float64)))
+
+
+def mad_item_excess(w: pa.Table, tau: float):
+    """Per item: ``r(i)`` (line 6, erratum) and ``w_trunc(i)`` (line 8) from Table(item, weight=w_init).
+
+    Returns ``(hot, trunc)``: Table(item, r) of the items with r > 0 (the values users need), and the
+    partials Table(item, hi, mid, lo, holders=0) of w_trunc (added to the final sum of the item's shard).
+    """
+    w_init = w.column("weight").to_numpy()
+    r = excess_fraction(w_init, tau)  # Alg. 3 line 6
+    w_trunc = truncate(w_init, tau)  # Alg. 3 line 8
+    hot = np.flatnonzero(r > 0.0)
+    items = w.column(ITEM)
+    trunc = limb_table(items, np.asarray(w_trunc, dtype=np.float64), np.zeros(len(w_init), dtype=np.int64))
+    return pa.table({ITEM: items.take(hot), "r": np.asarray(r)[hot]}), trunc
+
+
+def _per_user_sum(codes: np.ndarray, values: np.ndarray, n_users: int) -> np.ndarray:
+    """Exact (fixed64) sum of ``values`` per user code (bincount of the limbs: exact below 2^52)."""
+    limbs = limbs_of(values)
+    if max(float(np.abs(limb).sum(dtype=np.float64)) for limb in limbs) < EXACT_FLOAT_SUM:
+        sums = [np.bincount(codes, weights=limb, minlength=n_users).astype(np.int64) for limb in limbs]
+    else:
+        sums = []
+        for limb in limbs:
+            acc = np.zeros(n_users, dtype=np.int64)
+            np.add.at(acc, codes, limb)
+            sums.append(acc)
+    return value_of_limbs(*sums)
+
+
+def mad_contribution_partials(
+    capped: pa.Table,
+    hot: Optional[pa.Table],
+    tau: float,
+    d_max: float,
+    b_min: float = 1.0,
+    b_max: float = 1.0,
+) -> pa.Table:
+    """Alg. 3 lines 9-17: every user's contribution to its items, summed per item (partials table).
+
+    ``capped`` is Table(user, item, degree) or, for MAD2R's round 2, Table(user, item, degree, bias).
+    ``hot`` is Table(item, r) of the items with r > 0 (others have r = 0). Fully vectorised: users with
+    a biased item (b < 1) get Alg. 2 (UserWeights) from
+    :func:`transforms.selection.mad_kernels.user_weights_many`, bit-identical to the reference's
+    per-user :func:`transforms.selection.mad_kernels.user_weights` whatever the order of the rows
+    (its sums are exact), so each row gets the contribution that
+    :func:`transforms.selection.mad_kernels.mad_user_contributions` gives its item. ``tau`` enters only
+    through ``hot`` (r, Alg. 3 line 6).
+    """
+    n = capped.num_rows
+    if n == 0:
+        return sum_by_item(limb_table(capped.column(ITEM), np.zeros(0)))
+    items = capped.column(ITEM)
+    d = capped.column("degree").to_numpy().astype(np.int64)
+    df = d.astype(np.float64)
+    r = np.zeros(n, dtype=np.float64)
+    if hot is not None and hot.num_rows:
+        pos = pc.fill_null(pc.index_in(items, value_set=hot.column(ITEM)), -1).to_numpy().astype(np.int64)
+        has = pos >= 0
+        r[has] = hot.column("r").to_numpy()[pos[has]]
+    codes = user_codes(capped)
+    n_users = int(codes.max()) + 1
+    e_sum = _per_user_sum(codes, r, n_users)[codes]  # Alg. 3 line 10: sum of r(i) over S_u (exact)
+    adaptive = adaptive_rows(d, b_min, d_max)  # Alg. 3 line 3
+    alpha = reroute_discount(b_min, d_max)  # Alg. 3 line 2
+    e_u = e_sum / df  # Alg. 3 line 10
+    reroute = np.where(adaptive, alpha * e_u / float(d_max), 0.0)  # Alg. 3 line 11
+    w_b = 1.0 / np.sqrt(df)  # Alg. 2 with b = 1
+    if "bias" in capped.column_names:
+        bias = capped.column("bias").to_numpy()
+        biased_user = np.bincount(codes, weights=bias < 1.0, minlength=n_users) > 0
+        rows = np.flatnonzero(biased_user[codes])  # every row of the users with a biased item
+        if rows.size:
+            if not np.array_equal(np.bincount(codes[rows], minlength=n_users)[codes[rows]], d[rows]):
+                raise ValueError("the degree column must be the number of rows of each user (with_degree)")
+            w_b[rows] = user_weights_many(codes[rows], bias[rows], b_min, b_max)  # Alg. 2 (Alg. 3 line 13)
+    part = np.where(adaptive, w_b - 1.0 / df, w_b)  # Alg. 3 line 15 (adaptive) / 17
+    contrib = reroute + part  # Alg. 3 lines 12, 15, 17
+    return sum_by_item(limb_table(items, contrib))
+
+
+def round2_biases(w1: np.ndarray, rho2: float, sigma1: float, c_lb: float, c_ub: float):
+    """Alg. 4 lines 10-14, vectorised :func:`transforms.selection.mad_kernels.round2_bias`.
+
+    Returns ``(kept, b)``: which items round 2 keeps (not in U_low) and their biases.
+    """
+    kept = ~(w1 + c_ub * sigma1 < rho2)  # lines 11-13
+    w_lb = np.maximum(0.0, w1 - c_lb * sigma1)  # line 10
+    with np.errstate(divide="ignore"):
+        b = np.where(w_lb <= rho2, 1.0, rho2 / np.where(w_lb > 0.0, w_lb, 1.0))  # line 14
+    return kept, b
+
+
+def attach_biases(capped: pa.Table, biased_items: pa.Table) -> pa.Table:
+    """MAD2R line 13: the capped rows whose item round 2 keeps, with its bias, degrees recomputed."""
+    if capped.num_rows == 0 or biased_items.num_rows == 0:
+        return pa.table(
+            {
+                USER: pa.array([], pa.binary()),
+                ITEM: pa.array([], pa.binary()),
+                "degree": pa.array([], pa.int64()),
+                "bias": pa.array([], pa.float64()),
+            }
+        )
+    pos = pc.index_in(capped.column(ITEM), value_set=biased_items.column(ITEM))
+    keep = pc.is_valid(pos)
+    t = capped.filter(keep)
+    b = biased_items.column("bias").take(pos.filter(keep))
+    return with_degree(pa.table({USER: t.column(USER), ITEM: t.column(ITEM), "bias": b}))

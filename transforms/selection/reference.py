@@ -20,15 +20,8 @@ import numpy as np
 
 from dp_partition_beam.privacy.cap import CapPlan, choose_cap, degree_histogram
 from dp_partition_beam.privacy.counts import CountPlan
-from dp_partition_beam.privacy.selection import (
-    RoundPlan,
-    SelectionParams,
-    algorithm_spec,
-    plan_cap,
-    plan_counts,
-    plan_rounds,
-    resolve_params,
-)
+from dp_partition_beam.privacy.selection import RoundPlan, SelectionParams
+from dp_partition_beam.privacy.selection import plan as selection_plan
 from dp_partition_beam.privacy.validation import check_choice, check_int
 from dp_partition_beam.transforms.core import randomness
 from dp_partition_beam.transforms.core.fixed64 import exact_sum64
@@ -108,7 +101,7 @@ def noisy_threshold(
     return {item for item, w in noisy.items() if w >= plan.threshold}
 
 
-def _single_round(user_sets, spec, params, plans, seed, rng):
+def _single_round(user_sets, spec, params, plans, seed, rng, cap=None):
     plan = plans[0]
     capped = bound_contributions(user_sets, params.max_contributions, seed, 0, rng)
     if plan.weighting == "mad":
@@ -118,7 +111,7 @@ def _single_round(user_sets, spec, params, plans, seed, rng):
     return {1: noisy_threshold(weights, plan, seed, rng)}, capped
 
 
-def _policy(user_sets, spec, params, plans, seed, rng):
+def _policy(user_sets, spec, params, plans, seed, rng, cap=None):
     """POLICY LAPLACE / GAUSSIAN (DPSU Alg. 4 / 6): secret-order l1/l2-descent histogram, noise, threshold.
 
     The size limit ``params.max_sequential_pairs`` guards the Beam transform's single worker only;
@@ -130,7 +123,7 @@ def _policy(user_sets, spec, params, plans, seed, rng):
     return {1: noisy_threshold(hist, plan, seed, rng)}, capped
 
 
-def _dp_sips(user_sets, spec, params, plans, seed, rng):
+def _dp_sips(user_sets, spec, params, plans, seed, rng, cap=None):
     full = {u: _unique(items) for u, items in user_sets.items()}
     released: Set[Hashable] = set()
     per_round = {}
@@ -146,7 +139,7 @@ def _dp_sips(user_sets, spec, params, plans, seed, rng):
     return per_round, bound_contributions(full, params.max_contributions, seed, 0, rng)
 
 
-def _mad2r(user_sets, spec, params, plans, seed, rng):
+def _mad2r(user_sets, spec, params, plans, seed, rng, cap=None):
     r1, r2 = plans
     capped = bound_contributions(user_sets, params.max_contributions, seed, 0, rng)  # Alg. 4 line 1
     w1 = K.mad_weights(capped, r1.tau, params.d_max)  # line 5
@@ -262,7 +255,9 @@ def _mad_sips(user_sets, spec, params, plans, seed, rng, cap=None):
     return per_round, bound_contributions(full, params.max_contributions, seed, 0, rng)
 
 
-#: one runner per shape of the registry (privacy.selection.SHAPES); SelectPartitions has the same table
+#: one runner per shape of the registry (privacy.selection.SHAPES); SelectPartitions has the same table.
+#: Every runner is ``(user_sets, spec, params, plans, seed, rng, cap)``; ``cap`` is the adaptive cap the
+#: plan's ``cap`` chose (MAD-SIPS; None for every other shape, whose plans never carry one).
 _RUNNERS = {"single": _single_round, "sequential": _policy, "dp_sips": _dp_sips, "mad2r": _mad2r, "mad_sips": _mad_sips}
 
 
@@ -314,20 +309,15 @@ def release(
     allowlist: Optional[Iterable[Hashable]] = None,
 ) -> SelectionResult:
     """The whole release of ``SelectPartitions`` (same output under the same seed): items, rounds, counts."""
-    spec = algorithm_spec(algorithm)
-    params = resolve_params(algorithm, params)  # budget_split, c_ub left at None: the algorithm's defaults
-    plans = plan_rounds(algorithm, params)
-    count_plan = plan_counts(algorithm, params)
+    run_plan = selection_plan(algorithm, params)  # params resolved: the algorithm's defaults filled in
+    params, count_plan = run_plan.params, run_plan.counts
     randomness.warn_if_seeded(seed)
     rng = None if seed is not None else randomness.worker_rng()
     user_sets = restrict_to_allowlist(user_sets, allowlist)
-    cap_plan, cap = plan_cap(algorithm, params), None
-    if cap_plan is not None:  # MAD-SIPS's adaptive cap: a noisy degree histogram picks the rounds' plans
-        cap = adaptive_cap(user_sets, cap_plan, seed, rng)
-        plans = cap_plan.rounds_for(cap)
-        per_round, capped = _mad_sips(user_sets, spec, params, plans, seed, rng, cap)
-    else:
-        per_round, capped = _RUNNERS[spec.shape](user_sets, spec, params, plans, seed, rng)
+    # with an adaptive cap plan (MAD-SIPS), a noisy degree histogram picks the cap, hence the rounds' plans
+    cap = None if run_plan.cap is None else adaptive_cap(user_sets, run_plan.cap, seed, rng)
+    plans = run_plan.rounds_for(cap)
+    per_round, capped = _RUNNERS[run_plan.shape](user_sets, run_plan.spec, params, plans, seed, rng, cap)
     counts = None
     if count_plan is not None:
         released = set().union(*per_round.values())

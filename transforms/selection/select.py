@@ -6,11 +6,12 @@ exactly one round); with ``params.release_counts`` ``(item, noisy_count)`` (or `
 noisy_count))``), the counts of distinct holders in the same capped user sets (docs/counts.md).
 
 Basic, the DPSU weightings, MAD, MAD2R, DP-SIPS and MAD-SIPS run on the columnar path
-(:mod:`transforms.selection.columnar`, :mod:`transforms.selection.columnar_mad_sips`: Arrow tables through
-user and item shards, docs/columnar.md);
+(:mod:`transforms.selection.basic`, :mod:`~.mad`, :mod:`~.mad_sips` on the shared engine
+:mod:`transforms.core.engine`: Arrow tables through user and item shards, docs/columnar.md);
 the sequential policies gather one worker's histogram per element (:mod:`transforms.selection.policy`).
 
-Every algorithm follows the calibrated plan of :func:`privacy.selection.plan_rounds`; the in-memory
+Every algorithm follows its :class:`privacy.selection.SelectionPlan` (:func:`privacy.selection.plan`,
+computed once in the constructor): the runner of its shape gets the plan and reads what it needs; the in-memory
 oracle with the same randomness contract is :func:`transforms.reference.select`.
 """
 
@@ -21,14 +22,7 @@ from typing import Optional
 import apache_beam as beam
 import pyarrow as pa
 
-from dp_partition_beam.privacy.selection import (
-    SelectionParams,
-    algorithm_spec,
-    plan_cap,
-    plan_counts,
-    plan_rounds,
-    resolve_params,
-)
+from dp_partition_beam.privacy.selection import SelectionParams, plan
 from dp_partition_beam.privacy.validation import check_int
 from dp_partition_beam.transforms.core import randomness
 from dp_partition_beam.transforms.core.allowlist import KeepAllowlisted, KeepAllowlistedRows, check_allowlist
@@ -44,14 +38,10 @@ from dp_partition_beam.transforms.core.elements import SELECT_SHAPE, check_pair
 from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
 from dp_partition_beam.transforms.core.joins import DEFAULT_MAX_BROADCAST_ITEMS
 from dp_partition_beam.transforms.core.noise import only_value, tag_round
-from dp_partition_beam.transforms.selection.columnar import (
-    ColumnarDPSIPS,
-    ColumnarMAD,
-    ColumnarMAD2R,
-    ColumnarSingleRound,
-)
-from dp_partition_beam.transforms.selection.columnar_mad_sips import ColumnarMADSIPS
+from dp_partition_beam.transforms.selection.basic import _DPSIPS, _Basic
 from dp_partition_beam.transforms.selection.counts import ReleaseCounts
+from dp_partition_beam.transforms.selection.mad import _MAD, _MAD2R
+from dp_partition_beam.transforms.selection.mad_sips import _MADSIPS
 from dp_partition_beam.transforms.selection.policy import SequentialPolicy
 
 
@@ -104,10 +94,11 @@ class SelectPartitions(beam.PTransform):
       ['user', 'item']``.
 
     Every algorithm except the sequential policies runs on the columnar path
-    (:mod:`transforms.selection.columnar`, docs/columnar.md): global window only.
+    (:mod:`transforms.core.engine`, docs/columnar.md): global window only.
     Output: released items, or ``(item, noisy_count)`` (ints) with ``release_counts`` (or the
-    round-tagged forms with ``output_rounds``). The plans are public: ``self.rounds`` (the selection)
-    and ``self.counts`` (:class:`privacy.counts.CountPlan` or None). MAD-SIPS's adaptive cap
+    round-tagged forms with ``output_rounds``). The plan is public: ``self.plan``
+    (:class:`privacy.selection.SelectionPlan`), also as ``self.rounds`` (the selection), ``self.counts``
+    (:class:`privacy.counts.CountPlan` or None) and ``self.cap_plan``. MAD-SIPS's adaptive cap
     (``params.cap_quantile < 1``, privacy/cap.py): ``self.cap_plan`` holds the rounds of every candidate cap
     (``self.rounds`` are those of Delta_0) and, after ``expand``, ``self.cap`` is the singleton PCollection
     of the cap the run chose (None without the adaptive cap).
@@ -134,35 +125,30 @@ class SelectPartitions(beam.PTransform):
             max_users_per_key=check_int("max_users_per_key", max_users_per_key, 1),
             max_broadcast_items=check_int("max_broadcast_items", max_broadcast_items, 0),
         )
-        self.spec = algorithm_spec(algorithm)
-        self.algorithm = self.spec.name
-        if not isinstance(params, SelectionParams):
-            raise TypeError(f"params must be a SelectionParams, got {type(params).__name__}")
-        self.params = resolve_params(self.algorithm, params)  # budget_split, c_ub at None: the algorithm's
+        self.plan = plan(algorithm, params)  # calibrated once, before any data is read
+        self.spec, self.algorithm = self.plan.spec, self.plan.algorithm
+        self.params = self.plan.params  # budget_split, c_ub at None: the algorithm's
         self.seed = seed
         self.output_rounds = output_rounds
         self.allowlist = check_allowlist(allowlist)
-        self.rounds = plan_rounds(algorithm, params)  # calibrated before any data is read
-        self.counts = plan_counts(algorithm, params)  # None without release_counts
-        self.cap_plan = plan_cap(algorithm, params)  # None unless mad_sips's adaptive cap is on
+        self.rounds, self.counts, self.cap_plan = self.plan.rounds, self.plan.counts, self.plan.cap
         self.cap = None  # the chosen cap's singleton PCollection, after expand (adaptive cap only)
 
     def expand(self, pcoll):
         randomness.warn_if_seeded(self.seed)
-        columnar = _COLUMNAR.get(self.spec.shape)
+        columnar = _COLUMNAR.get(self.plan.shape)
         if columnar is not None:
             batches = pcoll | "Batch" >> ToBatches(self.batch_rows)  # Table(user, item)
             if self.allowlist is not None:
                 batches = batches | "Allowlist" >> KeepAllowlistedRows(self.allowlist)  # Table, items allowed
-            extra = {} if self.cap_plan is None else {"cap_plan": self.cap_plan}
-            runner = columnar(self.rounds, self.params, self.seed, self.counts, self.rows_per_shard, **extra)
+            runner = columnar(self.plan, self.seed, self.rows_per_shard)
             tagged, counted = batches | self.algorithm.upper() >> runner  # (round, item), (item, count) or None
             self.cap = getattr(runner, "cap", None)  # Delta (adaptive cap), one int
         else:
             pairs = pcoll | "Pairs" >> beam.ParDo(AsPairsFn())  # (user, item)
             if self.allowlist is not None:
                 pairs = pairs | "Allowlist" >> KeepAllowlisted(self.allowlist)  # (user, item), item allowed
-            runner = _RUNNERS[self.spec.shape](self.spec, self.rounds, self.params, self.seed)
+            runner = _RUNNERS[self.plan.shape](self.plan, self.seed)
             tagged, user_sets = pairs | self.algorithm.upper() >> runner  # (round, item), (user, [item]) or None
             counted = None
         if self.counts is None:
@@ -221,9 +207,9 @@ def swap(element):
 class _Sequential(beam.PTransform):
     """The single-worker policy algorithms (DPSU paper Alg. 4 and 6), tagged with their one round."""
 
-    def __init__(self, spec, plans, params: SelectionParams, seed: Optional[int]):
+    def __init__(self, plan, seed: Optional[int]):
         super().__init__()
-        self._spec, self._plan, self._params, self._seed = spec, plans[0], params, seed
+        self._spec, self._plan, self._params, self._seed = plan.spec, plan.rounds[0], plan.params, seed
 
     def expand(self, pairs):
         released, user_sets = pairs | "Policy" >> SequentialPolicy(
@@ -232,21 +218,21 @@ class _Sequential(beam.PTransform):
         return released | "TagRound" >> beam.Map(tag_round, self._plan.index), user_sets  # (1, item)
 
 
-#: the per-element runner of the sequential shape; with _COLUMNAR one Beam runner per shape of the registry
+#: the per-element runner of the sequential shape; with _COLUMNAR one Beam runner per shape of the registry,
+#: each built from the run's SelectionPlan
 #: (privacy.selection.SHAPES); the reference has the same table
 _RUNNERS = {"sequential": _Sequential}
 
 
-def _columnar_single(plans, params, seed, counts_plan, rows_per_shard):
-    if plans[0].weighting == "mad":
-        return ColumnarMAD(plans, params, seed, counts_plan, rows_per_shard)
-    return ColumnarSingleRound(plans[0], params, seed, counts_plan, rows_per_shard)
+def _columnar_single(plan, seed, rows_per_shard):
+    """The one-round shape: MAD's weighting has its own round transform (:mod:`transforms.selection.mad`)."""
+    return (_MAD if plan.spec.weighting == "mad" else _Basic)(plan, seed, rows_per_shard)
 
 
 #: the columnar runners of the parallel shapes (batches of rows, docs/columnar.md)
 _COLUMNAR = {
     "single": _columnar_single,
-    "dp_sips": ColumnarDPSIPS,
-    "mad2r": ColumnarMAD2R,
-    "mad_sips": ColumnarMADSIPS,
+    "dp_sips": _DPSIPS,
+    "mad2r": _MAD2R,
+    "mad_sips": _MADSIPS,
 }

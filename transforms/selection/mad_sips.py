@@ -1,8 +1,9 @@
 """MAD-SIPS on the columnar path (docs/mad_sips.md): R rounds of MAD with removal, re-subsampling, biases.
 
-Built from the columnar building blocks of :mod:`transforms.selection.columnar` (ShardedUsers,
-MADWeightsColumnar, NoisyThresholdFn, the count release's holders) and the kernels of
-:mod:`transforms.selection.columnar_kernels`. With the adaptive cap (privacy/cap.py), first:
+Built from the shared engine (:mod:`transforms.core.engine`: ShardedUsers, barriers, checkpoints),
+:class:`transforms.selection.mad.MADWeights`, :class:`transforms.selection.basic.NoisyThresholdFn`, the
+count release's holders, and the kernels of :mod:`transforms.selection.mad_sips_kernels`. With the adaptive
+cap (privacy/cap.py), first:
 
   Cap         Delta (one int, materialised)                    per piece n_j of the users' degree
                                                                 buckets, summed, noise sigma_H per
@@ -42,23 +43,24 @@ import pyarrow.compute as pc
 
 from dp_partition_beam.transforms.core.batches import DEFAULT_ROWS_PER_SHARD, ITEM, by_item_shard, unpacked
 from dp_partition_beam.transforms.core.dofns import SideInputCache, WorkerRngDoFn
-from dp_partition_beam.transforms.selection import columnar_kernels as C
-from dp_partition_beam.transforms.selection.columnar import (
-    MADWeightsColumnar,
-    NoisyThresholdFn,
+from dp_partition_beam.transforms.core.engine import (
     ShardedUsers,
-    _counts,
-    _seed_arg,
     all_rounds,
     barrier,
     checkpoint,
     concat_or_none,
-    holders_in_round0_sets,
     released_through,
     removed_before,
+    run_seed_arg,
 )
+from dp_partition_beam.transforms.core.tables import cap_pairs, drop_items, merge_partials, noisy_weights
+from dp_partition_beam.transforms.selection.basic import NoisyThresholdFn, holders_in_round0_sets
+from dp_partition_beam.transforms.selection.counts import noisy_counts_of_holders
+from dp_partition_beam.transforms.selection.mad import MADWeights
+from dp_partition_beam.transforms.selection.mad_kernels import attach_biases, round2_biases
+from dp_partition_beam.transforms.selection.mad_sips_kernels import degree_histogram_of, drop_hopeless, noisy_cap
 
-__all__ = ["ColumnarMADSIPS"]
+__all__ = ["_MADSIPS"]
 
 _ZERO_COLUMNS = ("hi", "mid", "lo", "holders")
 
@@ -73,7 +75,7 @@ class RoundSetsFn(beam.DoFn):
     """(user shard, Table(user, item)) -> (user shard, Table(user, item, degree[, bias])): round r's sets.
 
     Drops U_<r (post-processing), from round 2 each user's hopeless items unless all of its items are
-    hopeless (Alg. 4 line 13; :func:`columnar_kernels.drop_hopeless`), then bottom-k to the round's cap
+    hopeless (Alg. 4 line 13; :func:`mad_sips_kernels.drop_hopeless`), then bottom-k to the round's cap
     (Delta_0, or the adaptive cap: a singleton side input) with round r's priorities (re-subsampling, as
     DP-SIPS).
     """
@@ -85,17 +87,17 @@ class RoundSetsFn(beam.DoFn):
     def process(self, element, seed, cap, released=None, bias_tables=None):
         shard, table = element
         if released:
-            table = C.drop_items(table, pa.array(released, type=pa.binary()))  # remove U_<r
+            table = drop_items(table, pa.array(released, type=pa.binary()))  # remove U_<r
         if bias_tables is not None:
             biased = self._biases.get(bias_tables, concat_or_none)
             if biased is None or biased.num_rows == 0:
                 return
             # every item left is a candidate of round r - 1's status (CandidatePartialsFn), so it has a row
             hopeless = biased.column(ITEM).filter(biased.column("hopeless"))
-            table = C.drop_hopeless(table, hopeless.combine_chunks())  # drop U_low (Alg. 4 line 13)
-        capped = C.cap_pairs(table, int(cap), seed, self._round)  # re-subsample to Delta (round r)
+            table = drop_hopeless(table, hopeless.combine_chunks())  # drop U_low (Alg. 4 line 13)
+        capped = cap_pairs(table, int(cap), seed, self._round)  # re-subsample to Delta (round r)
         if bias_tables is not None:
-            capped = C.attach_biases(capped, biased)  # Table(user, item, degree, bias)
+            capped = attach_biases(capped, biased)  # Table(user, item, degree, bias)
         if capped.num_rows:
             yield shard, capped
 
@@ -106,7 +108,7 @@ class CandidatePartialsFn(beam.DoFn):
     def process(self, element, num_shards, released=None):
         table = element[1]
         if released:
-            table = C.drop_items(table, pa.array(released, type=pa.binary()))
+            table = drop_items(table, pa.array(released, type=pa.binary()))
         items = pc.unique(table.column(ITEM).combine_chunks())
         if len(items):
             yield from by_item_shard(zero_partials(items), num_shards)  # packed
@@ -130,14 +132,14 @@ class RoundStatusFn(WorkerRngDoFn):
         plans = self._by_cap[int(cap)]
         p, q = plans[self._round - 1], plans[self._round]
         shard, partials = element
-        w = C.merge_partials(unpacked(partials))
-        noisy = C.noisy_weights(
+        w = merge_partials(unpacked(partials))
+        noisy = noisy_weights(
             w.column(ITEM), w.column("weight").to_numpy(), p.noise, p.noise_scale, self._seed, p.index, self._rng
         )  # w~_r on round r's union and the candidates
         holders = w.column("holders").to_numpy()
         released = (holders > 0) & (noisy >= p.threshold)  # U_r
         c_lb, c_ub = self._params.c_lb, self._params.c_ub
-        _, b = C.round2_biases(noisy, q.threshold, p.noise_scale, c_lb, c_ub)  # Alg. 4 lines 10, 14 (rho_{r+1})
+        _, b = round2_biases(noisy, q.threshold, p.noise_scale, c_lb, c_ub)  # Alg. 4 lines 10, 14 (rho_{r+1})
         hopeless = noisy + c_ub * p.noise_scale < rho_drop(plans, self._round)  # lines 11-13, least remaining rho
         if w.num_rows:
             yield shard, pa.table({ITEM: w.column(ITEM), "released": released, "bias": b, "hopeless": hopeless})
@@ -161,7 +163,7 @@ def round_tau(cap, plans_by_cap, round_: int) -> float:
 
 def piece_histogram(element, grid):
     """(user shard, Table(user, item)) -> n_j of the piece's users (every user complete in one piece)."""
-    return C.degree_histogram_of(element[1], grid)
+    return degree_histogram_of(element[1], grid)
 
 
 class SumHistogramsFn(beam.CombineFn):
@@ -191,10 +193,10 @@ class ChooseCapFn(WorkerRngDoFn):
         self._plan = plan
 
     def process(self, histogram):
-        yield 0, C.noisy_cap(histogram, self._plan, self._seed, self._rng)
+        yield 0, noisy_cap(histogram, self._plan, self._seed, self._rng)
 
 
-class AdaptiveCap(beam.PTransform):
+class _AdaptiveCap(beam.PTransform):
     """(user shard, Table(user, item)) full distinct sets -> the chosen cap (one int; privacy/cap.py)."""
 
     def __init__(self, plan, seed, label=None):
@@ -232,44 +234,36 @@ def released_rows(round_: int):
     return rows
 
 
-class ColumnarMADSIPS(beam.PTransform):
+class _MADSIPS(beam.PTransform):
     """MAD-SIPS (docs/mad_sips.md): batches -> ((round, item), counts or None).
 
     Round r: the full distinct sets minus U_<r, minus the items that round r - 1's status dropped (from
     round 2), re-subsampled to Delta_0 with round r's priorities, biased MAD (unbiased in round 1), noise,
     rho_r. Counts (optional) count holders in one round-0 subsample of the full sets (as DP-SIPS).
 
-    With ``cap_plan`` (:class:`privacy.cap.CapPlan`, the adaptive cap) a noisy degree histogram of the
-    full sets first picks the cap Delta of every round (:class:`AdaptiveCap`); the rounds re-subsample to
-    Delta and use ``cap_plan.rounds_for(Delta)``. After ``expand``, :attr:`cap` is that singleton
+    With ``plan.cap`` (:class:`privacy.cap.CapPlan`, the adaptive cap) a noisy degree histogram of the
+    full sets first picks the cap Delta of every round (:class:`_AdaptiveCap`); the rounds re-subsample to
+    Delta and use ``plan.cap.rounds_for(Delta)``. After ``expand``, :attr:`cap` is that singleton
     PCollection (None without the adaptive cap).
     """
 
-    def __init__(
-        self,
-        plans,
-        params,
-        seed,
-        counts_plan=None,
-        rows_per_shard=DEFAULT_ROWS_PER_SHARD,
-        label=None,
-        cap_plan=None,
-    ):
+    def __init__(self, plan, seed, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):
         super().__init__(label)
-        self._plans, self._params, self._seed = plans, params, seed
-        self._counts_plan, self._rows_per_shard, self._cap_plan = counts_plan, rows_per_shard, cap_plan
+        # plan: the run's privacy.selection.SelectionPlan; plan.cap is the adaptive cap's plan or None
+        self._plans, self._params, self._seed = plan.rounds, plan.params, seed
+        self._counts_plan, self._rows_per_shard, self._cap_plan = plan.counts, rows_per_shard, plan.cap
         self.cap = None
 
     def expand(self, batches):
         p = self._params
         k = p.max_contributions
-        seed_arg = _seed_arg(batches, self._seed, "RunSeed")
+        seed_arg = run_seed_arg(batches, self._seed, "RunSeed")
         full, num_shards = batches | "Users" >> ShardedUsers(seed_arg, None, self._rows_per_shard)
         # (user shard, Table(user, item)) all distinct rows
         shards_si = beam.pvalue.AsSingleton(num_shards)
         adaptive = self._cap_plan is not None
         if adaptive:
-            self.cap = full | "Cap" >> AdaptiveCap(self._cap_plan, self._seed)  # Delta, one int
+            self.cap = full | "Cap" >> _AdaptiveCap(self._cap_plan, self._seed)  # Delta, one int
             cap_arg = beam.pvalue.AsSingleton(self.cap)
             by_cap = dict(zip(self._cap_plan.grid, self._cap_plan.rounds))
         else:
@@ -294,7 +288,7 @@ class ColumnarMADSIPS(beam.PTransform):
                 if adaptive
                 else plan.tau
             )
-            weights = sets | f"MADWeights{r}" >> MADWeightsColumnar(tau, p.d_max, b_min, b_max, shards_si)
+            weights = sets | f"MADWeights{r}" >> MADWeights(tau, p.d_max, b_min, b_max, shards_si)
             # (item shard, [Packed partials])
             if r == last:
                 released_r = weights | f"NoisyThreshold{r}" >> beam.ParDo(
@@ -318,7 +312,7 @@ class ColumnarMADSIPS(beam.PTransform):
         if self._counts_plan is None:
             return tagged, None
         holders = holders_in_round0_sets(full, released, k, seed_arg, shards_si)  # (item bytes, holders)
-        return tagged, _counts(holders, self._counts_plan, self._seed, p.min_users)
+        return tagged, noisy_counts_of_holders(holders, self._counts_plan, self._seed, p.min_users)
 
 
 def rho_drop(plans, r: int) -> float:

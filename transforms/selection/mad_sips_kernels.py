@@ -1,0 +1,54 @@
+"""Table kernels of MAD-SIPS (docs/mad_sips.md; pure numpy/Arrow, no Beam): hopeless items, the adaptive cap.
+
+The scalar (in-memory) forms are in :mod:`transforms.selection.reference` (``drop_hopeless``,
+``adaptive_cap``); the MAD weighting of every round is :mod:`transforms.selection.mad_kernels`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dp_partition_beam.privacy import cap as cap_plans
+from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.core.batches import ITEM, USER, dictionary_codes
+from dp_partition_beam.transforms.core.tables import user_codes
+
+
+def drop_hopeless(table: pa.Table, hopeless: Optional[pa.Array]) -> pa.Table:
+    """MAD-SIPS: each user's rows without its hopeless items, unless all of the user's items are hopeless.
+
+    The columnar :func:`transforms.selection.reference.drop_hopeless` (docs/mad_sips.md): a user keeps its
+    hopeless items only when it has no other item to give its l2 budget to.
+    """
+    if hopeless is None or len(hopeless) == 0 or table.num_rows == 0:
+        return table
+    doomed = pc.is_in(table.column(ITEM), value_set=hopeless).to_numpy(zero_copy_only=False)
+    codes, users = dictionary_codes(table.column(USER))
+    has_hope = np.zeros(len(users), dtype=bool)
+    has_hope[codes[~doomed]] = True  # users with at least one item that is not hopeless
+    return table.filter(pa.array(~doomed | ~has_hope[codes]))
+
+
+#: the randomness purpose of the adaptive cap's histogram noise (round 0, key = bucket index)
+CAP_NOISE = "cap"
+
+
+def degree_histogram_of(table: pa.Table, grid) -> np.ndarray:
+    """``n_j`` of a piece of distinct (user, item) rows whose users are all complete in it (privacy/cap.py)."""
+    if table.num_rows == 0:
+        return np.zeros(len(grid), dtype=np.int64)
+    degrees = np.bincount(user_codes(table))
+    return cap_plans.degree_histogram(degrees[degrees > 0], grid)
+
+
+def noisy_cap(histogram: np.ndarray, plan: "cap_plans.CapPlan", seed: Optional[int], rng) -> int:
+    """The chosen cap: ``n_j + sigma_H Z_j`` (Z_j keyed by (seed, 'cap', 0, j), or from ``rng``), then
+    :func:`privacy.cap.choose_cap`."""
+    keys = list(range(len(plan.grid)))
+    z = randomness.standard_noise("gaussian", keys, CAP_NOISE, 0, seed, rng)
+    noisy = np.asarray(histogram, dtype=np.float64) + plan.noise_scale * z
+    return cap_plans.choose_cap(noisy, plan)
