@@ -1,8 +1,8 @@
 """Parameter sweeps behind docs/tuning.md; prints tables (mean +- std of released items over seeds).
 
-    .venv/bin/python benchmarks/bench_tuning.py                      # everything, 5 seeds
-    .venv/bin/python benchmarks/bench_tuning.py --only select --seeds 3
-    .venv/bin/python benchmarks/bench_tuning.py --only dpne --max_n 6
+    .venv/bin/python -m benchmarks.bench_tuning                      # everything, 5 seeds
+    .venv/bin/python -m benchmarks.bench_tuning --only select --seeds 3
+    .venv/bin/python -m benchmarks.bench_tuning --only dpne --max_n 6
 
 select: the bundled sample data/debian_words.tsv.gz (1,754 users), epsilon = 1, delta = 1e-5: user degree quantiles,
 then one parameter at a time from the defaults (Delta_0 = 100, beta = 2, d_max = 50, split 0.1,0.9):
@@ -18,19 +18,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.bench_dpne import read_jsonl  # noqa: E402
-from benchmarks.bench_mad import load_dataset  # noqa: E402
-from dp_partition_beam.privacy.dpne import DPNEParams  # noqa: E402
-from dp_partition_beam.privacy.selection import SelectionParams  # noqa: E402
-from dp_partition_beam.transforms import reference  # noqa: E402
-from dp_partition_beam.transforms.dpne.reference import dpne_reference, user_kgrams  # noqa: E402
+from benchmarks.bench_dpne import read_jsonl
+from benchmarks.bench_mad import load_dataset
+from dp_partition_beam.privacy.dpne import DPNEParams
+from dp_partition_beam.privacy.selection import SelectionParams
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.dpne.reference import dpne_reference, user_kgrams
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

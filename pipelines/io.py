@@ -715,7 +715,7 @@ class ReadRecords(beam.PTransform):
     The oracle of :class:`ReadRecordBatches`, as ``reference.py`` is for the algorithms: the plain
     per-line reading that the batched reader must reproduce exactly (records, skip counts, errors;
     tests/test_io_batches.py). No pipeline of the package reads with it (the CLIs use
-    ReadRecordBatches); it stays for the tests and ``benchmarks/bench_readers.py``.
+    ReadRecordBatches); it stays for the tests and ``benchmarks/explore/bench_readers.py``.
 
     Returns a ``DoOutputsTuple``-like pair: ``result.records`` ((user, value) PCollection) and
     ``result.bad`` (a PCollection with one 1 per skipped bad record).

@@ -86,7 +86,7 @@ __all__ = [
 ]
 
 #: Default fraction of (epsilon, delta) spent on the counts (docs/counts.md, "Choosing count_budget":
-#: measured with benchmarks/bench_counts.py on the bundled sample and imdb).
+#: measured with benchmarks/explore/bench_counts.py on the bundled sample and imdb).
 DEFAULT_COUNT_BUDGET = 0.25
 
 #: largest tau^2 of the kernel lemma (sigma_c^2 = sigma_1^2 + tau^2; gamma < 2e-53): enough for every

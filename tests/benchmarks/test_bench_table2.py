@@ -4,17 +4,16 @@ import gzip
 import logging
 import math
 import os
-import sys
 
 import numpy as np
 import pytest
 
+from benchmarks import bench_table2
+from benchmarks.shared_data import read_user_sets
+from dp_partition_beam.privacy.selection import SelectionParams
+from dp_partition_beam.transforms.selection import reference
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, REPO)
-from benchmarks import bench_table2  # noqa: E402
-from benchmarks.shared_data import read_user_sets  # noqa: E402
-from dp_partition_beam.privacy.selection import SelectionParams  # noqa: E402
-from dp_partition_beam.transforms.selection import reference  # noqa: E402
 
 SEEDS = [0, 1, 2]
 ORIGINAL_BOUND = reference.bound_contributions
@@ -100,7 +99,7 @@ def test_configs_are_the_papers_settings():
 
 def test_markdown_has_both_tables(rows):
     md = bench_table2.markdown(
-        rows, [("higgs", 300, 765, 330, 0.0, 60.0)], "python benchmarks/bench_table2.py", "now", K
+        rows, [("higgs", 300, 765, 330, 0.0, 60.0)], "python -m benchmarks.bench_table2", "now", K
     )
     assert "| higgs | mad2r | gdp | 0.1,0.9 | 1,767 +- 15 |" in md
     assert "| dataset | algorithm | accounting | >= 1 | >= 30 | >= 60 |" in md

@@ -21,7 +21,8 @@ def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     cmd = [
         sys.executable,
-        os.path.join(REPO, "benchmarks", "run_all.py"),
+        "-m",
+        "benchmarks.run_all",
         "--quick",
         "--out",
         str(out),
@@ -111,7 +112,8 @@ def test_utility_only_keeps_the_speed_results(results, tmp_path):
     before = {name: (again / name).read_bytes() for name in ("speed.csv", "scaling.csv", "scaling.png")}
     cmd = [
         sys.executable,
-        os.path.join(REPO, "benchmarks", "run_all.py"),
+        "-m",
+        "benchmarks.run_all",
         "--utility_only",
         "--out",
         str(again),

@@ -522,10 +522,7 @@ def test_batch_records_gives_pairs():
 
 
 def test_bench_readers_counts_the_same_records_with_every_reader(tmp_path):
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")), "benchmarks"))
-    import bench_readers
+    from benchmarks.explore import bench_readers
 
     tsv, jsonl = bench_readers.generate(3000, str(tmp_path))
     for path, fmt in ((tsv, "tsv"), (jsonl, "jsonl")):

@@ -1,6 +1,6 @@
 """Soak benchmark: MAD2R on millions of synthetic pairs in DirectRunner multi_processing mode.
 
-    .venv/bin/python benchmarks/soak_mad2r.py --pairs 1000000,10000000 [--workers 2]
+    .venv/bin/python -m benchmarks.explore.soak_mad2r --pairs 1000000,10000000 [--workers 2]
 
 For each size, runs the pipeline in a child process under ``/usr/bin/time -v`` (GNU time; Debian
 package ``time``) and prints a table: pairs, wall time, throughput, GNU time's maximum resident set
@@ -26,9 +26,7 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MEAN_DEGREE = 10
 USERS_PER_CHUNK = 20_000
 
@@ -93,7 +91,8 @@ def measure(pairs: int, workers: int) -> dict:
             "/usr/bin/time",
             "-v",
             sys.executable,
-            os.path.abspath(__file__),
+            "-m",
+            "benchmarks.explore.soak_mad2r",
             "--child",
             str(pairs),
             "--workers",

@@ -1,6 +1,6 @@
 """Exploration behind MAD-SIPS's defaults (docs/mad_sips.md): released items, mean +- std over seeds.
 
-    .venv/bin/python benchmarks/explore_mad_sips.py --data higgs --seeds 5 \
+    .venv/bin/python -m benchmarks.explore.explore_mad_sips --data higgs --seeds 5 \
         --config mad2r --config dp_sips:budget_split=0.05,0.15,0.8 \
         --config mad_sips:budget_split=0.1,0.2,0.7,c_ub=4
 
@@ -16,18 +16,14 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.shared_data import shared_data_path  # noqa: E402
-from dp_partition_beam.privacy.selection import SelectionParams  # noqa: E402
-from dp_partition_beam.transforms import reference  # noqa: E402
-from dp_partition_beam.transforms.testing.synthetic import zipf_pairs  # noqa: E402
+from benchmarks.shared_data import shared_data_path
+from dp_partition_beam.privacy.selection import SelectionParams
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.testing.synthetic import zipf_pairs
 
 SHARED = {"imdb": "imdb.user_words.tsv.gz", "higgs": "higgs.user_words.tsv.gz", "commits": "commits.user_words.tsv.gz"}
 SYNTHETIC = {

@@ -1,8 +1,8 @@
 """Released items and count error with and without --release_counts at the same total budget (issue 19).
 
-    .venv/bin/python benchmarks/bench_counts.py                               # bundled sample + imdb
-    .venv/bin/python benchmarks/bench_counts.py --datasets sample --seeds 10 --budgets 0 0.1 0.25 0.5
-    .venv/bin/python benchmarks/bench_counts.py --sampler                     # discrete Gaussian draws/s
+    .venv/bin/python -m benchmarks.explore.bench_counts                               # bundled sample + imdb
+    .venv/bin/python -m benchmarks.explore.bench_counts --datasets sample --seeds 10 --budgets 0 0.1 0.25 0.5
+    .venv/bin/python -m benchmarks.explore.bench_counts --sampler                     # discrete Gaussian draws/s
 
 For each dataset and count_budget f (0 = no counts) it runs the in-memory reference (the same output
 as SelectPartitions under the same seed; tests/test_counts_beam.py checks equality) with seeds
@@ -21,16 +21,15 @@ import logging
 import math
 import os
 import statistics
-import sys
 import time
 from fractions import Fraction
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from dp_partition_beam.privacy.selection import SelectionParams  # noqa: E402
-from dp_partition_beam.transforms import reference  # noqa: E402
-from dp_partition_beam.transforms.core import discrete_gaussian as dg  # noqa: E402
-from dp_partition_beam.transforms.selection import counts_kernels  # noqa: E402
+from dp_partition_beam.privacy.selection import SelectionParams
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.core import discrete_gaussian as dg
+from dp_partition_beam.transforms.selection import counts_kernels
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 DATASETS = {
     "sample": os.path.join(ROOT, "data", "commits_sample.tsv.gz"),

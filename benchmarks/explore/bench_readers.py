@@ -1,7 +1,7 @@
 """Records/s of the input readers: ReadRecords (one element per record) vs ReadRecordBatches.
 
-    .venv/bin/python benchmarks/bench_readers.py                     # 4M records, tsv + jsonl + bundled
-    .venv/bin/python benchmarks/bench_readers.py --records 200000 --repeats 1
+    .venv/bin/python -m benchmarks.explore.bench_readers                     # 4M records, tsv + jsonl + bundled
+    .venv/bin/python -m benchmarks.explore.bench_readers --records 200000 --repeats 1
 
 Inputs: a generated tsv and jsonl of ``--records`` records (users ``u<hex>``, ~10 records per user,
 items Zipf-like words of 1-12 letters) and the bundled ``data/debian_words.tsv.gz`` (gzip: one work
@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 
@@ -26,9 +25,9 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.options.pipeline_options import PipelineOptions
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from dp_partition_beam.pipelines.io import ReadRecordBatches, ReadRecords, batch_records  # noqa: E402
+from dp_partition_beam.pipelines.io import ReadRecordBatches, ReadRecords, batch_records
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BUNDLED = os.path.join(REPO, "data", "debian_words.tsv.gz")
 
