@@ -13,8 +13,6 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 PACKAGES = ("privacy", "transforms", "pipelines")
 CLIS = (
@@ -153,12 +151,6 @@ def test_every_module_imports_in_a_fresh_interpreter():
         [sys.executable, "-c", code, *sorted(MODULES)], cwd=REPO, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
-
-
-@pytest.mark.parametrize("name", CLIS)
-def test_no_module_named_common_is_left(name):
-    assert "dp_partition_beam.pipelines.common" not in MODULES
-    assert "dp_partition_beam.pipelines.common" not in GRAPH[name]
 
 
 def _bare_imports(path):
