@@ -23,11 +23,3 @@ def shared_data():
     """``shared_data(name)``: path of a file of the shared data folder; fails (naming the file and
     DP_SHARED_DATA) if it is absent, never skips."""
     return shared_data_path
-
-
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "engines: runs pipelines on real Apache Flink and Spark job servers (tests/test_engines.py); needs "
-        "Java and .ci/engines.sh (which runs them in .venv-engines)",
-    )
