@@ -12,7 +12,8 @@ What is proven, precisely:
 * Re-execution of a bundle on a fresh worker (what a runner does after a worker dies): a DoFn
   unpickled anew and given the same elements produces the same output under a seed
   (``test_reexecuted_dofns_reproduce_their_output``). Unseeded noise re-drawn on re-execution is
-  different, which is why stages with two consumers are checkpointed (tests/test_multiprocessing.py).
+  different, which is why stages with two consumers are checkpointed
+  (tests/transforms/selection/test_multiprocessing.py).
 * A run that fails after writing some output removes it (outputs, report and beam-temp staging).
 """
 
@@ -50,7 +51,7 @@ TEXTS = [(f"u{u}", " ".join(RND.choice("abcdefgh") for _ in range(6))) for u in 
 def package_dofn_classes():
     """Every beam.DoFn subclass defined in the transforms package (except the test helpers)."""
     classes = []
-    for mod in pkgutil.walk_packages(transforms.__path__, "transforms."):
+    for mod in pkgutil.walk_packages(transforms.__path__, "dp_partition_beam.transforms."):
         if mod.ispkg or mod.name.startswith("dp_partition_beam.transforms.testing"):
             continue
         module = importlib.import_module(mod.name)

@@ -501,7 +501,8 @@ def test_missing_input_is_one_line_and_leaves_no_directory(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 3, proc.stderr
-    lines = [l for l in proc.stderr.splitlines() if not l.startswith("WARNING transforms.core.randomness")]
+    seeded = "WARNING dp_partition_beam.transforms.core.randomness"
+    lines = [l for l in proc.stderr.splitlines() if not l.startswith(seeded)]
     assert lines == [f"error: input: no file matches {tmp_path / 'nowhere' / '*.tsv'}"], proc.stderr
     assert snapshot(tmp_path) == before
 
