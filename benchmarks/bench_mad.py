@@ -12,7 +12,7 @@ Datasets:
 
 Each configuration runs ``--trials`` times with seeds 0..trials-1 on the in-memory reference
 (transforms/reference.py), which releases exactly what the Beam transforms release under the same
-seed (tests/test_mad_beam.py). Single-round algorithms do not depend on the accounting; they are
+seed (tests/transforms/selection/test_mad_beam.py). Single-round algorithms do not depend on the accounting; they are
 listed once. ``expected`` for Basic is the analytic mean sum_i Phi((w_i - rho) / sigma).
 """
 

@@ -111,7 +111,7 @@ def reuse_bounding():
     same (max_contributions, seed, round) when the input equals (==) that call's input.
 
     Under a seed the capped sets are a function of exactly those, so the releases do not change
-    (tests/test_bench_table2.py compares with direct calls); it only spares recomputing them: the
+    (tests/benchmarks/test_bench_table2.py compares with direct calls); it only spares recomputing them: the
     contribution bounding is ~85% of Basic's time on these datasets, and Basic, MAD, MAD2R, the policy
     and DP-SIPS's first round all bound the same sets in the same round under one seed. Yields the memo,
     to be cleared between seeds (it holds one entry per round).

@@ -10,8 +10,8 @@ Delta_0 for basic/mad/mad2r, beta and d_max for mad, budget splits for mad2r and
 splits under the MAD paper's basic accounting).
 dpne: the bundled DPNE sample data/debian_text.jsonl.gz (1,000 users), epsilon = 4, delta = 1e-7: eta,
 sigma_decay and Delta_k.
-Runs the in-memory references (equal to the Beam transforms under a seed; tests/test_mad_beam.py,
-tests/test_dpne_beam.py) with numpy generators seeded 0..seeds-1.
+Runs the in-memory references (equal to the Beam transforms under a seed; tests/transforms/selection/test_mad_beam.py,
+tests/transforms/dpne/test_dpne_beam.py) with numpy generators seeded 0..seeds-1.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ max_partitions_contributed), on the same Beam DirectRunner with a pinned running
 
 Utility (released items, mean and std over seeds; coverage of items held by >= K users, the MAD
 paper's Figure 1): our algorithms on the in-memory reference (transforms/reference.py releases
-exactly what the Beam transforms release under the same seed: tests/test_*_beam.py), PipelineDP on
+exactly what the Beam transforms release under the same seed: tests/transforms/*/test_*_beam.py), PipelineDP on
 its LocalBackend (the same DPEngine code as on Beam; its noise is unseeded). Datasets: the bundled
 sample (debian_words: data/debian_words.tsv.gz, Debian changelogs), the full commits corpus
 (commits_full: --corpus, default commits.user_words.tsv.gz of the shared data folder,

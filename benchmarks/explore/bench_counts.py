@@ -5,7 +5,7 @@
     .venv/bin/python -m benchmarks.explore.bench_counts --sampler                     # discrete Gaussian draws/s
 
 For each dataset and count_budget f (0 = no counts) it runs the in-memory reference (the same output
-as SelectPartitions under the same seed; tests/test_counts_beam.py checks equality) with seeds
+as SelectPartitions under the same seed; tests/transforms/selection/test_counts_beam.py checks equality) with seeds
 0..seeds-1 and prints: released items (mean over seeds), the RMSE of the noisy counts against the
 true counts of the capped data (what the noise is calibrated for) next to the reported noise std,
 the fraction within the reported 95% bound, and the RMSE against the raw (uncapped) distinct-user

@@ -1,4 +1,4 @@
-"""Beam's Flink and Spark job servers for tests/test_engines.py, started through ``.ci/engines.sh``.
+"""Beam's Flink and Spark job servers for tests/engines/test_engines.py, started through ``.ci/engines.sh``.
 
 ``.ci/engines.sh setup`` fetches the job servers (Maven Central) and creates ``.venv-engines`` with the
 apache-beam version of the job servers; ``.ci/engines.sh flink|spark FLAGS`` runs one in the foreground.

@@ -1,5 +1,5 @@
 """Tokenizers that break the tokenizer contract, importable by module name for ``--tokenizer MODULE:FN``
-(tests/test_api_types.py). Each returns something other than a list of non-empty strings without
+(tests/transforms/test_api_types.py). Each returns something other than a list of non-empty strings without
 whitespace."""
 
 
