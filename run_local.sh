@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # ./run_local.sh        run the main job on the bundled sample with the DirectRunner
-# ./run_local.sh test   run the full test suite: the main suite, then the engine tests on real Flink and
-#                       Spark (.ci/engines.sh test); with arguments the main suite only (test
-#                       tests/test_x.py: one file; test -k mad -x: pytest options)
-# ./run_local.sh test --quick   the quick tier (tests/quick_tier.txt, a few minutes): between commits
+# ./run_local.sh test   run the full test suite: the main suite (pytest -n 2), then the engine tests on real
+#                       Flink and Spark (.ci/engines.sh test); with arguments the main suite only (test
+#                       tests/pipelines/test_cli_select.py[::name]: a file or folder; test -k mad -x: pytest options)
+# ./run_local.sh test --quick   the quick tier (-m "not slow and not engines", a few minutes): between commits
+# PYTEST_WORKERS=N sets the number of test processes (default 2; 0: one process, no pytest-xdist).
 # Both create .venv (if missing) and install the package with its test, gcp and bench extras.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -17,7 +18,7 @@ stamp=.venv/.installed-$(cat setup.py | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   # gcp: the Dataflow dry-run and staging tests; test includes matplotlib for the plot tests;
-  # bench: PipelineDP for benchmarks/run_all.py and its smoke test.
+  # bench: PipelineDP for benchmarks.run_all and its smoke test.
   .venv/bin/python -m pip install --quiet -e '.[test,gcp,bench]'
   touch "$stamp"
 fi
@@ -28,27 +29,33 @@ case "$cmd" in
   test)
     shift || true
     # pytest exits 5 when it collects nothing; that must fail loudly, so no special-casing here.
-    # A path first (./run_local.sh test tests/test_x.py[::name]) runs just that; other arguments go to
-    # pytest over the whole main suite. The engine tests (real Flink and Spark, marker `engines`) run in
-    # .venv-engines, whose apache-beam is the job servers' version: .ci/engines.sh fetches what they
-    # need (the job servers from Maven Central, apache-beam from PyPI) and runs them; with pytest
-    # options: .ci/engines.sh test -k ...
-    # --quick: the quick tier (tests/quick_tier.txt), what to run between commits; not the engines.
+    # The tests are in folders mirroring the package (tests/privacy, tests/transforms/..., tests/pipelines,
+    # tests/guarantees, tests/architecture, tests/engines, ...; docs/development.md). Markers (pyproject.toml):
+    # `slow` (minutes-long: audit, multi_processing, CLIs in subprocesses, golden outputs, ...; the list is
+    # in tests/conftest.py) and `engines` (real Flink and Spark). The engine tests run in .venv-engines,
+    # whose apache-beam is the job servers' version: .ci/engines.sh fetches what they need (the job
+    # servers from Maven Central, apache-beam from PyPI) and runs them; with pytest options:
+    # .ci/engines.sh test -k ...
+    # Test processes (pytest-xdist): whole files per process (--dist loadfile), so a file's module
+    # fixtures run once.
+    workers=(-n "${PYTEST_WORKERS:-2}" --dist loadfile)
+    # --quick: the quick tier, what to run between commits: everything but `slow` and `engines`.
     if [ "${1:-}" = "--quick" ]; then
       shift
-      mapfile -t quick < <(grep -v '^\s*\(#\|$\)' tests/quick_tier.txt)
-      exec .venv/bin/python -m pytest -q -m "not engines" "${quick[@]}" "$@"
+      exec .venv/bin/python -m pytest -q "${workers[@]}" -m "not slow and not engines" "$@"
     fi
+    # A path first (./run_local.sh test tests/pipelines/test_cli_select.py[::name]) runs just that (in one
+    # process); other arguments go to pytest over the whole main suite.
     if [ $# -gt 0 ] && [ -e "${1%%::*}" ]; then
       exec .venv/bin/python -m pytest -q -m "not engines" "$@"
     fi
     if [ $# -gt 0 ]; then
-      exec .venv/bin/python -m pytest tests -q -m "not engines" "$@"
+      exec .venv/bin/python -m pytest tests -q "${workers[@]}" -m "not engines" "$@"
     fi
     # Without arguments (CI: .ci/run): both suites, the engine tests whatever the main suite gave;
     # either failing fails the command.
     status=0
-    .venv/bin/python -m pytest tests -q -m "not engines" || status=$?
+    .venv/bin/python -m pytest tests -q "${workers[@]}" -m "not engines" || status=$?
     .ci/engines.sh test || status=$?
     exit $status
     ;;

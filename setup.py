@@ -45,6 +45,8 @@ setuptools.setup(
             "mpmath>=1.2",
             "matplotlib>=3.7",
             "ruff==0.17.6",  # pinned: lint rules and format style change between ruff releases
+            "pytest-xdist>=3.5",  # ./run_local.sh test runs the main suite on 2 processes (-n 2)
+            "pytest-timeout>=2.2",  # a per-test timeout (pyproject.toml): a hang fails, never stalls CI
         ],
         "gcp": ["apache-beam[gcp]>=2.50.0"],
         "plots": ["matplotlib>=3.7"],

@@ -4,7 +4,7 @@
 #
 #   .ci/engines.sh setup            fetch the job servers' jars from Maven Central into
 #                                   ~/.cache/dp-partition-beam/ and create .venv-engines (idempotent)
-#   .ci/engines.sh test [ARGS]      setup, then run tests/test_engines.py (pytest -m engines) in .venv-engines
+#   .ci/engines.sh test [ARGS]      setup, then run tests/engines/test_engines.py (pytest -m engines) in .venv-engines
 #   .ci/engines.sh flink [FLAGS]    run the Flink job server in the foreground (default flags:
 #                                   --flink-master=[local] --job-port 8099, an embedded Flink cluster)
 #   .ci/engines.sh spark [FLAGS]    run the Spark job server in the foreground (default flags:
@@ -163,7 +163,7 @@ case "$cmd" in
   test)
     setup
     export PYTHONWARNINGS="ignore::DeprecationWarning"
-    exec "$VENV/bin/python" -m pytest tests/test_engines.py -q -m engines "$@"
+    exec "$VENV/bin/python" -m pytest tests/engines/test_engines.py -q -m engines "$@"
     ;;
   flink|spark) job_server "$cmd" "$@" ;;
   python) exec "$VENV/bin/python" "$@" ;;

@@ -9,7 +9,7 @@ MSNBC is read from the shared data folder (``benchmarks/shared_data.py``: ``$DP_
 ``../shared/data``) unless ``--msnbc`` names the file.
 
 Uses the in-memory reference (:func:`transforms.dpne.dpne.dpne.reference.dpne_reference`), which is equal to
-the Beam transform under a seed (tests/test_dpne_beam.py); it runs in production mode with a numpy
+the Beam transform under a seed (tests/transforms/dpne/test_dpne_beam.py); it runs in production mode with a numpy
 generator seeded per repetition (``rng=default_rng(seed)``: fast vectorised draws instead of
 keyed hashes; the keyed seeded mode gives the same distribution). Prints tables: mean +- std of the
 released n-grams per length over the seeds, the paper's numbers where there are some, the fraction

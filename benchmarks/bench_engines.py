@@ -1,8 +1,8 @@
 """Wall time of partition selection on embedded Flink and Spark (parallelism 2) next to the DirectRunner.
 
     .ci/engines.sh setup
-    .ci/engines.sh python benchmarks/bench_engines.py                       # basic, mad2r; 1M, 4M pairs; 3 reps
-    .ci/engines.sh python benchmarks/bench_engines.py --sizes 1e6 --reps 1 --engines direct flink
+    .ci/engines.sh python -m benchmarks.bench_engines                       # basic, mad2r; 1M, 4M pairs; 3 reps
+    .ci/engines.sh python -m benchmarks.bench_engines --sizes 1e6 --reps 1 --engines direct flink
 
 Same pipeline as benchmarks/bench_select.py: Zipf(1.1) pairs generated inside the pipeline from chunk
 ids (10 pairs per user on average), epsilon = 1, delta = 1e-5, Delta_0 = 100, seed fixed, so every
@@ -30,14 +30,13 @@ import time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "tests"))
-import engines  # noqa: E402  (tests/engines.py: starts the job servers)
+from dp_partition_beam.privacy.selection import SelectionParams
+from dp_partition_beam.transforms.selection.select import SelectPartitions
+from dp_partition_beam.transforms.testing.synthetic import zipf_pair_count, zipf_table_of_chunk
 
-from dp_partition_beam.privacy.selection import SelectionParams  # noqa: E402
-from dp_partition_beam.transforms.selection.select import SelectPartitions  # noqa: E402
-from dp_partition_beam.transforms.testing.synthetic import zipf_pair_count, zipf_table_of_chunk  # noqa: E402
+from tests.support import engines  # starts the job servers
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 USERS_PER_CHUNK = 10_000  # ~100k pairs per chunk, as bench_select.py
 

@@ -1,7 +1,7 @@
 """Released items of Basic, MAD, MAD2R and DP-SIPS (issue 3 benchmark); prints tables.
 
-    .venv/bin/python benchmarks/bench_mad.py                 # all three datasets, 20 trials
-    .venv/bin/python benchmarks/bench_mad.py --datasets section62 --trials 50
+    .venv/bin/python -m benchmarks.bench_mad                 # all three datasets, 20 trials
+    .venv/bin/python -m benchmarks.bench_mad --datasets section62 --trials 50
 
 Datasets:
   section62  the MAD paper's section 6.2 instance: n = 15,000 users, each with the heavy item and 2 of
@@ -12,26 +12,24 @@ Datasets:
 
 Each configuration runs ``--trials`` times with seeds 0..trials-1 on the in-memory reference
 (transforms/reference.py), which releases exactly what the Beam transforms release under the same
-seed (tests/test_mad_beam.py). Single-round algorithms do not depend on the accounting; they are
+seed (tests/transforms/selection/test_mad_beam.py). Single-round algorithms do not depend on the accounting; they are
 listed once. ``expected`` for Basic is the analytic mean sum_i Phi((w_i - rho) / sigma).
 """
 
 import argparse
 import gzip
 import os
-import sys
 import time
 
 import numpy as np
 from scipy.stats import norm
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from dp_partition_beam.privacy.selection import (
-    SelectionParams,  # noqa: E402
-    plan_rounds,  # noqa: E402
+    SelectionParams,
+    plan_rounds,
 )
-from dp_partition_beam.transforms import reference  # noqa: E402
-from dp_partition_beam.transforms.testing.synthetic import heavy_light_sets, zipf_pairs  # noqa: E402
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.testing.synthetic import heavy_light_sets, zipf_pairs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_62 = {"basic": 519, "mad": 610, "dp_sips [0.05,0.15,0.8]": 332, "dp_sips [0.1,0.9]": 514}

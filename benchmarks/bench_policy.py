@@ -1,7 +1,7 @@
 """DPSU paper Table 2 layout: items released by the baselines, MAD/MAD2R and the sequential policies.
 
-    .venv/bin/python benchmarks/bench_policy.py                     # everything (about 15 min, 2 cores)
-    .venv/bin/python benchmarks/bench_policy.py --skip_beam --repeats 1 --zipf_users 5000   # quick
+    .venv/bin/python -m benchmarks.bench_policy                     # everything (about 15 min, 2 cores)
+    .venv/bin/python -m benchmarks.bench_policy --skip_beam --repeats 1 --zipf_users 5000   # quick
 
 Part 1 (utility): released counts at epsilon = 3, delta = exp(-10) (the paper's setting), for
 max_contributions (Delta_0) in {1, 10, 50, 100, 300}, on the bundled real sample
@@ -29,12 +29,11 @@ import time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dp_partition_beam.privacy.selection import SelectionParams, plan_rounds  # noqa: E402
-from dp_partition_beam.transforms import reference  # noqa: E402
-from dp_partition_beam.transforms.selection import policy_kernels  # noqa: E402
-from dp_partition_beam.transforms.selection.select import SelectPartitions  # noqa: E402
-from dp_partition_beam.transforms.testing.synthetic import zipf_pairs, zipf_pairs_of_chunk  # noqa: E402
+from dp_partition_beam.privacy.selection import SelectionParams, plan_rounds
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.selection import policy_kernels
+from dp_partition_beam.transforms.selection.select import SelectPartitions
+from dp_partition_beam.transforms.testing.synthetic import zipf_pairs, zipf_pairs_of_chunk
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALGORITHMS = [
@@ -124,7 +123,6 @@ def kernel_time(n_users, d0):
 
 MEMORY_CHILD = r"""
 import sys, pickle, tracemalloc
-sys.path.insert(0, sys.argv[3])
 from dp_partition_beam.transforms.selection import policy_kernels
 from dp_partition_beam.transforms.testing.synthetic import zipf_pairs_of_chunk
 n_users, d0 = int(sys.argv[1]), int(sys.argv[2])
@@ -147,7 +145,7 @@ print(n_pairs, tracemalloc.get_traced_memory()[1])
 
 def memory_per_pair(n_users, d0):
     out = subprocess.run(
-        [sys.executable, "-c", MEMORY_CHILD, str(n_users), str(d0), REPO], capture_output=True, text=True, check=True
+        [sys.executable, "-c", MEMORY_CHILD, str(n_users), str(d0)], capture_output=True, text=True, check=True
     ).stdout.split()
     n_pairs, extra = int(out[0]), int(out[1])
     return n_pairs, extra / n_pairs

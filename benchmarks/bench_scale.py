@@ -1,22 +1,20 @@
 """Wall time and peak RSS of one SelectPartitions run on N synthetic Zipf pairs (DirectRunner in_memory).
 
-    .venv/bin/python benchmarks/bench_scale.py 1e8 basic     # 100M pairs, Arrow tables per 100k-pair chunk
+    .venv/bin/python -m benchmarks.bench_scale 1e8 basic     # 100M pairs, Arrow tables per 100k-pair chunk
 
 Prints ``[size, algorithm] wall released peak``; run it under ``/usr/bin/time -v`` for the OS's view.
 Used for the 100M-pair point of issue 16 (docs/columnar.md, "Packed tables").
 """
 
 import logging
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-logging.getLogger("dp_partition_beam.transforms.core.randomness").setLevel(logging.ERROR)
+from benchmarks import bench_select
+from benchmarks.run_all import own_peak_rss_kb
+from dp_partition_beam.privacy import SelectionParams
+from dp_partition_beam.transforms.selection.select import SelectPartitions
 
-from benchmarks import bench_select  # noqa: E402
-from benchmarks.run_all import own_peak_rss_kb  # noqa: E402
-from dp_partition_beam.privacy import SelectionParams  # noqa: E402
-from dp_partition_beam.transforms.selection.select import SelectPartitions  # noqa: E402
+logging.getLogger("dp_partition_beam.transforms.core.randomness").setLevel(logging.ERROR)
 
 
 def main(argv):

@@ -1,7 +1,7 @@
 """Wall time and throughput of partition selection on synthetic Zipf data (DirectRunner vs reference).
 
-    .venv/bin/python benchmarks/bench_select.py                      # basic, 1M and 4M pairs
-    .venv/bin/python benchmarks/bench_select.py --algorithms basic mad mad2r dp_sips --sizes 1000000
+    .venv/bin/python -m benchmarks.bench_select                      # basic, 1M and 4M pairs
+    .venv/bin/python -m benchmarks.bench_select --algorithms basic mad mad2r dp_sips --sizes 1000000
 
 Pairs are generated inside the pipeline from chunk ids (transforms/synthetic.py), 10 pairs per user
 on average, items Zipf(1.1) over 1M ranks; epsilon = 1, delta = 1e-5, Delta_0 = 100, seed fixed, so
@@ -17,11 +17,10 @@ import time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from dp_partition_beam.privacy.selection import SelectionParams  # noqa: E402
-from dp_partition_beam.transforms import reference  # noqa: E402
-from dp_partition_beam.transforms.selection.select import SelectPartitions  # noqa: E402
-from dp_partition_beam.transforms.testing.synthetic import (  # noqa: E402
+from dp_partition_beam.privacy.selection import SelectionParams
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.selection.select import SelectPartitions
+from dp_partition_beam.transforms.testing.synthetic import (
     zipf_pair_count,
     zipf_pairs,
     zipf_pairs_of_chunk,

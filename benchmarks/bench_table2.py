@@ -1,7 +1,7 @@
 """The MAD paper's Table 2 on the real datasets, with its settings, next to the paper's numbers.
 
-    .venv/bin/python benchmarks/bench_table2.py                       # imdb, higgs, commits; 5 seeds
-    .venv/bin/python benchmarks/bench_table2.py --datasets higgs --seeds 10 --algorithms basic mad
+    .venv/bin/python -m benchmarks.bench_table2                       # imdb, higgs, commits; 5 seeds
+    .venv/bin/python -m benchmarks.bench_table2 --datasets higgs --seeds 10 --algorithms basic mad
 
 Every configuration of :data:`CONFIGS` (the paper's section 7.2 settings: epsilon = 1, delta = 1e-5,
 Delta_0 = 100; d_max 50 and beta 2 for MAD and MAD2R; MAD2R split [0.1, 0.9], b_min 0.5, b_max 2,
@@ -38,12 +38,12 @@ import time
 
 import numpy as np
 
+from benchmarks.run_all import _f, coverage, md_table, user_counts, write_csv
+from benchmarks.shared_data import read_user_sets, shared_data_path
+from dp_partition_beam.privacy.selection import ALGORITHMS, SelectionParams
+from dp_partition_beam.transforms.selection import reference
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from benchmarks.run_all import _f, coverage, md_table, user_counts, write_csv  # noqa: E402
-from benchmarks.shared_data import read_user_sets, shared_data_path  # noqa: E402
-from dp_partition_beam.privacy.selection import ALGORITHMS, SelectionParams  # noqa: E402
-from dp_partition_beam.transforms.selection import reference  # noqa: E402
 
 EPSILON, DELTA, DELTA_0 = 1.0, 1e-5, 100
 COVERAGE_K = (10, 20, 50, 100, 200, 500, 1000)
@@ -111,7 +111,7 @@ def reuse_bounding():
     same (max_contributions, seed, round) when the input equals (==) that call's input.
 
     Under a seed the capped sets are a function of exactly those, so the releases do not change
-    (tests/test_bench_table2.py compares with direct calls); it only spares recomputing them: the
+    (tests/benchmarks/test_bench_table2.py compares with direct calls); it only spares recomputing them: the
     contribution bounding is ~85% of Basic's time on these datasets, and Basic, MAD, MAD2R, the policy
     and DP-SIPS's first round all bound the same sets in the same round under one seed. Yields the memo,
     to be cleared between seeds (it holds one entry per round).
@@ -250,7 +250,7 @@ def main(argv=None):
     )
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results"), help="folder of the md and csv")
     args = ap.parse_args(argv)
-    command = "python benchmarks/bench_table2.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m benchmarks.bench_table2 " + " ".join(argv if argv is not None else sys.argv[1:])
     configs = [c for c in CONFIGS if not args.algorithms or c[1] in args.algorithms]
     paths = {name: shared_data_path(DATASETS[name]) for name in args.datasets}  # fails before any work
     import logging

@@ -1,8 +1,8 @@
 """Parameter sweeps behind docs/tuning.md; prints tables (mean +- std of released items over seeds).
 
-    .venv/bin/python benchmarks/bench_tuning.py                      # everything, 5 seeds
-    .venv/bin/python benchmarks/bench_tuning.py --only select --seeds 3
-    .venv/bin/python benchmarks/bench_tuning.py --only dpne --max_n 6
+    .venv/bin/python -m benchmarks.bench_tuning                      # everything, 5 seeds
+    .venv/bin/python -m benchmarks.bench_tuning --only select --seeds 3
+    .venv/bin/python -m benchmarks.bench_tuning --only dpne --max_n 6
 
 select: the bundled sample data/debian_words.tsv.gz (1,754 users), epsilon = 1, delta = 1e-5: user degree quantiles,
 then one parameter at a time from the defaults (Delta_0 = 100, beta = 2, d_max = 50, split 0.1,0.9):
@@ -10,27 +10,24 @@ Delta_0 for basic/mad/mad2r, beta and d_max for mad, budget splits for mad2r and
 splits under the MAD paper's basic accounting).
 dpne: the bundled DPNE sample data/debian_text.jsonl.gz (1,000 users), epsilon = 4, delta = 1e-7: eta,
 sigma_decay and Delta_k.
-Runs the in-memory references (equal to the Beam transforms under a seed; tests/test_mad_beam.py,
-tests/test_dpne_beam.py) with numpy generators seeded 0..seeds-1.
+Runs the in-memory references (equal to the Beam transforms under a seed; tests/transforms/selection/test_mad_beam.py,
+tests/transforms/dpne/test_dpne_beam.py) with numpy generators seeded 0..seeds-1.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.bench_dpne import read_jsonl  # noqa: E402
-from benchmarks.bench_mad import load_dataset  # noqa: E402
-from dp_partition_beam.privacy.dpne import DPNEParams  # noqa: E402
-from dp_partition_beam.privacy.selection import SelectionParams  # noqa: E402
-from dp_partition_beam.transforms import reference  # noqa: E402
-from dp_partition_beam.transforms.dpne.reference import dpne_reference, user_kgrams  # noqa: E402
+from benchmarks.bench_dpne import read_jsonl
+from benchmarks.bench_mad import load_dataset
+from dp_partition_beam.privacy.dpne import DPNEParams
+from dp_partition_beam.privacy.selection import SelectionParams
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.dpne.reference import dpne_reference, user_kgrams
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

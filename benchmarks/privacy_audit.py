@@ -1,7 +1,7 @@
 """Long empirical privacy audit: audited epsilon lower bound next to the claimed epsilon.
 
-    python benchmarks/privacy_audit.py [--runs 100000] [--cases basic/tip,mad/tip] [--confidence 1e-6]
-    python benchmarks/privacy_audit.py --design basic/tip --runs 4000   # expected bound per holders k
+    python -m benchmarks.privacy_audit [--runs 100000] [--cases basic/tip,mad/tip] [--confidence 1e-6]
+    python -m benchmarks.privacy_audit --design basic/tip --runs 4000   # expected bound per holders k
 
 Every run uses fresh OS-entropy randomness (the in-memory reference, unseeded); see
 :mod:`transforms.testing.audit` for the worst-case neighbouring pairs and why B disjoint copies in one call
@@ -10,14 +10,11 @@ are B independent runs. The bound of each row holds with probability >= 1 - conf
 
 import argparse
 import dataclasses
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from dp_partition_beam.privacy.audit import expected_epsilon_lower_bound  # noqa: E402
-from dp_partition_beam.transforms.testing import audit  # noqa: E402
+from dp_partition_beam.privacy.audit import expected_epsilon_lower_bound
+from dp_partition_beam.transforms.testing import audit
 
 
 def main(argv=None):

@@ -1,8 +1,8 @@
 """All benchmarks in one command: utility, speed and scaling of every algorithm vs PipelineDP.
 
-    .venv/bin/python benchmarks/run_all.py            # full run (see BENCHMARKS.md for its wall time)
-    .venv/bin/python benchmarks/run_all.py --quick    # reduced sizes and seeds, a few minutes
-    .venv/bin/python benchmarks/run_all.py --utility_only --docs   # utility part only (no timing)
+    .venv/bin/python -m benchmarks.run_all            # full run (see BENCHMARKS.md for its wall time)
+    .venv/bin/python -m benchmarks.run_all --quick    # reduced sizes and seeds, a few minutes
+    .venv/bin/python -m benchmarks.run_all --utility_only --docs   # utility part only (no timing)
 
 Writes to ``--out`` (default benchmarks/results/): utility.csv, speed.csv, scaling.csv, summary.md
 (every table, the targets of issue 8 and whether this run met them), coverage.png and scaling.png;
@@ -17,7 +17,7 @@ max_partitions_contributed), on the same Beam DirectRunner with a pinned running
 
 Utility (released items, mean and std over seeds; coverage of items held by >= K users, the MAD
 paper's Figure 1): our algorithms on the in-memory reference (transforms/reference.py releases
-exactly what the Beam transforms release under the same seed: tests/test_*_beam.py), PipelineDP on
+exactly what the Beam transforms release under the same seed: tests/transforms/*/test_*_beam.py), PipelineDP on
 its LocalBackend (the same DPEngine code as on Beam; its noise is unseeded). Datasets: the bundled
 sample (debian_words: data/debian_words.tsv.gz, Debian changelogs), the full commits corpus
 (commits_full: --corpus, default commits.user_words.tsv.gz of the shared data folder,
@@ -47,14 +47,14 @@ import time
 
 import numpy as np
 
+from benchmarks import bench_mad, bench_select
+from benchmarks.peers import PEER_STRATEGIES
+from benchmarks.shared_data import read_user_sets, shared_data_path
+from dp_partition_beam.privacy.selection import ALGORITHMS, SelectionParams
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.testing.synthetic import zipf_pair_count
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-from benchmarks import bench_mad, bench_select  # noqa: E402
-from benchmarks.peers import PEER_STRATEGIES  # noqa: E402
-from benchmarks.shared_data import read_user_sets, shared_data_path  # noqa: E402
-from dp_partition_beam.privacy.selection import ALGORITHMS, SelectionParams  # noqa: E402
-from dp_partition_beam.transforms import reference  # noqa: E402
-from dp_partition_beam.transforms.testing.synthetic import zipf_pair_count  # noqa: E402
 
 EPSILON, DELTA = 1.0, 1e-5
 COVERAGE_K = (10, 20, 50, 100, 200)
@@ -270,7 +270,7 @@ def run_speed(cfg, tools, log, seed=1, max_contributions=100):
                 results = []
                 for _ in range(1 if mode == "reference" else cfg.get("reps", 1)):
                     proc = subprocess.run(
-                        [sys.executable, os.path.abspath(__file__), "--one", json.dumps(spec)],
+                        [sys.executable, "-m", "benchmarks.run_all", "--one", json.dumps(spec)],
                         capture_output=True,
                         text=True,
                         cwd=REPO,
@@ -712,7 +712,7 @@ def main(argv=None):
     if args.one:
         print(json.dumps(_one_run(json.loads(args.one))))
         return 0
-    args.command_line = "python benchmarks/run_all.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    args.command_line = "python -m benchmarks.run_all " + " ".join(argv if argv is not None else sys.argv[1:])
     cfg = dict(QUICK if args.quick else FULL)
     if args.seeds:
         cfg["seeds"] = args.seeds

@@ -25,7 +25,7 @@ licence in ``data/README.md``) and writes:
     licences the excerpts fall under.
 
 Every rebuild gives byte-identical files: fixed seed and orders, gzip with mtime 0, level 9 and the
-file's own name in the header (``tests/test_bundled_data.py`` checks it). The statistics printed at
+file's own name in the header (``tests/data/test_bundled_data.py`` checks it). The statistics printed at
 the end (``--stats-only`` prints them without writing) are the table of ``data/README.md``.
 """
 

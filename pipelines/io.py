@@ -714,8 +714,8 @@ class ReadRecords(beam.PTransform):
 
     The oracle of :class:`ReadRecordBatches`, as ``reference.py`` is for the algorithms: the plain
     per-line reading that the batched reader must reproduce exactly (records, skip counts, errors;
-    tests/test_io_batches.py). No pipeline of the package reads with it (the CLIs use
-    ReadRecordBatches); it stays for the tests and ``benchmarks/bench_readers.py``.
+    tests/pipelines/test_io_batches.py). No pipeline of the package reads with it (the CLIs use
+    ReadRecordBatches); it stays for the tests and ``benchmarks/explore/bench_readers.py``.
 
     Returns a ``DoOutputsTuple``-like pair: ``result.records`` ((user, value) PCollection) and
     ``result.bad`` (a PCollection with one 1 per skipped bad record).
@@ -773,7 +773,7 @@ _JSON_PIECE_BYTES = 4 << 20
 # several), which bounds the per-line index arrays (~70 bytes per line) of one block.
 _VECTOR_BYTES = 16 << 20
 # First bytes of the UTF-8 encodings of the characters str.strip() removes (str.isspace): a value
-# made only of whitespace starts with one of them (tests/test_io_batches.py checks the list).
+# made only of whitespace starts with one of them (tests/pipelines/test_io_batches.py checks the list).
 _WS_LEAD_BYTES = (9, 10, 11, 12, 13, 28, 29, 30, 31, 32, 0xC2, 0xE1, 0xE2, 0xE3)
 _WS_LEAD = np.zeros(256, dtype=bool)
 _WS_LEAD[list(_WS_LEAD_BYTES)] = True

@@ -30,7 +30,7 @@ negligible ``kappa = l0 * gamma``, a continuous Gaussian mechanism of l2 sensiti
 noise ``sigma_1``, i.e. ``mu_c``-GDP with ``mu_c = sqrt(l0) / sigma_1``. The price is ``tau^2 = 6.25``
 of extra variance (``sigma_c^2 = sigma_1^2 + 6.25``); the calibration reserves a relative ``1e-9`` of
 the delta for the ``kappa`` terms and checks that they fit (:func:`check_kernel_slack`).
-``tests/test_counts_accounting.py`` cross-checks the resulting (eps, delta) with dp_accounting's
+``tests/privacy/test_counts_accounting.py`` cross-checks the resulting (eps, delta) with dp_accounting's
 privacy-loss-distribution accountant on the discrete Gaussian itself.
 
 **Budget split** (``count_budget = f`` in (0, 1)). Without counts a Gaussian selection is
@@ -86,7 +86,7 @@ __all__ = [
 ]
 
 #: Default fraction of (epsilon, delta) spent on the counts (docs/counts.md, "Choosing count_budget":
-#: measured with benchmarks/bench_counts.py on the bundled sample and imdb).
+#: measured with benchmarks/explore/bench_counts.py on the bundled sample and imdb).
 DEFAULT_COUNT_BUDGET = 0.25
 
 #: largest tau^2 of the kernel lemma (sigma_c^2 = sigma_1^2 + tau^2; gamma < 2e-53): enough for every

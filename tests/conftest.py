@@ -1,35 +1,17 @@
 import logging
 import os
 import random
-import sys
 
 import pytest
 
-# The repository root on the path, for benchmarks.shared_data: the one place that says where the large
-# real corpora are read from (DP_SHARED_DATA, else ../shared/data); never copied into the repository.
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
-    sys.path.insert(0, REPO)
-from benchmarks.shared_data import shared_data_path  # noqa: E402
+# benchmarks.shared_data: the one place that says where the large real corpora are read from
+# (DP_SHARED_DATA, else ../shared/data); never copied into the repository.
+from benchmarks.shared_data import shared_data_path
+
+from tests.support.user_sets import random_user_sets
 
 # Beam prints an apitools warning on import in environments without the gcp extra.
 logging.getLogger("root").setLevel(logging.ERROR)
-
-
-def random_user_sets(rng: random.Random, n_users: int, n_items: int, max_degree: int, zipf: float = 1.1):
-    """dict user -> list of distinct items with Zipf-like item popularity."""
-    items = [f"i{j}" for j in range(n_items)]
-    weights = [1.0 / (j + 1) ** zipf for j in range(n_items)]
-    sets = {}
-    for u in range(n_users):
-        d = rng.randint(1, max_degree)
-        chosen = set(rng.choices(items, weights=weights, k=d))
-        sets[f"u{u}"] = sorted(chosen)
-    return sets
-
-
-def pairs_of(user_sets):
-    return [(u, i) for u, items in user_sets.items() for i in items]
 
 
 @pytest.fixture
@@ -44,9 +26,77 @@ def shared_data():
     return shared_data_path
 
 
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers",
-        "engines: runs pipelines on real Apache Flink and Spark job servers (tests/test_engines.py); needs "
-        "Java and .ci/engines.sh (which runs them in .venv-engines)",
-    )
+# --- tiers --------------------------------------------------------------------------------------------
+# `./run_local.sh test --quick` runs -m "not slow and not engines": what a developer runs between commits
+# (a few minutes on 2 cores). It keeps the privacy math and kernels, the layer rules and lint, the strict
+# CLI flags, the API entry checks, Beam == reference on small data and one output-contract run. The
+# full suite (`./run_local.sh test`, what CI runs) keeps every test, the guarantee tests included.
+# `slow` is set here by path, from measured durations (pytest --durations=0 on the 2-core machine): a
+# file listed in SLOW_FILES is slow except the tests named in QUICK_TESTS; SLOW_TESTS are single slow
+# tests of otherwise quick files. Paths are relative to tests/.
+SLOW_FILES = frozenset(
+    [
+        # the guarantees: audit, randomness, side channels, fault tolerance, bad input, golden outputs
+        "guarantees/test_bad_input.py",
+        "guarantees/test_fault_tolerance.py",
+        "guarantees/test_privacy_audit.py",
+        "guarantees/test_secure_randomness.py",
+        "guarantees/test_seeded_golden.py",
+        "guarantees/test_side_channels.py",
+        # CLIs end to end (most in subprocesses), readers on real files, templates, submission
+        "pipelines/test_cli_bayesian.py",
+        "pipelines/test_cli_common.py",
+        "pipelines/test_cli_counts.py",
+        "pipelines/test_cli_select.py",
+        "pipelines/test_io_batches.py",
+        "pipelines/test_observability.py",
+        "pipelines/test_output_contract.py",
+        "pipelines/test_readers_verified.py",
+        "pipelines/test_submission.py",
+        "pipelines/test_templates.py",
+        # Beam == reference sweeps over shards, batches and algorithms; multi_processing
+        "transforms/core/test_foundation_beam.py",
+        "transforms/selection/test_counts_beam.py",
+        "transforms/selection/test_mad_beam.py",
+        "transforms/selection/test_mad_sips_beam.py",
+        "transforms/selection/test_multiprocessing.py",
+        "transforms/selection/test_policy_beam.py",
+        "transforms/dpne/test_dpne_beam.py",
+        "transforms/dpne/test_dpne_columnar.py",
+        "transforms/dpne/test_dpne_counts.py",
+        "transforms/dpne/test_dpne_reference.py",
+        "transforms/bayesian/test_bayesian_beam.py",
+        # benchmark smoke runs, the bundled data's rebuild, the portable job service
+        "benchmarks/test_benchmarks_quick.py",
+        "data/test_bundled_data.py",
+        "engines/test_portable_runner.py",
+    ]
+)
+QUICK_TESTS = frozenset(
+    [
+        # the output contract: its checks before anything runs, its units, one real CLI run
+        "pipelines/test_output_contract.py::test_contract_violations_stop_before_anything_runs",
+        "pipelines/test_output_contract.py::test_contract_units",
+        "pipelines/test_output_contract.py::test_report_lists_the_shards_of_its_release",
+    ]
+)
+SLOW_TESTS = frozenset(
+    [
+        "pipelines/test_cli_strict.py::test_the_real_command_prints_no_usage_block_but_help_does",
+        "privacy/test_adaptive_cap.py::test_beam_equals_reference_with_the_adaptive_cap",
+        "transforms/selection/test_columnar_beam.py::test_batch_input_equals_element_input_and_the_reference",
+        "transforms/selection/test_mad_kernels.py::test_l2_sensitivity_tight_cases",
+        "transforms/test_api_types.py::test_bayesian_report_guarantee_kind_private_flag_and_warning",
+        "transforms/test_api_types.py::test_extract_ngrams_cli_prints_one_line_for_a_bad_tokenizer",
+    ]
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config, items):
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    for item in items:
+        rel = os.path.relpath(str(item.path), tests_dir).replace(os.sep, "/")
+        name = item.originalname or item.name
+        if (rel in SLOW_FILES and f"{rel}::{name}" not in QUICK_TESTS) or f"{rel}::{name}" in SLOW_TESTS:
+            item.add_marker(pytest.mark.slow)

@@ -13,7 +13,7 @@ per n-gram, ``x_hat`` eq. 2, ``mu_p`` eq. 1, ``w`` eq. 5, ``r = w * x_hat``,
 Both sensitivities here (brute force and Claim 1) are functions of the private data (``c``, ``N``):
 they are *local* sensitivities at the actual dataset, not global ones. See docs/bayesian_ngrams.md.
 
-Errata (checked by tests/test_bayesian_kernels.py):
+Errata (checked by tests/transforms/bayesian/test_bayesian_kernels.py):
   * Claim 1 / eq. 7 use the indicator ``1(N <= C/S)`` for where ``w`` can change; ``w_i`` changes when a
     holder of i is removed iff ``S*(N_i - 1)/C < 1``, i.e. ``N_i < C/S + 1``. The paper's indicator misses
     ``C/S < N_i < C/S + 1`` (non-integer C/S); :func:`claim1_bound` uses the correct one.

@@ -25,7 +25,7 @@ Sources of uniform integers (:class:`UniformSource`):
   contract). Only ``random_raw`` words are used (Philox's output is fixed by its specification), never
   numpy's distribution methods, whose algorithms may change between numpy versions.
 
-Speed (``benchmarks/bench_counts.py --sampler``): a few tens of thousands of draws per second per core
+Speed (``benchmarks/explore/bench_counts.py --sampler``): a few tens of thousands of draws per second per core
 for sigma in the tens to thousands, in pure Python; the count release draws one per *released* item.
 """
 

@@ -31,7 +31,7 @@ def zero_weight(item):
 
 
 # --------------------------------------------------------------------------------------------------
-# Fault injection (tests/test_fault_tolerance.py)
+# Fault injection (tests/guarantees/test_fault_tolerance.py)
 # --------------------------------------------------------------------------------------------------
 
 

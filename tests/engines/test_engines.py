@@ -1,0 +1,494 @@
+"""Every pipeline on real Apache Flink and Apache Spark (issue 18), through Beam's portable job servers.
+
+Run with ``.ci/engines.sh test`` (``./run_local.sh test`` runs it after the main suite): it fetches the
+job servers from Maven Central and runs this module in ``.venv-engines``, whose apache-beam is the job
+servers' Beam version. One Flink job server (embedded Flink cluster, parallelism 2) and one Spark job
+server (``local[2,500]``: 2 cores) are started for the whole run, both told to retry failed tasks up to
+500 times (see engines.JobServer: neither retries at all by default in local mode).
+
+What is checked, per engine:
+* Seeded output identical to the DirectRunner's (same SDK, same inputs, byte for byte: released
+  items, n-grams, the Bayesian probabilities as repr floats, the JSON report and, where asked, the
+  NON-PRIVATE diagnostics) for select_partitions basic, mad, mad2r, dp_sips, mad_sips (adaptive cap),
+  policy_gaussian (sequential: all capped pairs on one worker; and with counts through the sharded
+  join with hot-item sharding), mad_sips with released noisy counts, a users floor and a public
+  allowlist, extract_ngrams (also with counts) and bayesian_ngrams.
+  The pipelines are driven through their CLIs (``python -m dp_partition_beam.pipelines.<name>``)
+  with ``--environment_type LOOPBACK``.
+* Unseeded noise is drawn independently by each SDK worker process: an ``EXTERNAL`` worker pool that
+  starts every SDK worker as its own process, 2 of them, noise tagged with the worker's pid. If the
+  generator state travelled with the pickled DoFn (or were seeded from something the workers share),
+  the two workers would draw the same values. A second run draws different noise for every item.
+* Unseeded multi-round selection (mad2r, dp_sips, mad_sips) releases no item twice: an engine that recomputed a
+  round's noisy weights for its second consumer would release some items in two rounds.
+* A run whose every package DoFn class fails the first attempt of its first 2 bundles (after doing
+  its work, so the attempt's noise is thrown away) still gives the seeded output: Flink restarts the
+  failed tasks (restart strategy in the job server's Flink configuration), Spark retries the failed
+  task. A bundle is known by its first element, and a restarted task whose input comes from a
+  shuffle receives it in another order, so without the cap of 2 per class a task could fail on every
+  attempt (it did: 92 restarts of one Flink task exhausted 100). With it a job sees at most 2 x 51
+  (package DoFn classes) injected failures against 500 allowed ones (Flink per job, Spark per task).
+  LOOPBACK makes the SDK worker a thread of this process, so patching the DoFn classes here reaches it.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import importlib
+import inspect
+import json
+import math
+import os
+import pkgutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import apache_beam as beam
+import pytest
+
+from dp_partition_beam.transforms.core.noise import AddNoise
+from dp_partition_beam.transforms.testing.beam import inject_bundle_failures, zero_weight
+
+from tests.support import engines
+
+# --- The only imports of modules below the pipelines' CLIs (their paths move in refactors) -----------
+from tests.support.pipeline_cases import PIPELINES  # the registry's PipelineSpecs (bundled sample + demo arguments)
+
+DOFN_PACKAGES = (
+    "dp_partition_beam.transforms",
+    "dp_partition_beam.pipelines",
+    "dp_partition_beam.privacy",
+)  # walked for the package's DoFn classes
+TEST_HELPER_MODULES = ("dp_partition_beam.transforms.testing.beam",)  # DoFns of the test helpers: not fault-injected
+# ------------------------------------------------------------------------------------------------------
+
+pytestmark = pytest.mark.engines
+
+REPO = engines.REPO
+SEED = 11
+SPECS = {s.name: s for s in PIPELINES}
+# Cuts of the bundled samples: 20,000 pairs of the commits sample are 257 users; 600 jsonl lines are
+# 600 users. Selection runs at epsilon 8 so that a few dozen items are released (the comparison is
+# over those), the n-gram pipelines at the registry's demo parameters.
+SAMPLE_LINES = {"tsv": 20_000, "jsonl": 600}
+SELECT = ("--epsilon", "8", "--delta", "1e-3")
+
+
+# Stands for the allowlist the inputs fixture writes beside the cuts (cli_argv puts in its path).
+ALLOWLIST = "{allowlist}"
+
+
+def allowlist_path(input_path: str) -> str:
+    return os.path.join(os.path.dirname(input_path), "allowlist.txt")
+
+
+@dataclass(frozen=True)
+class Case:
+    pipeline: str
+    args: tuple = ()
+    diagnostics: bool = False
+
+
+CASES = {
+    "basic": Case("select_partitions", ("--algorithm", "basic", *SELECT)),
+    "mad": Case("select_partitions", ("--algorithm", "mad", *SELECT)),
+    "mad2r": Case("select_partitions", ("--algorithm", "mad2r", *SELECT), diagnostics=True),
+    # The released items joined to the users' sets by item (not a side input), hot items sharded: the
+    # sequential policies' count release, the one place these join options are read.
+    "policy_gaussian_join": Case(
+        "select_partitions",
+        ("--algorithm", "policy_gaussian", *SELECT, "--release_counts")
+        + ("--max_broadcast_items", "0", "--max_users_per_key", "5"),
+    ),
+    "dp_sips": Case("select_partitions", ("--algorithm", "dp_sips", *SELECT)),
+    # the default algorithm: its adaptive cap (a global histogram, a side input of every round)
+    "mad_sips": Case("select_partitions", ("--algorithm", "mad_sips", *SELECT)),
+    # the sequential policy algorithm: every capped pair gathered on one worker (DPSU)
+    "policy_gaussian": Case("select_partitions", ("--algorithm", "policy_gaussian", *SELECT)),
+    # noisy counts of the released items (exact discrete Gaussian), a users floor and a public allowlist
+    "mad_sips_counts": Case(
+        "select_partitions",
+        ("--algorithm", "mad_sips", *SELECT, "--release_counts", "--min_users", "3", "--allowlist", ALLOWLIST),
+    ),
+    "extract_ngrams": Case("extract_ngrams", diagnostics=True),
+    "extract_ngrams_counts": Case("extract_ngrams", ("--release_counts",)),
+    "bayesian_ngrams": Case("bayesian_ngrams"),
+}
+# How often the engines try a failed task (Flink: restarts of the job's failed region, counted per job;
+# Spark: attempts of one task). The fault-injection test fails every package DoFn class on the first
+# attempt of its first FAILURES_PER_DOFN_CLASS bundles, so a job sees at most
+# FAILURES_PER_DOFN_CLASS * (package DoFn classes: 51 since the columnar path) injected failures; the
+# test asserts twice that stays under this (a restarted Flink region may fail again on replayed input).
+MAX_TASK_FAILURES = 500
+FAILURES_PER_DOFN_CLASS = 2
+ENGINE_TIMEOUT = 900  # seconds for one pipeline run (a few hundred users take well under a minute)
+
+
+# --- job servers ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", params=engines.ENGINES)
+def engine(request, tmp_path_factory):
+    """A running job server (flink, spark), one per test run; stopped after the last test using it."""
+    reason = engines.java_missing()
+    if reason:
+        pytest.skip(reason)
+    assert beam.__version__ == engines.BEAM_VERSION, (
+        f"the job servers are Beam {engines.BEAM_VERSION} and this is apache-beam {beam.__version__}: "
+        f"run the engine tests with .ci/engines.sh test (it uses .venv-engines)"
+    )
+    server = engines.JobServer(
+        request.param, str(tmp_path_factory.mktemp(f"{request.param}-logs")), max_failures=MAX_TASK_FAILURES
+    ).start()
+    yield server
+    server.stop()
+
+
+# --- inputs and runs -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def inputs(tmp_path_factory):
+    """pipeline name -> path of the cut of its bundled sample."""
+    d = tmp_path_factory.mktemp("inputs")
+    out = {}
+    for name, spec in SPECS.items():
+        src = os.path.join(REPO, spec.sample_input)
+        dst = d / f"{name}.{spec.input_format}"
+        opener = gzip.open if src.endswith(".gz") else open
+        with opener(src, "rt", encoding="utf-8") as f, open(dst, "w", encoding="utf-8") as w:
+            for n, line in enumerate(f):
+                if n >= SAMPLE_LINES[spec.input_format]:
+                    break
+                w.write(line)
+        out[name] = str(dst)
+    # A public allowlist for the counts case: the items of the words cut that start with a-m (one per
+    # line), so the run drops the others before selection.
+    with open(out["select_partitions"], encoding="utf-8") as f:
+        items = {line.rstrip("\n").split("\t", 1)[1] for line in f if line != "user\titem\n"}
+    with open(allowlist_path(out["select_partitions"]), "w", encoding="utf-8") as w:
+        w.writelines(f"{item}\n" for item in sorted(items) if "a" <= item[:1] <= "m")
+    return out
+
+
+def cli_argv(case: Case, input_path: str, out_dir: str, seed=SEED) -> list:
+    spec = SPECS[case.pipeline]
+    case_flags = {a for a in case.args if a.startswith("--")}
+    sample = []  # the registry's sample arguments but those the case sets (a flag is given once)
+    for flag, value in zip(spec.sample_args[::2], spec.sample_args[1::2]):
+        if flag not in case_flags:
+            sample += [flag, os.path.join(REPO, value) if value.startswith("data/") else value]
+    argv = [
+        f"--{spec.input_flag}",
+        input_path,
+        "--input_format",
+        spec.input_format,
+        "--output",
+        os.path.join(out_dir, "released"),
+        "--report",
+        os.path.join(out_dir, "report.json"),
+        *sample,
+        *(allowlist_path(input_path) if a == ALLOWLIST else a for a in case.args),
+        "--progress_interval",
+        "0",
+    ]
+    if seed is not None:
+        argv += ["--seed", str(seed)]
+    if case.diagnostics:
+        argv += ["--diagnostics", os.path.join(out_dir, "diagnostics.json")]
+    return argv
+
+
+@dataclass
+class Output:
+    lines: list
+    report: dict
+    diagnostics: dict | None
+    seconds: float
+
+
+def read_output(out_dir: str, case: Case, seconds: float = 0.0) -> Output:
+    lines = sorted(
+        l.rstrip("\n") for p in glob.glob(os.path.join(out_dir, "released*")) for l in open(p, encoding="utf-8")
+    )
+    with open(os.path.join(out_dir, "report.json"), encoding="utf-8") as f:
+        report = json.load(f)
+    diagnostics = None
+    if case.diagnostics:
+        with open(os.path.join(out_dir, "diagnostics.json"), encoding="utf-8") as f:
+            diagnostics = json.load(f)
+    return Output(lines, report, diagnostics, seconds)
+
+
+def run_cli(case: Case, input_path: str, out_dir: str, runner_args: list, server=None, seed=SEED) -> Output:
+    """``python -m dp_partition_beam.pipelines.<name> ...`` in a subprocess;
+    fails with its stderr and the job server log."""
+    argv = [
+        sys.executable,
+        "-m",
+        f"dp_partition_beam.pipelines.{case.pipeline}",
+        *cli_argv(case, input_path, out_dir, seed),
+        *runner_args,
+    ]
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=ENGINE_TIMEOUT)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        pytest.fail(
+            f"{' '.join(argv)}\nexited with {proc.returncode}:\n{proc.stderr[-4000:]}\n"
+            + (server.log_tail() if server else "")
+        )
+    return read_output(out_dir, case, seconds)
+
+
+@pytest.fixture(scope="session")
+def direct(inputs, tmp_path_factory):
+    """case -> its seeded output on the DirectRunner (in_memory), computed once per test run."""
+    cache = {}
+
+    def get(name: str) -> Output:
+        if name not in cache:
+            case = CASES[name]
+            out = str(tmp_path_factory.mktemp(f"direct-{name}"))
+            cache[name] = run_cli(
+                case, inputs[case.pipeline], out, ["--runner", "DirectRunner", "--direct_running_mode", "in_memory"]
+            )
+            assert cache[name].lines, f"{name}: the sample run releases nothing, the comparison would be vacuous"
+        return cache[name]
+
+    return get
+
+
+def assert_same(got: Output, want: Output, server, what: str):
+    assert got.lines == want.lines, (
+        f"{what}: {len(got.lines)} released lines on {server.engine}, {len(want.lines)} on the DirectRunner; "
+        f"only on {server.engine}: {sorted(set(got.lines) - set(want.lines))[:10]}, "
+        f"only on the DirectRunner: {sorted(set(want.lines) - set(got.lines))[:10]}"
+    )
+    # The report's outputs block names this run's own paths and shards (an engine may write another number
+    # of shards): equal apart from it, and on the engine it lists exactly the shards written, byte for byte.
+    assert strip_outputs(got.report) == strip_outputs(want.report), f"{what}: the reports differ"
+    assert_report_lists_its_shards(got.report, what)
+    assert got.diagnostics == want.diagnostics, f"{what}: the diagnostics differ"
+
+
+def strip_outputs(report: dict) -> dict:
+    return {k: v for k, v in report.items() if k != "outputs"}
+
+
+def assert_report_lists_its_shards(report: dict, what: str):
+    block = report["outputs"]
+    files = sorted(glob.glob(block["release"]))
+    assert block["complete"] is True and [s["path"] for s in block["shards"]] == files, what
+    assert block["num_shards"] == len(files) >= 1, what
+    for shard in block["shards"]:
+        with open(shard["path"], "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == shard["sha256"], f"{what}: {shard['path']} changed"
+
+
+# --- 1. seeded output identical to the DirectRunner's --------------------------------------------------
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_seeded_output_equals_the_direct_runner(engine, name, inputs, direct, tmp_path):
+    case = CASES[name]
+    want = direct(name)
+    got = run_cli(case, inputs[case.pipeline], str(tmp_path), engine.pipeline_args(), engine)
+    assert_same(got, want, engine, f"{name} on {engine.engine}")
+    if "--release_counts" in case.args:  # item<TAB>count (k<TAB>n-gram<TAB>count), integer counts
+        counts = [int(line.rsplit("\t", 1)[1]) for line in got.lines]
+        # min_users 0 keeps negative noisy counts (docs/counts.md); a floor drops what is below it
+        floor = int(case.args[case.args.index("--min_users") + 1]) if "--min_users" in case.args else 0
+        assert got.report["counts"]["min_users"] == floor
+        if floor:
+            assert min(counts) >= floor, counts
+    if ALLOWLIST in case.args:  # nothing outside the allowlist is released
+        with open(allowlist_path(inputs[case.pipeline]), encoding="utf-8") as f:
+            allowed = set(f.read().splitlines())
+        items = [line.rsplit("\t", 1)[0] if "--release_counts" in case.args else line for line in got.lines]
+        assert set(items) <= allowed, sorted(set(items) - allowed)
+    print(f"{name}: {len(got.lines)} lines, {engine.engine} {got.seconds:.1f}s, DirectRunner {want.seconds:.1f}s")
+
+
+# --- 2. unseeded noise: distinct per worker process and per run ----------------------------------------
+
+
+@pytest.fixture
+def worker_pool(tmp_path):
+    """Beam's SDK worker pool (``worker_pool_main``): every worker it starts is its own Python process."""
+    port = engines.free_port()
+    log = open(tmp_path / "worker-pool.log", "w", encoding="utf-8")
+    # The pool starts each worker as `python -c ...`: this interpreter's directory goes first on PATH.
+    # Its workers import tests/support/engines.py (RecordDrawsFn): the repo root goes on their PYTHONPATH.
+    env = dict(
+        os.environ,
+        PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+        PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])),
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main", f"--service_port={port}"],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=engines.die_with_parent,
+    )
+    log.close()
+    try:
+        deadline = time.time() + 60
+        while True:
+            assert proc.poll() is None, (tmp_path / "worker-pool.log").read_text()
+            try:
+                with socket.create_connection(("localhost", port), timeout=1):
+                    break
+            except OSError:
+                assert time.time() < deadline, "the worker pool did not start"
+                time.sleep(0.3)
+        yield f"localhost:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def noise_by_worker(server, pool, out_dir, n_items):
+    """Unseeded Gaussian noise (sigma 1) for items i0..i{n-1}, drawn after a shuffle by 2 SDK worker
+    processes; returns {item: (pid, noise)}."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    items = [f"i{j}" for j in range(n_items)]
+    args = server.pipeline_args("EXTERNAL", pool) + ["--sdk_worker_parallelism", "2"]
+    if server.engine == "flink":
+        # Beam's job server hands its 2 SDK environments to stage tasks round-robin as they open. In
+        # Flink's default pipelined batch mode the stages of the whole job open together and interleave,
+        # and the 2 noise tasks shared one worker in 1 of 3 runs (measured); with blocking exchanges the
+        # 2 tasks of this stage open together and get one worker each (16 of 16 runs).
+        args += ["--execution_mode_for_batch", "BATCH_FORCED"]
+    options = PipelineOptions(args)
+    p = beam.Pipeline(options=options)
+    _ = (
+        p
+        | beam.Create(items)
+        | beam.Reshuffle()  # spread the items over the 2 parallel tasks
+        | beam.Map(zero_weight)  # (item, 0.0)
+        | AddNoise("gaussian", 1.0, seed=None)  # (item, noise)
+        | beam.ParDo(engines.RecordDrawsFn(out_dir))  # files <pid>-*.tsv: item, noise
+    )
+    result = p.run()
+    state = result.wait_until_finish(duration=ENGINE_TIMEOUT * 1000)
+    if state != "DONE":
+        result.cancel()
+        pytest.fail(f"the noise pipeline on {server.engine} ended in state {state}\n{server.log_tail()}")
+    out = {}
+    for path in glob.glob(os.path.join(out_dir, "*.tsv")):
+        pid = int(os.path.basename(path).split("-")[0])
+        for line in open(path, encoding="utf-8"):
+            item, z = line.rstrip("\n").split("\t")
+            assert item not in out, f"{item} drawn twice"
+            out[item] = (pid, float(z))
+    return out
+
+
+def test_unseeded_noise_is_drawn_independently_by_each_worker(engine, worker_pool, tmp_path):
+    n = 4000
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = noise_by_worker(engine, worker_pool, str(tmp_path / "a"), n)
+    assert len(first) == n
+    pids = {pid for pid, _ in first.values()}
+    assert len(pids) >= 2 and os.getpid() not in pids, (
+        f"{engine.engine}: noise drawn by worker processes {sorted(pids)} (this test is {os.getpid()}); "
+        "expected 2 SDK worker processes of the pool"
+    )
+    noises = [z for _, z in first.values()]
+    assert len(set(noises)) == n, "two draws coincide: workers share generator state"
+    for pid in pids:  # each worker's draws are standard normal (false-failure rate < 1e-6 per check)
+        zs = [z for p, z in first.values() if p == pid]
+        m = sum(zs) / len(zs)
+        sd = math.sqrt(sum((z - m) ** 2 for z in zs) / len(zs))
+        assert len(zs) >= 100 and abs(m) < 5 / math.sqrt(len(zs)) and abs(sd - 1) < 6 / math.sqrt(2 * len(zs)), (
+            f"worker {pid}: {len(zs)} draws, mean {m:.3f}, sd {sd:.3f}"
+        )
+    second = noise_by_worker(engine, worker_pool, str(tmp_path / "b"), n)
+    assert set(second) == set(first)
+    assert all(second[i][1] != first[i][1] for i in first), "an unseeded rerun repeated a draw"
+
+
+@pytest.mark.parametrize("name", ["mad2r", "dp_sips", "mad_sips"])
+def test_unseeded_multi_round_selection_releases_no_item_twice(engine, name, inputs, tmp_path):
+    case = CASES[name]
+    got = run_cli(case, inputs[case.pipeline], str(tmp_path), engine.pipeline_args(), engine, seed=None)
+    per_round = [r["released"] for r in got.report["rounds"]]
+    assert len(got.lines) == len(set(got.lines)) == sum(per_round) == got.report["released"] > 0, (
+        f"{name} unseeded on {engine.engine}: {len(got.lines)} lines, {len(set(got.lines))} distinct, "
+        f"rounds released {per_round}"
+    )
+    assert got.report["seed"] is None and got.report["private"] is True
+
+
+# --- 3. bundle failures are retried and do not change the seeded output -------------------------------
+
+
+def package_dofn_classes():
+    """Every beam.DoFn subclass defined in the package (except the test helpers' DoFns)."""
+    classes = []
+    for package in DOFN_PACKAGES:
+        pkg = importlib.import_module(package)
+        for mod in pkgutil.walk_packages(pkg.__path__, prefix=f"{package}."):
+            if mod.name in TEST_HELPER_MODULES:
+                continue
+            module = importlib.import_module(mod.name)
+            for _, obj in inspect.getmembers(module, inspect.isclass):
+                if issubclass(obj, beam.DoFn) and obj.__module__ == module.__name__ and "process" in obj.__dict__:
+                    classes.append(obj)
+    return classes
+
+
+def test_package_dofns_are_found():
+    names = {c.__name__ for c in package_dofn_classes()}
+    assert {"CapFn", "NoisyThresholdFn", "LevelCapFn", "NoisyKeepFn"} <= names and len(names) >= 6, names
+
+
+CAPPING_DOFNS = {"CapFn", "LevelCapFn", "CapUserItemsFn"}
+NOISE_DOFNS = {"NoisyThresholdFn", "Round1StatusFn", "NoisyKeepFn", "AddNoiseFn"}
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # workers of failed attempts
+@pytest.mark.parametrize("name", ["mad2r", "extract_ngrams"])
+def test_bundle_failures_are_retried_without_changing_the_output(engine, name, inputs, direct, tmp_path):
+    case = CASES[name]
+    want = direct(name)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    out_dir = str(tmp_path / "out")
+    argv = cli_argv(case, inputs[case.pipeline], out_dir) + engine.pipeline_args()
+    module = importlib.import_module(
+        f"dp_partition_beam.pipelines.{case.pipeline}"
+    )  # the CLI, in this process (LOOPBACK)
+    classes = package_dofn_classes()
+    bound = FAILURES_PER_DOFN_CLASS * len(classes)
+    assert 2 * bound <= MAX_TASK_FAILURES, f"{bound} injected failures may exhaust {MAX_TASK_FAILURES} restarts"
+    undo = [inject_bundle_failures(c, str(markers), max_failures=FAILURES_PER_DOFN_CLASS) for c in classes]
+    try:
+        code = module.run(argv)
+    finally:
+        for u in undo:
+            u()
+    failed = sorted(os.listdir(markers))  # <module>.<class>-<hash of the bundle's first element>
+    failed_classes = {m.rsplit("-", 1)[0].rsplit(".", 1)[-1] for m in failed}
+    assert code == 0
+    assert 2 <= len(failed) <= bound, f"{len(failed)} injected failures (at most {bound} allowed)"
+    # The injection reached the SDK worker and the DoFns that bound contributions and draw noise (the
+    # columnar path's: CapFn / LevelCapFn, NoisyThresholdFn / Round1StatusFn / NoisyKeepFn).
+    assert failed_classes & CAPPING_DOFNS and failed_classes & NOISE_DOFNS, sorted(failed_classes)
+    what = f"{name} with {len(failed)} failed bundles on {engine.engine}"
+    assert_same(read_output(out_dir, case), want, engine, what)
+    print(f"{name} on {engine.engine}: {len(failed)} bundles of {len(failed_classes)} DoFn classes failed, retried")

@@ -1,0 +1,231 @@
+"""Seeded golden outputs of the reference and the three CLIs on the bundled data: a refactoring guard.
+
+Issue 28 restructures the package (one Beam path per algorithm, files named by algorithm, a namespaced
+package) without changing any output. This file pins, under a fixed seed, the sha256 of the sorted
+released lines of
+
+* every selection algorithm of :data:`privacy.selection.ALGORITHMS` through the in-memory reference
+  (:func:`transforms.reference.select`) and through
+  ``python -m dp_partition_beam.pipelines.select_partitions`` (plus a few
+  variants: the adaptive cap, released counts, an allowlist, the sequential policies' sharded join);
+* every DPNE algorithm (and MAD weighting, released counts) through ``pipelines.extract_ngrams``;
+* every mechanism through ``pipelines.bayesian_ngrams``,
+
+on data/debian_words.tsv.gz, data/debian_text.jsonl.gz and data/bayesian_public_trigrams.tsv.gz.
+
+The recorded values are what the code gave at commit 96d63c8 (and still gives at 2f43408, which only
+changed output-path checks), before the redesign: they are NOT a known-correct answer, only
+"unchanged". Correctness is checked elsewhere: the Beam == reference
+equality tests (tests/transforms/selection/test_columnar_beam.py, test_mad_sips_beam.py, test_policy_beam.py,
+test_counts_beam.py, test_dpne_*.py, ...) and the audits. A change that is meant to change the
+output (a new randomness contract, a fixed bug) updates the values here in the same commit and says so.
+"""
+
+import glob
+import gzip
+import hashlib
+import os
+
+import pytest
+
+from dp_partition_beam.pipelines import bayesian_ngrams, extract_ngrams, select_partitions
+from dp_partition_beam.privacy.selection import ALGORITHMS, SelectionParams
+from dp_partition_beam.transforms import reference
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+WORDS = os.path.join(REPO, "data", "debian_words.tsv.gz")  # 1,754 users, 199,954 (user, word) pairs
+TEXT = os.path.join(REPO, "data", "debian_text.jsonl.gz")  # 1,000 users
+PUBLIC = os.path.join(REPO, "data", "bayesian_public_trigrams.tsv.gz")  # 5,000 public trigrams
+SEED = 11
+EPSILON, DELTA, DELTA_0 = 2.0, 1e-4, 20
+SELECT_ARGS = ["--epsilon", str(EPSILON), "--delta", str(DELTA)]
+
+#: name -> select_partitions flags besides the budget (Delta_0 is DELTA_0 unless given)
+SELECT_VARIANTS = {
+    # MAD-SIPS's adaptive cap choosing a cap below Delta_0 (the reference's case checks that it does)
+    "mad_sips_cap": ["--algorithm", "mad_sips", "--max_contributions", "100", "--cap_quantile", "0.5"],
+    "mad2r_counts": ["--algorithm", "mad2r", "--release_counts"],
+    "dp_sips_counts_min_users": ["--algorithm", "dp_sips", "--release_counts", "--min_users", "5"],
+    "policy_gaussian_counts": ["--algorithm", "policy_gaussian", "--release_counts"],
+    # the sharded join of the policies' count release: an execution option, same output as the default
+    "policy_gaussian_counts_join": [
+        *["--algorithm", "policy_gaussian", "--release_counts", "--max_broadcast_items", "0"],
+        *["--max_users_per_key", "3"],
+    ],
+    "basic_allowlist": ["--algorithm", "basic", "--allowlist", "ALLOWLIST"],
+    "policy_laplace_allowlist": ["--algorithm", "policy_laplace", "--allowlist", "ALLOWLIST"],
+}
+
+DPNE_ARGS = ["--max_n", "3", "--epsilon", "4", "--delta", "1e-6", "--max_contributions", "30"]
+DPNE_CASES = {
+    "dpne": ["--algorithm", "dpne"],
+    "dpsu_all": ["--algorithm", "dpsu_all"],
+    "dpsu_even": ["--algorithm", "dpsu_even"],
+    "dpsu_single": ["--algorithm", "dpsu_single"],
+    "dpne_mad": ["--algorithm", "dpne", "--weighting", "mad"],
+    "dpne_counts": ["--algorithm", "dpne", "--release_counts"],
+}
+
+BAYES_ARGS = ["--public", PUBLIC, "--n", "3", "--epsilon", "1", "--C", "1", "--W", "100"]
+BAYES_CASES = {
+    "bayesian": ["--mechanism", "bayesian", "--delta", "1e-5"],
+    "laplace": ["--mechanism", "laplace"],
+    "laplace_public": ["--mechanism", "laplace_public"],
+}
+
+#: sha256 of "\n".join(sorted released lines) and their number, recorded at commit 96d63c8 (see the module docstring)
+GOLDEN = {  # name: (sha256, number of lines)
+    "bayesian_ngrams/bayesian": ("abd2f1ab65be4fe5c2052b67aed4c444a07777fd30c676e0acba38b1d6b98612", 5000),
+    "bayesian_ngrams/laplace": ("a316de7fec10fc2fc3369709258c1a028cb40f9d007a0d1fecd5404af5ae8169", 5000),
+    "bayesian_ngrams/laplace_public": ("8b05f7429a60766330e33a116608bb36d08d29150c2f78be0e69f3de086e8ef1", 5000),
+    "extract_ngrams/dpne": ("ad283e19211bac0a730f4107807292776be2847561245639361c746c7f04a5e1", 254),
+    "extract_ngrams/dpne_counts": ("af4106f1a6f6052569d1f82a6b168b73256821183c44a66a6294a967d15b5814", 220),
+    "extract_ngrams/dpne_mad": ("52e3f1315de6e054b938cab3c042e5106eb2786df324ff324de986293b08c983", 255),
+    "extract_ngrams/dpsu_all": ("3c58eb5aa318536782b28baa17463e956fc85861062f9cc42af7e495c8958f9b", 79),
+    "extract_ngrams/dpsu_even": ("c8d91e6ca13be04fa56d40a22908b0457138e2b922981a05bb7d2ba7e99dcc44", 87),
+    "extract_ngrams/dpsu_single": ("7b19b990494ce631e35b89846f77fdccb96c9b98af1b9563922fdd1cb6bf257f", 9),
+    "reference/basic": ("036d7a9d35d49d5195b272c2666f333afd45e45b422847be60697eba648b392d", 126),
+    "reference/count_gaussian": ("d910c32376c9fe6fe4bd7a641a59ce7f9cf20065be44fbb05f716ec87c8059d5", 123),
+    "reference/count_laplace": ("a21ff0837cec42fa553245d4a8ba788532fd0b7477f8715539312578acdb2793", 44),
+    "reference/dp_sips": ("7f55c5e2a3d5f227f9492314babd417296b5c3c8f06cebe99e00d90d2ccb2e19", 161),
+    "reference/mad": ("9ba7be522803e4791246781e1677dcb75aaadc5e2439947ad5a9d777f9775136", 127),
+    "reference/mad2r": ("efa453192aa45fbe12ac0c0210b71e6800cd00ad53f43d6f39a9415390b2fd73", 141),
+    "reference/mad2r_counts": ("6dfb29279a95f46d9744c25f69b8350a0bf58d77532f14e417cedb9ec6a38bdb", 125),
+    "reference/mad_sips": ("bf553cf1a6f22b3e8513450a7945fdb7a474db4af66b905463d2be2b9ad61a27", 194),
+    "reference/mad_sips_cap": ("a5a46db1acf7afc0a34061a7d80754e84f4c881c2e166a20be2bd5df0aeae139", 296),
+    "reference/policy_gaussian": ("95783e29ea36e7c25e7a4ecd531e317997f5ab84d0583d69b9c9e43918d20262", 133),
+    "reference/policy_gaussian_counts": ("8982f4c863f67e2fc21bcde1d85db33739659ad8720afb873f0d43ae31e714a7", 114),
+    "reference/policy_laplace": ("64637b5063d250166eb698e7a4e16f0d70153f2232d85f391bf63ae871a4cd87", 59),
+    "reference/weighted_laplace": ("2feac70946fa317843d3d5b12e57352f7377ec729317f35b3f95b5926cdd70f0", 48),
+    "select_partitions/basic": ("036d7a9d35d49d5195b272c2666f333afd45e45b422847be60697eba648b392d", 126),
+    "select_partitions/basic_allowlist": ("b36c32bbe7b5715c9d70fd9fcd8172fd4a41f0e429ab35535714ba4e49666d77", 178),
+    "select_partitions/count_gaussian": ("d910c32376c9fe6fe4bd7a641a59ce7f9cf20065be44fbb05f716ec87c8059d5", 123),
+    "select_partitions/count_laplace": ("a21ff0837cec42fa553245d4a8ba788532fd0b7477f8715539312578acdb2793", 44),
+    "select_partitions/dp_sips": ("7f55c5e2a3d5f227f9492314babd417296b5c3c8f06cebe99e00d90d2ccb2e19", 161),
+    "select_partitions/dp_sips_counts_min_users": (
+        "93fab06fe3ffc0fdd1094b476174d2f8ee356a4a41aa4b0dc1865008a89a4761",
+        130,
+    ),
+    "select_partitions/mad": ("9ba7be522803e4791246781e1677dcb75aaadc5e2439947ad5a9d777f9775136", 127),
+    "select_partitions/mad2r": ("efa453192aa45fbe12ac0c0210b71e6800cd00ad53f43d6f39a9415390b2fd73", 141),
+    "select_partitions/mad2r_counts": ("6dfb29279a95f46d9744c25f69b8350a0bf58d77532f14e417cedb9ec6a38bdb", 125),
+    "select_partitions/mad_sips": ("bf553cf1a6f22b3e8513450a7945fdb7a474db4af66b905463d2be2b9ad61a27", 194),
+    "select_partitions/mad_sips_cap": ("a5a46db1acf7afc0a34061a7d80754e84f4c881c2e166a20be2bd5df0aeae139", 296),
+    "select_partitions/policy_gaussian": ("95783e29ea36e7c25e7a4ecd531e317997f5ab84d0583d69b9c9e43918d20262", 133),
+    "select_partitions/policy_gaussian_counts": (
+        "8982f4c863f67e2fc21bcde1d85db33739659ad8720afb873f0d43ae31e714a7",
+        114,
+    ),
+    "select_partitions/policy_gaussian_counts_join": (
+        "8982f4c863f67e2fc21bcde1d85db33739659ad8720afb873f0d43ae31e714a7",
+        114,
+    ),
+    "select_partitions/policy_laplace": ("64637b5063d250166eb698e7a4e16f0d70153f2232d85f391bf63ae871a4cd87", 59),
+    "select_partitions/policy_laplace_allowlist": (
+        "a6d3012792340a801c93c71b87b390b47eeab713ed24d83add9473f7bf51f407",
+        90,
+    ),
+    "select_partitions/weighted_laplace": ("2feac70946fa317843d3d5b12e57352f7377ec729317f35b3f95b5926cdd70f0", 48),
+}
+
+
+def digest(lines):
+    return hashlib.sha256("\n".join(sorted(lines)).encode("utf-8")).hexdigest()
+
+
+def released_lines(prefix):
+    paths = sorted(glob.glob(prefix + "-*-of-*"))
+    assert paths, f"no output shards at {prefix}"
+    return [line.rstrip("\n") for p in paths for line in open(p, encoding="utf-8")]
+
+
+def run_cli(module, argv, out_dir):
+    prefix = os.path.join(out_dir, "released")
+    code = module.run(
+        [*argv, "--output", prefix, "--report", os.path.join(out_dir, "report.json"), "--seed", str(SEED)]
+        + ["--direct_running_mode", "in_memory"]
+    )
+    assert code == 0
+    lines = released_lines(prefix)
+    assert lines, "a golden case that releases nothing would guard nothing"
+    return lines
+
+
+@pytest.fixture(scope="module")
+def user_sets():
+    with gzip.open(WORDS, "rt", encoding="utf-8") as f:
+        assert next(f) == "user\titem\n"
+        return reference.user_sets_from_pairs(tuple(line.rstrip("\n").split("\t")) for line in f)
+
+
+@pytest.fixture(scope="module")
+def allowlist(tmp_path_factory):
+    """A public allowlist: the words of the public trigram prior (its users are not in the private data)."""
+    with gzip.open(PUBLIC, "rt", encoding="utf-8") as f:
+        words = sorted({w for line in f for w in line.split("\t")[0].split(" ")})
+    path = tmp_path_factory.mktemp("allowlist") / "allowlist.txt"
+    path.write_text("".join(w + "\n" for w in words), encoding="utf-8")
+    return str(path)
+
+
+def check(name, lines):
+    lines = list(lines)
+    assert (digest(lines), len(lines)) == GOLDEN[name], f"{name}: the seeded output changed"
+
+
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_reference_select(user_sets, algorithm):
+    items = reference.select(user_sets, algorithm, SelectionParams(EPSILON, DELTA, max_contributions=DELTA_0), SEED)
+    assert items
+    check(f"reference/{algorithm}", items)
+
+
+def test_reference_variants(user_sets):
+    """The reference's adaptive cap and released counts (the CLI's mad_sips_cap and *_counts cases)."""
+    p = SelectionParams(EPSILON, DELTA, max_contributions=100, cap_quantile=0.5)
+    result = reference.release(user_sets, "mad_sips", p, SEED)
+    assert result.cap < 100
+    check("reference/mad_sips_cap", result.items)
+    for algorithm in ("mad2r", "policy_gaussian"):
+        p = SelectionParams(EPSILON, DELTA, max_contributions=DELTA_0, release_counts=True)
+        counts = reference.select_counts(user_sets, algorithm, p, SEED)
+        check(f"reference/{algorithm}_counts", [f"{i}\t{c}" for i, c in counts.items()])
+
+
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_select_partitions_cli(tmp_path, algorithm):
+    argv = ["--input", WORDS, "--input_format", "tsv", *SELECT_ARGS, "--max_contributions", str(DELTA_0)]
+    argv += ["--algorithm", algorithm]
+    check(f"select_partitions/{algorithm}", run_cli(select_partitions, argv, str(tmp_path)))
+
+
+@pytest.mark.parametrize("case", list(SELECT_VARIANTS))
+def test_select_partitions_cli_variants(tmp_path, allowlist, case):
+    extra = [allowlist if a == "ALLOWLIST" else a for a in SELECT_VARIANTS[case]]
+    if "--max_contributions" not in extra:
+        extra += ["--max_contributions", str(DELTA_0)]
+    argv = ["--input", WORDS, "--input_format", "tsv", *SELECT_ARGS, *extra]
+    check(f"select_partitions/{case}", run_cli(select_partitions, argv, str(tmp_path)))
+
+
+@pytest.mark.parametrize("case", list(DPNE_CASES))
+def test_extract_ngrams_cli(tmp_path, case):
+    argv = ["--input", TEXT, "--input_format", "jsonl", *DPNE_ARGS, *DPNE_CASES[case]]
+    check(f"extract_ngrams/{case}", run_cli(extract_ngrams, argv, str(tmp_path)))
+
+
+@pytest.mark.parametrize("case", list(BAYES_CASES))
+def test_bayesian_ngrams_cli(tmp_path, case):
+    argv = ["--private", TEXT, "--input_format", "jsonl", *BAYES_ARGS, *BAYES_CASES[case]]
+    check(f"bayesian_ngrams/{case}", run_cli(bayesian_ngrams, argv, str(tmp_path)))
+
+
+def test_reference_and_cli_agree_where_they_must():
+    """The recorded values themselves: the CLI releases what the reference selects, and the sharded join
+    is an execution option (same output), so a wrong recording would show here too."""
+    for algorithm in ALGORITHMS:
+        assert GOLDEN[f"select_partitions/{algorithm}"] == GOLDEN[f"reference/{algorithm}"], algorithm
+    assert len({GOLDEN[f"reference/{algorithm}"] for algorithm in ALGORITHMS}) == len(ALGORITHMS)
+    for case in ("mad_sips_cap", "mad2r_counts", "policy_gaussian_counts"):
+        assert GOLDEN[f"select_partitions/{case}"] == GOLDEN[f"reference/{case}"], case
+    assert GOLDEN["select_partitions/policy_gaussian_counts_join"] == GOLDEN["select_partitions/policy_gaussian_counts"]

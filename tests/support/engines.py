@@ -1,0 +1,206 @@
+"""Beam's Flink and Spark job servers for tests/engines/test_engines.py, started through ``.ci/engines.sh``.
+
+``.ci/engines.sh setup`` fetches the job servers (Maven Central) and creates ``.venv-engines`` with the
+apache-beam version of the job servers; ``.ci/engines.sh flink|spark FLAGS`` runs one in the foreground.
+This module starts them on free ports, waits until their job service accepts connections, keeps their
+log in a file (its tail goes into failure messages) and stops them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+import apache_beam as beam
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SCRIPT = os.path.join(REPO, ".ci", "engines.sh")
+ENGINES = ("flink", "spark")
+PARALLELISM = 2
+
+
+def script_setting(name: str) -> str:
+    """A ``NAME=value`` setting of .ci/engines.sh (the one place that pins the versions)."""
+    with open(SCRIPT, encoding="utf-8") as f:
+        m = re.search(rf"^{name}=(\S+)", f.read(), re.M)
+    assert m, f"{SCRIPT} sets no {name}"
+    return m.group(1)
+
+
+BEAM_VERSION = script_setting("BEAM_VERSION")
+
+
+def java_missing() -> str | None:
+    """Why the engine tests cannot run here, or None. Only a missing Java is a reason to skip."""
+    if shutil.which("java") is None:
+        return (
+            "Java is not installed (no `java` on PATH): Beam's Flink and Spark job servers are Java "
+            "programs. Install Java 17 and run `.ci/engines.sh test`."
+        )
+    return None
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: the child gets SIGTERM when the test process dies (Linux), so a killed test
+    run leaves no job server or worker pool behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def flink_config(restart_attempts: int) -> str:
+    """A Flink ``config.yaml``: on a task failure restart its failover region (Flink's default,
+    spelled out: the tasks connected to it by pipelined exchanges, in a batch job in Flink's default
+    pipelined mode usually the whole job), up to ``restart_attempts`` times per job, 100 ms apart."""
+    return (
+        "jobmanager.execution.failover-strategy: region\n"
+        "restart-strategy.type: fixed-delay\n"
+        f"restart-strategy.fixed-delay.attempts: {restart_attempts}\n"
+        "restart-strategy.fixed-delay.delay: 100 ms\n"
+    )
+
+
+class JobServer:
+    """One Beam job server (``engine`` is flink or spark) with a local engine of 2 slots/cores.
+
+    Both retry failed tasks, as a cluster does; neither does by default in local mode:
+    * Flink: ``--flink-master=[local]`` (an embedded Flink cluster per job, parallelism 2 from the
+      pipeline option) with ``--flink-conf-dir`` holding a ``config.yaml`` that sets a fixed-delay
+      restart strategy of ``max_failures`` attempts per job (region failover). Beam 2.62 applies its
+      ``--number_of_execution_retries`` to streaming jobs only; a batch job's restarts come from the
+      Flink configuration, and without one it fails on the first task failure.
+    * Spark: ``--spark-master-url=local[2,max_failures]``: 2 cores; in local mode Spark retries a
+      failed task only when the master URL says so (``local[2]`` fails the job on the first one).
+    """
+
+    def __init__(self, engine: str, log_dir: str, max_failures: int = 4):
+        assert engine in ENGINES, engine
+        self.engine = engine
+        self.port = free_port()
+        self.max_failures = max_failures
+        self.log_path = os.path.join(log_dir, f"{engine}-job-server.log")
+        if engine == "flink":
+            conf_dir = os.path.join(log_dir, "flink-conf")
+            os.makedirs(conf_dir, exist_ok=True)
+            with open(os.path.join(conf_dir, "config.yaml"), "w", encoding="utf-8") as f:
+                f.write(flink_config(max_failures))
+            master = ["--flink-master=[local]", f"--flink-conf-dir={conf_dir}"]
+        else:
+            master = [f"--spark-master-url=local[{PARALLELISM},{max_failures}]"]
+        self.argv = [
+            "bash",
+            SCRIPT,
+            engine,
+            *master,
+            f"--job-port={self.port}",
+            "--artifact-port=0",
+            "--expansion-port=0",
+        ]
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"localhost:{self.port}"
+
+    def pipeline_args(self, environment: str = "LOOPBACK", environment_config: str | None = None) -> list:
+        """Beam options that submit a pipeline to this job server."""
+        args = ["--runner", "PortableRunner", "--job_endpoint", self.endpoint, "--environment_type", environment]
+        if environment_config:
+            args += ["--environment_config", environment_config]
+        if self.engine == "flink":
+            args += ["--parallelism", str(PARALLELISM)]
+        return args
+
+    def start(self, timeout: float = 240.0) -> "JobServer":
+        log = open(self.log_path, "w", encoding="utf-8")
+        # Own session: stop() signals the JVM (engines.sh execs java) and nothing else.
+        self.proc = subprocess.Popen(
+            self.argv,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+        log.close()
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            code = self.proc.poll()
+            if code is not None:
+                raise RuntimeError(
+                    f"the {self.engine} job server exited with {code} before it listened on "
+                    f"{self.endpoint}:\n{self.log_tail()}"
+                )
+            try:
+                with socket.create_connection(("localhost", self.port), timeout=1):
+                    return self
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(
+            f"the {self.engine} job server did not listen on {self.endpoint} within {timeout:.0f}s:\n{self.log_tail()}"
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 80) -> str:
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                tail = f.readlines()[-lines:]
+        except OSError:
+            return f"(no log at {self.log_path})"
+        return f"--- last {len(tail)} lines of {self.log_path} ---\n" + "".join(tail)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+# --- a DoFn for the SDK worker processes (they import this module: the repo root is on their PYTHONPATH) --
+
+
+class RecordDrawsFn(beam.DoFn):
+    """(item, noise) -> nothing; writes each bundle's draws to ``<out_dir>/<pid>-*.tsv`` as
+    ``item<TAB>repr(noise)`` lines, so the test sees which worker process drew what.
+
+    No sink transform on purpose: a sink (WriteToText) adds stages that open SDK environments while
+    this one does, and Beam's job servers hand environments to stages round-robin, so the 2 parallel
+    tasks of this stage would then land on the same worker about half of the time (measured on Flink)."""
+
+    def __init__(self, out_dir: str):
+        self.out_dir = out_dir
+
+    def start_bundle(self):
+        self.lines = []
+
+    def process(self, element):
+        item, noise = element
+        self.lines.append(f"{item}\t{noise!r}\n")
+
+    def finish_bundle(self):
+        fd, path = tempfile.mkstemp(prefix=f"{os.getpid()}-", suffix=".tsv", dir=self.out_dir)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.writelines(self.lines)

@@ -1,0 +1,103 @@
+"""Beam BayesianNgrams == the in-memory reference under a seed; unseeded outputs are distributions."""
+
+import math
+import random
+
+import apache_beam as beam
+import numpy as np
+import pytest
+
+from dp_partition_beam.privacy.bayesian import BayesianParams
+from dp_partition_beam.transforms.bayesian import bayesian_kernels as K
+from dp_partition_beam.transforms.bayesian.bayesian import BayesianNgrams
+from dp_partition_beam.transforms.bayesian.reference import release
+
+from tests.support.beam_helpers import collect
+
+WORDS = ["the", "a", "fix", "bug", "add", "test", "docs", "update"]
+
+
+def make_texts(seed=11, users=80):
+    rnd = random.Random(seed)
+    texts = {}
+    for u in range(users):
+        docs = []
+        for _ in range(rnd.randint(1, 3)):
+            lines = [
+                " ".join(rnd.choice(WORDS[: rnd.randint(3, 8)]) for _ in range(rnd.randint(1, 9)))
+                for _ in range(rnd.randint(1, 3))
+            ]
+            docs.append("\n".join(lines))
+        texts[f"user{u}"] = docs
+    return texts
+
+
+TEXTS = make_texts()
+RECORDS = [(u, t) for u, docs in TEXTS.items() for t in docs]
+PRIOR = K.PublicPrior.from_counts(
+    {
+        f"{a} {b}": float((i * 7 + j * 3) % 11)
+        for i, a in enumerate(WORDS)
+        for j, b in enumerate(WORDS)
+        if (i + j) % 3 != 0
+    }
+    | {"not private": 5.0}
+)
+
+
+def run_beam(params, seed, mode="in_memory", workers=None, records=RECORDS, algorithm="bayesian"):
+    def build(p):
+        return (p | beam.Create(records) | BayesianNgrams(algorithm, PRIOR, params, seed=seed))["distribution"]
+
+    lines = collect(build, mode=mode, workers=workers, fmt=lambda kv: f"{kv[0]}\t{kv[1]!r}")
+    return {l.split("\t")[0]: float(l.split("\t")[1]) for l in lines}
+
+
+CASES = [
+    ("bayesian", BayesianParams(n=2, C=2, W=6)),
+    ("bayesian", BayesianParams(n=2, C=1, W=4, S=0.3, rho=0.6, sensitivity="bound")),
+    (
+        "bayesian",
+        BayesianParams(n=2, C=2, W=6, tune=True, validation_fraction=0.3, S_grid=(0.01, 0.3, 3.0), rho_grid=(0.2, 0.8)),
+    ),
+    ("bayesian", BayesianParams(n=2, C=2, W=6, tune=True, sensitivity="bound", S_grid=(0.1, 1.0), rho_grid=(0.5,))),
+    ("laplace", BayesianParams(n=2, C=3, W=10, epsilon=5.0)),
+    ("laplace_public", BayesianParams(n=2, C=3, W=10, epsilon=5.0)),
+]
+
+
+@pytest.mark.parametrize("algorithm,params", CASES, ids=[f"{a}-{p.sensitivity}-tune{p.tune}" for a, p in CASES])
+def test_beam_equals_reference(algorithm, params):
+    want, _ = release(TEXTS, algorithm, PRIOR, params, seed=7)
+    got = run_beam(params, 7, algorithm=algorithm)
+    assert got == want  # bit for bit
+    assert set(got) == set(PRIOR.vocab)
+    assert math.fsum(got.values()) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_beam_equals_reference_multi_processing():
+    _, params = CASES[2]
+    want, _ = release(TEXTS, "bayesian", PRIOR, params, seed=3)
+    assert run_beam(params, 3, mode="multi_processing", workers=2) == want
+
+
+def test_seed_changes_output():
+    params = BayesianParams(n=2, C=2, W=6, S=1.0, rho=0.5)
+    assert run_beam(params, 1) != run_beam(params, 2)
+
+
+@pytest.mark.parametrize("algorithm,params", [CASES[0], CASES[3], CASES[4]], ids=["bayesian", "tuned", "laplace"])
+def test_unseeded_beam_output_is_a_distribution(algorithm, params):
+    got = run_beam(params, None, algorithm=algorithm)
+    vals = np.array(list(got.values()))
+    assert set(got) == set(PRIOR.vocab)
+    assert np.all(np.isfinite(vals)) and np.all(vals >= 0)
+    assert math.fsum(vals) == pytest.approx(1.0, abs=1e-12)
+    assert got != run_beam(params, None, algorithm=algorithm)  # fresh OS-entropy noise each run
+
+
+def test_private_users_without_vocabulary_ngrams_and_empty_input():
+    params = BayesianParams(n=2, rho=0.4)
+    got = run_beam(params, 9, records=[("u1", "zzz yyy xxx"), ("u2", "nothing here")])
+    want = dict(zip(PRIOR.vocab, K.softmax(0.6 * K.mu_prior(PRIOR.alpha)).tolist()))
+    assert got == pytest.approx(want, rel=1e-12)

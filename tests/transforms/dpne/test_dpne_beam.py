@@ -1,0 +1,196 @@
+"""Beam DPNE == in-memory reference under a fixed seed; the extract_ngrams CLI end to end."""
+
+import glob
+import gzip
+import json
+import os
+import tempfile
+
+import apache_beam as beam
+import pytest
+
+from dp_partition_beam.pipelines import extract_ngrams
+from dp_partition_beam.privacy.dpne import DPNEParams
+from dp_partition_beam.transforms.dpne.dpne import DPNE
+from dp_partition_beam.transforms.dpne.reference import dpne_reference
+from dp_partition_beam.transforms.testing.synthetic import markov_corpus
+
+from tests.support.beam_helpers import make_test_pipeline
+
+SEED = 2024
+
+
+@pytest.fixture(scope="module")
+def records():
+    recs = markov_corpus(500, vocab=40, branching=3, seed=9)
+    out = [(u, "\n".join(lines)) for u, lines in recs.items()]
+    out.append(("user000001", "w1 w2 extra line"))  # a user with two records
+    return out
+
+
+def run_beam(records, params, seed, mode="in_memory", workers=None, algorithm="dpne"):
+    with tempfile.TemporaryDirectory() as tmp:
+        with make_test_pipeline(mode, workers) as p:
+            out = p | beam.Create(records) | beam.Reshuffle() | DPNE(algorithm, params, seed=seed, num_shards=3)
+            _ = (
+                out["ngrams"]
+                | "Fmt" >> beam.Map(extract_ngrams.format_ngram)
+                | "W1" >> beam.io.WriteToText(os.path.join(tmp, "ng"))
+            )
+            _ = (
+                out["levels"]
+                | "Json" >> beam.Map(json.dumps, sort_keys=True)
+                | "W2" >> beam.io.WriteToText(os.path.join(tmp, "lv"))
+            )
+
+        def read(prefix):
+            return [l.rstrip("\n") for f in sorted(glob.glob(os.path.join(tmp, prefix) + "*")) for l in open(f)]
+
+        return sorted(read("ng")), [json.loads(x) for x in read("lv")]
+
+
+def level_key(d):
+    return d.get("k", 0), d.get("run", "")
+
+
+CONFIGS = [
+    pytest.param("dpne", DPNEParams(epsilon=4, delta=1e-5, max_n=4, max_contributions=15, eta=0.3), id="dpne-both"),
+    pytest.param(
+        "dpne",
+        DPNEParams(
+            epsilon=4,
+            delta=1e-5,
+            max_n=4,
+            max_contributions=(15, 10, 10, 5),
+            eta=0.3,
+            pruning="single",
+            vk_method="sample",
+            sample_rate=0.3,
+            sigma_decay=0.8,
+        ),
+        id="dpne-single-sample",
+    ),
+    pytest.param("dpsu_all", DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10), id="dpsu_all"),
+    pytest.param("dpsu_even", DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10), id="dpsu_even"),
+    pytest.param(
+        "dpsu_single",
+        DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10, dpsu_single_length=2),
+        id="dpsu_single",
+    ),
+]
+
+
+@pytest.mark.parametrize("algorithm,params", CONFIGS)
+def test_beam_equals_reference_in_memory(records, algorithm, params):
+    want = dpne_reference(records, algorithm, params, seed=SEED)
+    got, levels = run_beam(records, params, SEED, algorithm=algorithm)
+    assert got == want.lines()
+    assert sorted(levels, key=level_key) == sorted(want.levels, key=level_key)
+    if algorithm == "dpne":
+        assert len(want.ngrams[2]) > 0 and len(want.ngrams[3]) > 0
+        # the spurious mechanism ran (expected spurious > 0 at eta=0.3)
+        assert sum(l.get("expected_spurious_bound", 0) for l in want.levels) > 1
+
+
+def test_beam_equals_reference_mad(records):
+    params = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=15, eta=0.3, weighting="mad", d_max=20)
+    want = dpne_reference(records, "dpne", params, seed=SEED)
+    got, levels = run_beam(records, params, SEED)
+    assert got == want.lines()
+    assert sorted(levels, key=level_key) == sorted(want.levels, key=level_key)
+
+
+def test_beam_equals_reference_multi_processing(records):
+    params = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=15, eta=0.3)
+    want = dpne_reference(records, "dpne", params, seed=SEED)
+    got, _ = run_beam(records, params, SEED, mode="multi_processing", workers=2)
+    assert got == want.lines()
+
+
+def test_unseeded_beam_runs_and_is_downward_closed(records):
+    params = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=15, eta=0.3)
+    got, levels = run_beam(records, params, None)
+    out = {}
+    for line in got:
+        k, g = line.split("\t")
+        out.setdefault(int(k), set()).add(g)
+    for k in (2, 3):
+        for g in out.get(k, ()):
+            assert g.rsplit(" ", 1)[0] in out[k - 1] and g.split(" ", 1)[1] in out[k - 1]
+    assert sum(l["released"] for l in levels) == len(got)
+
+
+def test_cli_end_to_end(records, tmp_path):
+    inp = tmp_path / "in.jsonl.gz"
+    with gzip.open(inp, "wt", encoding="utf-8") as f:
+        for u, t in records:
+            f.write(json.dumps({"user": u, "text": t}) + "\n")
+    tsv = tmp_path / "in.tsv"
+    with open(tsv, "w", encoding="utf-8") as f:
+        for u, t in records:
+            for line in t.split("\n"):
+                f.write(f"{u}\t{line}\n")
+    params = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=15, eta=0.3)
+    want = dpne_reference(records, "dpne", params, seed=5).lines()
+    for fmt, path in (("jsonl", inp), ("tsv", tsv)):
+        out, rep = tmp_path / f"out_{fmt}", tmp_path / f"rep_{fmt}.json"
+        rc = extract_ngrams.run(
+            [
+                "--input",
+                str(path),
+                "--input_format",
+                fmt,
+                "--output",
+                str(out),
+                "--report",
+                str(rep),
+                "--max_n",
+                "3",
+                "--epsilon",
+                "4",
+                "--delta",
+                "1e-5",
+                "--max_contributions",
+                "15",
+                "--eta",
+                "0.3",
+                "--seed",
+                "5",
+                "--direct_running_mode=in_memory",
+            ]
+        )
+        assert rc == 0
+        lines = sorted(l.rstrip("\n") for f in glob.glob(str(out) + "*") for l in open(f, encoding="utf-8"))
+        assert lines == want  # same n-grams whether a user's lines come as one record or many
+        report = json.loads(rep.read_text())
+        assert report["released"] == len(lines) and report["epsilon"] == 4 and report["delta"] == 1e-5
+        assert [l["k"] for l in report["levels"]] == [1, 2, 3]
+        for l in report["levels"][1:]:
+            assert {"sigma", "rho", "v_k", "s_prev", "expected_spurious_bound", "released"} <= set(l)
+        text = rep.read_text()
+        assert "supp" not in text  # |supp(H_k)| is private
+
+
+def test_cli_rejects_bad_parameters(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        extract_ngrams.run(
+            [
+                "--input",
+                "x",
+                "--input_format",
+                "jsonl",
+                "--output",
+                "o",
+                "--report",
+                "r",
+                "--max_n",
+                "3",
+                "--epsilon",
+                "4",
+                "--delta",
+                "1e-7",
+                "--max_contributions",
+                "1,2",
+            ]
+        )
+    assert "max_contributions must be one integer or a list of max_n=3" in capsys.readouterr().err

@@ -1,0 +1,210 @@
+"""SelectPartitions on the columnar path (issue 16): element and batch input, key types, shard counts.
+
+Under a seed every algorithm must release exactly what the in-memory reference releases, whatever the
+input form (pairs, Arrow RecordBatches, Tables, a mix), the batch size and the number of shards. The
+weight stages on their own (Basic's partial sums, MAD's weights with and without biases) give the
+reference's weights bit for bit.
+"""
+
+import random
+
+import apache_beam as beam
+import pyarrow as pa
+import pytest
+from apache_beam.transforms import window
+
+from dp_partition_beam.privacy.selection import SelectionParams
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.core import tables as C
+from dp_partition_beam.transforms.core.batches import pairs_table, unpacked
+from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
+from dp_partition_beam.transforms.selection.basic import BasicPartialsFn
+from dp_partition_beam.transforms.selection.mad import MADWeights
+from dp_partition_beam.transforms.selection.select import SelectPartitions
+
+from tests.support.beam_helpers import collect, collect_pairs
+
+RND = random.Random(5)
+PAIRS = [(f"u{RND.randrange(700)}", f"i{min(int(RND.paretovariate(0.9)), 400)}") for _ in range(9000)]
+PARAMS = SelectionParams(epsilon=2.0, delta=1e-5, max_contributions=6, d_max=8)
+SETS = reference.user_sets_from_pairs(PAIRS)
+
+
+def _as_batches(pairs, size, kind):
+    out = []
+    for a in range(0, len(pairs), size):
+        users, items = zip(*pairs[a : a + size])
+        t = pa.table({"user": list(users), "item": list(items), "extra": list(range(len(users)))})
+        out.append(t.to_batches()[0] if kind == "record_batch" else t)
+    return out
+
+
+@pytest.mark.parametrize("algorithm", ["basic", "count_laplace", "mad", "mad2r", "dp_sips"])
+def test_batch_input_equals_element_input_and_the_reference(algorithm, monkeypatch):
+    from dp_partition_beam.transforms.core import batches
+
+    monkeypatch.setattr(batches, "DEFAULT_CHUNK_ROWS", 300)  # shards cut into pieces of a few users
+    want = sorted(reference.select(SETS, algorithm, PARAMS, seed=4))
+    assert want
+    batches = _as_batches(PAIRS, 1000, "record_batch")
+    mixed = _as_batches(PAIRS[:4000], 700, "table") + PAIRS[4000:]
+    for label, elements in (("pairs", PAIRS), ("batches", batches), ("mixed", mixed)):
+        got = collect(
+            lambda p: (
+                p
+                | f"Create{label}" >> beam.Create(elements, reshuffle=False)
+                | SelectPartitions(algorithm, PARAMS, seed=4, rows_per_shard=2500, batch_rows=999)
+            )
+        )
+        assert sorted(got) == want, label
+
+
+def test_non_string_keys_round_trip():
+    """int users, tuple and bytes items: exact key bytes, decoded back to the original values."""
+    pairs = [(int(u[1:]), (i, len(i)) if int(u[1:]) % 2 else i.encode()) for u, i in PAIRS]
+    sets = reference.user_sets_from_pairs(pairs)
+    want = reference.select(sets, "basic", PARAMS, seed=9)
+    got = collect(lambda p: p | beam.Create(pairs) | SelectPartitions("basic", PARAMS, seed=9), fmt=repr)
+    assert sorted(got) == sorted(repr(i) for i in want) and want
+    assert {type(i) for i in want} <= {tuple, bytes}
+
+
+def test_unseeded_run_releases_the_heavy_items():
+    """Unseeded (OS entropy: run seed on a worker, worker noise): heavy items are released."""
+    pairs = [(f"u{u}", "common") for u in range(3000)] + [(f"u{u}", f"rare{u}") for u in range(3000)]
+    for algorithm in ("basic", "mad2r", "dp_sips"):
+        got = collect(lambda p: p | beam.Create(pairs) | SelectPartitions(algorithm, PARAMS))
+        assert got == ["common"], algorithm
+
+
+def test_windowed_input_is_rejected_with_a_clear_error():
+    with pytest.raises(ValueError, match="global window"):
+        with beam.Pipeline("DirectRunner") as p:
+            _ = (
+                p
+                | beam.Create(PAIRS[:10])
+                | beam.Map(lambda kv: window.TimestampedValue(kv, 10))
+                | beam.WindowInto(window.FixedWindows(60))
+                | SelectPartitions("basic", PARAMS, seed=1)
+            )
+
+
+def test_bad_batches_fail_with_a_clear_error():
+    for bad, match in (
+        (pa.table({"uid": ["a"], "item": ["x"]}), "columns"),
+        (pa.table({"user": ["a", None], "item": ["x", "y"]}), "null"),
+        ("not a pair", "pairs or Arrow batches"),
+    ):
+        with pytest.raises(Exception, match=match):
+            with beam.Pipeline("DirectRunner") as p:
+                _ = p | beam.Create([bad]) | SelectPartitions("basic", PARAMS, seed=1)
+
+
+# --- the weight stages on their own: capped user shards in, per-item partial sums out ---------------
+
+
+def _capped_shards(capped_sets, num_shards, biases=None):
+    """(user shard, Table(user, item, degree[, bias])) elements, every user's rows in one element (what
+    ``CapFn`` gives the weight stages; biased rounds also carry each row's bias)."""
+    users = sorted(capped_sets)
+    out = []
+    for shard in range(num_shards):
+        rows = [(u, i) for u in users[shard::num_shards] for i in capped_sets[u]]
+        table = C.with_degree(pairs_table(*zip(*rows)))
+        if biases is not None:
+            table = table.append_column("bias", pa.array([biases[i] for _, i in rows], pa.float64()))
+        out.append((shard, table))
+    return out
+
+
+def _merged_weights(element):
+    """(item shard, [Packed partials]) -> (item, weight) of the shard's items (exact merge)."""
+    w = C.merge_partials(unpacked(element[1]))
+    return list(zip(map(from_key_bytes, w.column("item").to_pylist()), w.column("weight").to_pylist()))
+
+
+def _stage_weights(elements, stage):
+    return dict(
+        collect_pairs(
+            lambda p: p | beam.Create(elements, reshuffle=False) | stage | beam.FlatMap(_merged_weights),
+        )
+    )
+
+
+@pytest.mark.parametrize("num_shards", [1, 3])
+@pytest.mark.parametrize("weighting", ["weighted_gaussian", "weighted_laplace", "count"])
+def test_basic_weight_stage_equals_the_reference_weights(weighting, num_shards):
+    """Basic's partial sums (BasicPartialsFn), grouped per item shard and merged: bit for bit the
+    reference's basic_weights of the same capped sets, whatever the number of shards."""
+    capped = reference.bound_contributions(SETS, 6, seed=1)
+    stage = beam.ParDo(BasicPartialsFn(weighting), num_shards) | beam.GroupByKey()
+    got = _stage_weights(_capped_shards(capped, num_shards), stage)
+    assert got == reference.basic_weights(capped, weighting) and len(got) > 100
+
+
+@pytest.mark.parametrize("num_shards", [1, 4])
+@pytest.mark.parametrize("biased", [False, True])
+def test_mad_weight_stage_equals_the_reference_weights(biased, num_shards):
+    """MADWeights (Alg. 3: w_init, excess, the users' contributions with Alg. 2 for biased users)
+    on capped user shards: bit for bit the reference's mad_weights, whatever the number of shards."""
+    capped = reference.bound_contributions(SETS, 6, seed=1)
+    items = sorted({i for v in capped.values() for i in v})
+    rng = random.Random(1)
+    biases = {i: rng.choice([1.0, rng.random()]) for i in items} if biased else None
+    b_min, b_max = (0.5, 2.0) if biased else (1.0, 1.0)
+    tau, d_max = 3.0, 6
+    stage = MADWeights(tau, d_max, b_min, b_max, num_shards)
+    got = _stage_weights(_capped_shards(capped, num_shards, biases), stage)
+    want = reference.mad_weights(capped, tau, d_max, biases, b_min, b_max)
+    assert got == want
+    basic = reference.basic_weights(capped)
+    assert any(got[i] > basic[i] + 1e-9 for i in got)  # weight was rerouted
+    assert any(got[i] < basic[i] - 1e-9 for i in got)  # and truncated or biased away
+
+
+#: sha256 (first 16 hex digits) of the sorted unique transform labels of SelectPartitions(algorithm,
+#: SelectionParams(epsilon=1, delta=1e-5, ...), seed=1) over beam.Create([("u", "i")]), recorded at
+#: 0a330ba before issue 28's step 2 moved the Beam code into files named by algorithm. Dataflow's
+#: update compatibility matches stages by these names: a refactoring must not change them.
+STAGE_LABELS = {
+    "basic": ("4318531cbb051e04", "1ef2179c437c4594"),
+    "weighted_laplace": ("c3482142b5198741", "98150193352696f3"),
+    "count_gaussian": ("b9783a1581143e24", "cd1bd64e96758e52"),
+    "count_laplace": ("57c0c3935b87249a", "48fdd01086c5b245"),
+    "mad": ("e2618c262affb36c", "27f73c6fad0d90e9"),
+    "mad2r": ("ebc19ffb5b325289", "82a201246b2cba79"),
+    "dp_sips": ("b0a6972f413dea32", "8da5f9519a23981a"),
+    "mad_sips": ("af836d057c872930", "61470da5ea8c2ed4"),  # adaptive cap on (its default)
+    "mad_sips/cap1": ("088b0c44e7bbb845", "541b16f34f535e3d"),  # cap_quantile=1: no Cap stage
+    "policy_gaussian": ("b884b4e6c6b7abb5", "10b45c6729e3e25d"),
+    "policy_laplace": ("2e84d5d4f800e45e", "19adf33add419c7e"),
+}
+
+
+def _stage_labels_hash(algorithm, **params):
+    import hashlib
+
+    p = beam.Pipeline()
+    _ = (
+        p
+        | beam.Create([("u", "i")])
+        | SelectPartitions(algorithm, SelectionParams(epsilon=1, delta=1e-5, **params), seed=1)
+    )
+    labels = sorted(t.unique_name for t in p.to_runner_api().components.transforms.values())
+    return hashlib.sha256("\n".join(labels).encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("case", sorted(STAGE_LABELS))
+def test_stage_labels_are_unchanged(case):
+    """Every algorithm's job graph keeps its stage names, with and without released counts."""
+    algorithm, _, variant = case.partition("/")
+    extra = {"cap_quantile": 1.0} if variant == "cap1" else {}
+    plain, counts = STAGE_LABELS[case]
+    assert _stage_labels_hash(algorithm, **extra) == plain
+    assert _stage_labels_hash(algorithm, release_counts=True, **extra) == counts
+
+
+def test_stage_label_snapshot_covers_every_algorithm():
+    from dp_partition_beam.privacy.selection import ALGORITHMS
+
+    assert {case.partition("/")[0] for case in STAGE_LABELS} == set(ALGORITHMS)
