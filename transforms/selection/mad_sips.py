@@ -31,7 +31,8 @@ Stages of round r (shapes after each step; plans of the run's cap, Delta_0 witho
                                                                 checkpointed (one draw whatever retries)
   r = R:      NoisyThreshold_R (round R, item bytes)
 
-Equal to :func:`transforms.selection.reference._mad_sips` under a seed (tests/transforms/selection/test_mad_sips_beam.py).
+Equal to :func:`transforms.selection.reference._mad_sips` under a seed
+(tests/transforms/selection/test_mad_sips_beam.py).
 """
 
 from __future__ import annotations
