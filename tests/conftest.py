@@ -62,7 +62,7 @@ SLOW_FILES = frozenset(
         "transforms/selection/test_multiprocessing.py",
         "transforms/selection/test_policy_beam.py",
         "transforms/dpne/test_dpne_beam.py",
-        "transforms/dpne/test_dpne_columnar.py",
+        "transforms/dpne/test_dpne_batches.py",
         "transforms/dpne/test_dpne_counts.py",
         "transforms/dpne/test_dpne_reference.py",
         "transforms/bayesian/test_bayesian_beam.py",
@@ -84,7 +84,7 @@ SLOW_TESTS = frozenset(
     [
         "pipelines/test_cli_strict.py::test_the_real_command_prints_no_usage_block_but_help_does",
         "privacy/test_adaptive_cap.py::test_beam_equals_reference_with_the_adaptive_cap",
-        "transforms/selection/test_columnar_beam.py::test_batch_input_equals_element_input_and_the_reference",
+        "transforms/selection/test_select.py::test_batch_input_equals_element_input_and_the_reference",
         "transforms/selection/test_mad_kernels.py::test_l2_sensitivity_tight_cases",
         "transforms/test_api_types.py::test_bayesian_report_guarantee_kind_private_flag_and_warning",
         "transforms/test_api_types.py::test_extract_ngrams_cli_prints_one_line_for_a_bad_tokenizer",

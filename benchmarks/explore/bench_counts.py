@@ -11,7 +11,7 @@ true counts of the capped data (what the noise is calibrated for) next to the re
 the fraction within the reported 95% bound, and the RMSE against the raw (uncapped) distinct-user
 counts (contribution bounding makes the counts of heavy users' items low).
 
-Data: ``data/commits_sample.tsv.gz`` (bundled) and ``../shared/data/imdb.user_words.tsv.gz`` (read
+Data: ``data/debian_words.tsv.gz`` (bundled) and ``../shared/data/imdb.user_words.tsv.gz`` (read
 at run time, never copied; skipped with a note if absent).
 """
 
@@ -32,7 +32,7 @@ from dp_partition_beam.transforms.selection import counts_kernels
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 DATASETS = {
-    "sample": os.path.join(ROOT, "data", "commits_sample.tsv.gz"),
+    "sample": os.path.join(ROOT, "data", "debian_words.tsv.gz"),
     "imdb": os.path.join(ROOT, "..", "shared", "data", "imdb.user_words.tsv.gz"),
 }
 

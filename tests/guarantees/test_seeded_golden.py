@@ -16,7 +16,7 @@ on data/debian_words.tsv.gz, data/debian_text.jsonl.gz and data/bayesian_public_
 The recorded values are what the code gave at commit 96d63c8 (and still gives at 2f43408, which only
 changed output-path checks), before the redesign: they are NOT a known-correct answer, only
 "unchanged". Correctness is checked elsewhere: the Beam == reference
-equality tests (tests/transforms/selection/test_columnar_beam.py, test_mad_sips_beam.py, test_policy_beam.py,
+equality tests (tests/transforms/selection/test_select.py, test_mad_sips_beam.py, test_policy_beam.py,
 test_counts_beam.py, test_dpne_*.py, ...) and the audits. A change that is meant to change the
 output (a new randomness contract, a fixed bug) updates the values here in the same commit and says so.
 """

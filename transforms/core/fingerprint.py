@@ -24,7 +24,7 @@ The fingerprint ``fingerprint64`` of key bytes ``b`` (length L, read as little-e
 
 with MurmurHash3's 64-bit finaliser ``fmix64`` (a bijection with full avalanche). The numpy
 version processes word j of every key at once (keys sorted by length, so the active keys of step j
-are a prefix); the pure-Python version is the oracle (tests/transforms/core/test_columnar_core.py).
+are a prefix); the pure-Python version is the oracle (tests/transforms/core/test_tables.py).
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def _offsets_and_data(arr: pa.Array):
 def fingerprint64(arr) -> np.ndarray:
     """The 64-bit fingerprints (uint64) of an Arrow binary/string array of key bytes, vectorised.
 
-    Equal to ``[fingerprint_of(b) for b in arr]`` (tests/transforms/core/test_columnar_core.py).
+    Equal to ``[fingerprint_of(b) for b in arr]`` (tests/transforms/core/test_tables.py).
     """
     offsets, data = _offsets_and_data(arr)
     n = len(offsets) - 1

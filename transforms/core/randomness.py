@@ -18,7 +18,7 @@ How a seeded draw is made (so that the columnar path can make it vectorised over
 64-bit fingerprint is :func:`transforms.core.fingerprint.fingerprint_of` of its key bytes (UTF-8 for a
 ``str``); the draw is ``draw64(draw_key, fingerprint(key))`` (MurmurHash3's finaliser keyed by the
 digest), and for a (user, item) pair ``draw64(draw_key, fingerprint(user), fingerprint(item))``.
-The scalar functions here and the vectorised ones give the same bits (tests/transforms/core/test_columnar_core.py).
+The scalar functions here and the vectorised ones give the same bits (tests/transforms/core/test_tables.py).
 These draws are for reproducibility, not secrecy: the seeded mode is not private anyway.
 
 Seeded Gaussian and Laplace draws are inverse-CDF transforms of a 53-bit uniform taken from the

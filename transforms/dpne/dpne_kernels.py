@@ -26,7 +26,7 @@ Rows of one line are consecutive, so a token table may be cut or concatenated at
 Tokenisation is exactly :func:`transforms.core.text.default_tokenize` per line: ASCII texts (NFKC and
 ``str.lower`` are then ASCII lowercasing, ``\\w`` is ``[A-Za-z0-9_]``, ``str.splitlines`` splits at
 ``\\r\\n`` and ``[\\n\\r\\x0b\\x0c\\x1c-\\x1e]``) go through Arrow's string kernels; any other text, and
-every text under a custom tokenizer, through the Python tokenizer (tests/transforms/dpne/test_dpne_columnar.py
+every text under a custom tokenizer, through the Python tokenizer (tests/transforms/dpne/test_dpne_batches.py
 compares both with the per-line tokenizer).
 """
 

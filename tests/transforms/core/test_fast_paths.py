@@ -1,6 +1,6 @@
 """Properties of the optimised hot paths (issue 8): fixed-point exact sums, duplicate-tolerant subsample.
 
-The Beam == reference tests (test_foundation_beam.py, test_columnar_beam.py, ...) check the end result;
+The Beam == reference tests (test_foundation_beam.py, test_select.py, ...) check the end result;
 these check the kernels directly on random inputs.
 """
 

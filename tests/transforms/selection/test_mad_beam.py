@@ -1,5 +1,5 @@
 """MAD / MAD2R on Beam (SelectPartitions, the columnar path) against the reference, and Theorem 6.1
-(stochastic dominance). The MAD weights stage itself: tests/transforms/selection/test_columnar_beam.py."""
+(stochastic dominance). The MAD weights stage itself: tests/transforms/selection/test_select.py."""
 
 import random
 
