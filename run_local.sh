@@ -37,8 +37,9 @@ case "$cmd" in
     # servers from Maven Central, apache-beam from PyPI) and runs them; with pytest options:
     # .ci/engines.sh test -k ...
     # Test processes (pytest-xdist): whole files per process (--dist loadfile), so a file's module
-    # fixtures run once.
-    workers=(-n "${PYTEST_WORKERS:-2}" --dist loadfile)
+    # fixtures run once. Three processes on the 2-core machine: many tests wait on a CLI subprocess or
+    # a runner's threads, so a third process fills the gaps (docs/development.md has the timings).
+    workers=(-n "${PYTEST_WORKERS:-3}" --dist loadfile)
     # --quick: the quick tier, what to run between commits: everything but `slow` and `engines`.
     if [ "${1:-}" = "--quick" ]; then
       shift

@@ -23,7 +23,7 @@ import zipfile
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join(REPO, "data")
 SCRIPTS = ("dp-select-partitions", "dp-extract-ngrams", "dp-bayesian-ngrams", "dp-bayesian-eval", "dp-verify-release")
 DIRECT = ["--runner", "DirectRunner", "--direct_running_mode", "in_memory"]
