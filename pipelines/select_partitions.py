@@ -76,6 +76,14 @@ EXECUTION_USE = {
 }
 
 
+def join_options(args, params) -> dict:
+    """The execution flags for SelectPartitions, where its count join reads them (else none: they would
+    change nothing, and the strict flag check has already refused them when given)."""
+    if args.algorithm in SEQUENTIAL_ALGORITHMS and params.release_counts:
+        return {"max_users_per_key": args.max_users_per_key, "max_broadcast_items": args.max_broadcast_items}
+    return {}
+
+
 def format_count(element) -> str:
     """(item, noisy_count) -> ``item<TAB>count``."""
     item, count = element
@@ -106,8 +114,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
         seed=args.seed,
         output_rounds=True,
         allowlist=allowlist,
-        max_users_per_key=args.max_users_per_key,
-        max_broadcast_items=args.max_broadcast_items,
+        **join_options(args, params),
     )
     tagged = records | "Select" >> select  # (round, item), or (round, (item, noisy_count)) with counts
     tagged = observability.mark(tagged, "Select", args)

@@ -72,7 +72,8 @@ class SelectPartitions(beam.PTransform):
         before contribution bounding. It must not be derived from the private data (docs/counts.md).
       max_users_per_key, max_broadcast_items: execution options of the per-element joins of the
         sequential policies' count release (:class:`transforms.core.joins.JoinValuesToSets`). They change
-        the cost, never the output.
+        the cost, never the output; given with any other algorithm, or without ``release_counts``, they
+        are a ``ValueError`` (they would change nothing).
       batch_rows: rows per Arrow table when ``(user, item)`` elements are gathered (docs/columnar.md).
       rows_per_shard: target rows per user shard; the shard count is ceil(input rows / rows_per_shard),
         computed at run time. Neither changes the output.
@@ -112,8 +113,8 @@ class SelectPartitions(beam.PTransform):
         seed: Optional[int] = None,
         output_rounds: bool = False,
         allowlist=None,
-        max_users_per_key: int = 10_000,
-        max_broadcast_items: int = DEFAULT_MAX_BROADCAST_ITEMS,
+        max_users_per_key: Optional[int] = None,
+        max_broadcast_items: Optional[int] = None,
         batch_rows: int = DEFAULT_BATCH_ROWS,
         rows_per_shard: int = DEFAULT_ROWS_PER_SHARD,
         label=None,
@@ -121,11 +122,27 @@ class SelectPartitions(beam.PTransform):
         super().__init__(label)
         self.batch_rows = check_int("batch_rows", batch_rows, 1)
         self.rows_per_shard = check_int("rows_per_shard", rows_per_shard, 1)
-        self.join_options = dict(
-            max_users_per_key=check_int("max_users_per_key", max_users_per_key, 1),
-            max_broadcast_items=check_int("max_broadcast_items", max_broadcast_items, 0),
-        )
         self.plan = plan(algorithm, params)  # calibrated once, before any data is read
+        # The join options tune the per-element count join of the sequential policies only; given for
+        # any other run they would change nothing, so they are an error there, not silently ignored.
+        joins = self.plan.shape not in _COLUMNAR and self.plan.counts is not None
+        given = {"max_users_per_key": max_users_per_key, "max_broadcast_items": max_broadcast_items}
+        for name, value in given.items():
+            if value is not None and not joins:
+                raise ValueError(
+                    f"{name} is used only by the sequential policies (policy_gaussian, policy_laplace) with "
+                    f"release_counts; {self.plan.algorithm} has no such join: leave it unset"
+                )
+        self.join_options = dict(
+            max_users_per_key=check_int(
+                "max_users_per_key", 10_000 if max_users_per_key is None else max_users_per_key, 1
+            ),
+            max_broadcast_items=check_int(
+                "max_broadcast_items",
+                DEFAULT_MAX_BROADCAST_ITEMS if max_broadcast_items is None else max_broadcast_items,
+                0,
+            ),
+        )
         self.spec, self.algorithm = self.plan.spec, self.plan.algorithm
         self.params = self.plan.params  # budget_split, c_ub at None: the algorithm's
         self.seed = seed

@@ -68,7 +68,7 @@ def test_beam_counts_equal_the_reference_under_a_seed(sets, algorithm, kw):
         assert all(c >= params.min_users for c in got.values())
 
 
-def test_rounds_allowlist_and_join_mode_equal_the_reference(sets):
+def test_rounds_and_allowlist_equal_the_reference(sets):
     params = SelectionParams(epsilon=2.0, delta=1e-5, max_contributions=5, release_counts=True, min_users=3)
     allow = sorted({i for items in sets.values() for i in items})[::2]
     result = reference.release(sets, "mad2r", params, seed=5, allowlist=allow)
@@ -80,7 +80,7 @@ def test_rounds_allowlist_and_join_mode_equal_the_reference(sets):
         return (
             p
             | beam.Create(pairs_of(sets))
-            | SelectPartitions("mad2r", params, seed=5, output_rounds=True, allowlist=allow_pc, max_broadcast_items=0)
+            | SelectPartitions("mad2r", params, seed=5, output_rounds=True, allowlist=allow_pc)
         )
 
     lines = collect(build, fmt=lambda e: f"{e[0]}\t{e[1][0]}\t{e[1][1]}")

@@ -208,3 +208,18 @@ def test_stage_label_snapshot_covers_every_algorithm():
     from dp_partition_beam.privacy.selection import ALGORITHMS
 
     assert {case.partition("/")[0] for case in STAGE_LABELS} == set(ALGORITHMS)
+
+
+@pytest.mark.parametrize(
+    "algorithm,release_counts", [("mad2r", True), ("mad_sips", False), ("basic", True), ("policy_gaussian", False)]
+)
+@pytest.mark.parametrize("option", ["max_users_per_key", "max_broadcast_items"])
+def test_join_options_where_no_join_reads_them_are_an_error(algorithm, release_counts, option):
+    """The count join's execution options would change nothing outside the sequential policies' count
+    release: given there, they are an error naming them, never silently ignored."""
+    params = SelectionParams(epsilon=1.0, delta=1e-5, release_counts=release_counts)
+    with pytest.raises(ValueError, match=f"{option} is used only by the sequential policies"):
+        SelectPartitions(algorithm, params, **{option: 5})
+    SelectPartitions(algorithm, params)  # unset: fine
+    counted = SelectionParams(epsilon=1.0, delta=1e-5, release_counts=True)
+    assert SelectPartitions("policy_gaussian", counted, **{option: 5}).join_options[option] == 5
