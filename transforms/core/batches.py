@@ -50,6 +50,9 @@ __all__ = [
     "unpacked",
     "split_packed",
     "by_item_shard",
+    "bounded_pieces",
+    "piece_rows",
+    "MAX_ELEMENT_BYTES",
     "ToBatches",
     "ShardCount",
     "require_global_window",
@@ -216,8 +219,12 @@ def split_packed(table: pa.Table, shards: np.ndarray, num_shards: int) -> Iterat
 
 
 def by_item_shard(table: pa.Table, num_shards: int) -> Iterator[Tuple[int, Packed]]:
-    """``(item shard, Packed rows)``: per-item rows (partial sums) to their item shard, packed."""
-    return split_packed(table, shard_ids(table.column(ITEM), num_shards), num_shards)
+    """``(item shard, Packed rows)``: per-item rows (partial sums) to their item shard, packed, in
+    :func:`bounded_pieces` (the rows of one user shard for one item shard grow with the data; the
+    consumers merge every piece of a shard, so where an item's rows are cut does not matter)."""
+    for shard, rows in split_by_shard(table, shard_ids(table.column(ITEM), num_shards), num_shards):
+        for piece in bounded_pieces(rows):
+            yield shard, Packed.of(piece)
 
 
 def unpacked(packed: Iterable[Packed]) -> List[pa.Table]:
@@ -374,9 +381,36 @@ def dictionary_codes(column) -> Tuple[np.ndarray, pa.Array]:
 DEFAULT_CHUNK_ROWS = DEFAULT_BATCH_ROWS
 
 
+#: the most bytes (Arrow buffers) of a table that crosses a shuffle (:func:`bounded_pieces`): well below
+#: Flink's sort buffer on a small TaskManager (3,276,800 bytes with 256 MB of managed memory for 2 slots,
+#: measured on the standalone cluster of .ci/engines.sh: a larger record fails the job, "The record
+#: exceeds the maximum size of a sort buffer"); docs/engines.md
+MAX_ELEMENT_BYTES = 1 << 20
+
+
+def piece_rows(table: pa.Table, max_rows: Optional[int] = None, max_bytes: int = MAX_ELEMENT_BYTES) -> int:
+    """Rows a piece of ``table`` may hold: ``max_rows`` (default DEFAULT_CHUNK_ROWS), fewer when that many
+    rows would pass ``max_bytes``: ``rows * target // nbytes`` with ``target`` 15/16 of ``max_bytes`` (the
+    rest covers a piece's own offsets and padding, and a last user's rows where pieces are cut between
+    users), so pieces of rows of equal width stay within ``max_bytes``; at least 1, so a row wider than
+    ``max_bytes`` is a piece of its own."""
+    rows = max_rows or DEFAULT_CHUNK_ROWS
+    nbytes = table.nbytes
+    if table.num_rows and nbytes > max_bytes:
+        target = max_bytes - max_bytes // 16
+        rows = min(rows, max(1, table.num_rows * target // nbytes))
+    return rows
+
+
+def bounded_pieces(table: pa.Table, max_bytes: int = MAX_ELEMENT_BYTES) -> Iterator[pa.Table]:
+    """``table`` in pieces of at most :func:`piece_rows` rows, each owning its buffers."""
+    yield from chunks(table, piece_rows(table, max_bytes=max_bytes))
+
+
 def chunks(table: pa.Table, max_rows: Optional[int] = None) -> Iterator[pa.Table]:
-    """``table`` in pieces of at most ``max_rows`` (default DEFAULT_CHUNK_ROWS) rows, each owning its buffers."""
-    max_rows = max_rows or DEFAULT_CHUNK_ROWS
+    """``table`` in pieces of at most ``max_rows`` rows (default :func:`piece_rows`: DEFAULT_CHUNK_ROWS and
+    about MAX_ELEMENT_BYTES), each owning its buffers."""
+    max_rows = max_rows or piece_rows(table)
     if table.num_rows <= max_rows:
         if table.num_rows:
             yield table
@@ -388,8 +422,9 @@ def chunks(table: pa.Table, max_rows: Optional[int] = None) -> Iterator[pa.Table
 def user_chunks(table: pa.Table, user_codes: np.ndarray, max_rows: Optional[int] = None) -> Iterator[pa.Table]:
     """Pieces of ``table`` (rows grouped by user: ``user_codes`` non-decreasing runs) of about
     ``max_rows`` rows, cut only between users, so every user's rows stay in one piece (a single user
-    with more rows is one piece of its own). Each piece owns its buffers."""
-    max_rows = max_rows or DEFAULT_CHUNK_ROWS
+    with more rows is one piece of its own). Default ``max_rows``: :func:`piece_rows`. Each piece owns
+    its buffers."""
+    max_rows = max_rows or piece_rows(table)
     n = table.num_rows
     if n <= max_rows:
         if n:

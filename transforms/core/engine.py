@@ -31,6 +31,7 @@ S rows per item. At 10^9 users the shard count grows with the rows, not the shar
 from __future__ import annotations
 
 import os
+import zlib
 from typing import Optional
 
 import apache_beam as beam
@@ -43,6 +44,7 @@ from dp_partition_beam.transforms.core.batches import (
     USER,
     ShardCount,
     binary_array,
+    bounded_pieces,
     concat,
     dictionary_codes,
     pack_pairs,
@@ -106,7 +108,8 @@ class ShardUsersFn(beam.DoFn):
         # one fingerprint per distinct user of the batch (~10 rows each), not per row
         shards = (fingerprint64(users) % np.uint64(num_shards)).astype(np.int64)[codes]
         for shard, rows in split_by_shard(table, shards, num_shards):
-            yield shard, pack_pairs(rows)
+            for piece in bounded_pieces(rows):  # long keys: a batch's rows of a shard can pass the bound
+                yield shard, pack_pairs(piece)
 
 
 def distinct_user_chunks(shard, packed):
@@ -186,10 +189,26 @@ def barrier(pcoll, label: str):
     """
     return (
         pcoll
-        | f"{label}Pack" >> beam.MapTuple(pack_piece)  # (shard, Packed table): materialised compressed
-        | f"{label}" >> beam.GroupByKey()  # (shard, [Packed])
-        | f"{label}Pieces" >> beam.FlatMapTuple(each_piece)  # (shard, table)
+        | f"{label}Pack" >> beam.MapTuple(keyed_piece)  # ((shard, crc32), Packed table): materialised compressed
+        | f"{label}" >> beam.GroupByKey()  # ((shard, crc32), [Packed])
+        | f"{label}Pieces" >> beam.FlatMapTuple(each_keyed_piece)  # (shard, table)
     )
+
+
+def keyed_piece(shard, table):
+    """(shard, table) -> ((shard, crc32 of the packed bytes), Packed table): a key per piece, so a barrier's
+    groups hold one piece each. Beam's Flink batch GroupByKey first concatenates the values of a key into
+    one record (a Concatenate combine), which must fit a sort buffer: keyed by shard alone, a barrier's
+    record grew with the shard (a 4M-pair MAD-SIPS job failed on the standalone cluster, docs/engines.md).
+    The key is a function of the piece (deterministic under retries); equal keys only share a group."""
+    packed = pack_pairs(table)
+    return (shard, zlib.crc32(packed.data)), packed
+
+
+def each_keyed_piece(key, packed):
+    """((shard, crc32), [Packed]) -> (shard, table) per piece."""
+    for p in packed:
+        yield key[0], p.table()
 
 
 def pack_piece(shard, table):
