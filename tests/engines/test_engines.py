@@ -1,18 +1,24 @@
-"""Every pipeline on real Apache Flink and Apache Spark (issue 18), through Beam's portable job servers.
+"""Every pipeline on real Apache Flink and Apache Spark (issues 18, 29), through Beam's portable job servers.
 
 Run with ``.ci/engines.sh test`` (``./run_local.sh test`` runs it after the main suite): it fetches the
-job servers from Maven Central and runs this module in ``.venv-engines``, whose apache-beam is the job
-servers' Beam version. One Flink job server (embedded Flink cluster, parallelism 2) and one Spark job
-server (``local[2,500]``: 2 cores) are started for the whole run, both told to retry failed tasks up to
-500 times (see engines.JobServer: neither retries at all by default in local mode).
+job servers from Maven Central, starts the standalone clusters (``.ci/engines.sh cluster up``) and runs
+this module in ``.venv-engines``, whose apache-beam is the job servers' Beam version, then stops them.
 
-What is checked, per engine:
+On the standalone clusters (fixture ``cluster``: a Flink JobManager with 2 TaskManagers, a Spark master
+with 2 workers, each its own JVM; SDK workers as processes of a worker pool, ``EXTERNAL``):
+* Seeded output identical to the DirectRunner's for CLUSTER_CASES (basic, mad2r, dp_sips, mad_sips with
+  counts, a users floor and an allowlist, extract_ngrams, bayesian_ngrams).
+* Worker loss: one TaskManager (Flink) / one worker with its executor (Spark) SIGKILLed mid-job; the
+  job completes with the seeded output, the engine recorded the loss, the cluster is whole again after.
+
+On local engines (fixture ``engine``): one Flink job server (embedded Flink cluster, parallelism 2) and
+one Spark job server (``local[2,500]``: 2 cores), both told to retry failed tasks up to 500 times (see
+engines.JobServer: neither retries at all by default in local mode). What is checked there, per engine:
 * Seeded output identical to the DirectRunner's (same SDK, same inputs, byte for byte: released
   items, n-grams, the Bayesian probabilities as repr floats, the JSON report and, where asked, the
-  NON-PRIVATE diagnostics) for select_partitions basic, mad, mad2r, dp_sips, mad_sips (adaptive cap),
+  NON-PRIVATE diagnostics) for LOCAL_CASES: select_partitions mad, mad_sips (adaptive cap),
   policy_gaussian (sequential: all capped pairs on one worker; and with counts through the sharded
-  join with hot-item sharding), mad_sips with released noisy counts, a users floor and a public
-  allowlist, extract_ngrams (also with counts) and bayesian_ngrams.
+  join with hot-item sharding), extract_ngrams with counts.
   The pipelines are driven through their CLIs (``python -m dp_partition_beam.pipelines.<name>``)
   with ``--environment_type LOOPBACK``.
 * Unseeded noise is drawn independently by each SDK worker process: an ``EXTERNAL`` worker pool that
@@ -119,6 +125,10 @@ CASES = {
     "extract_ngrams_counts": Case("extract_ngrams", ("--release_counts",)),
     "bayesian_ngrams": Case("bayesian_ngrams"),
 }
+# The cases run on the standalone clusters (issue 29); the others run on the local job servers, where
+# they add an algorithm or output the cluster cases do not cover.
+CLUSTER_CASES = ("basic", "mad2r", "mad_sips_counts", "dp_sips", "extract_ngrams", "bayesian_ngrams")
+LOCAL_CASES = tuple(name for name in CASES if name not in CLUSTER_CASES)
 # How often the engines try a failed task (Flink: restarts of the job's failed region, counted per job;
 # Spark: attempts of one task). The fault-injection test fails every package DoFn class on the first
 # attempt of its first FAILURES_PER_DOFN_CLASS bundles, so a job sees at most
@@ -147,6 +157,36 @@ def engine(request, tmp_path_factory):
     ).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def clusters():
+    """The state directory of the standalone clusters: those ``.ci/engines.sh test`` started, or (pytest
+    run by hand) started here through the script and stopped by it after the last test."""
+    reason = engines.java_missing()
+    if reason:
+        pytest.skip(reason)
+    state = engines.cluster_dir()
+    if state is not None:
+        yield state
+        return
+    state = os.path.join(REPO, ".engines-cluster")
+    env = dict(os.environ, DP_ENGINES_CLUSTER_DIR=state)
+    try:
+        subprocess.run(["bash", engines.SCRIPT, "cluster", "up"], cwd=REPO, env=env, check=True, timeout=900)
+        yield state
+    finally:
+        subprocess.run(["bash", engines.SCRIPT, "cluster", "down"], cwd=REPO, env=env, timeout=300)
+
+
+@pytest.fixture(scope="session", params=engines.ENGINES)
+def cluster(request, clusters):
+    """One engine's standalone cluster (flink: JobManager + 2 TaskManagers; spark: master + 2 workers)."""
+    assert beam.__version__ == engines.BEAM_VERSION, "run the engine tests with .ci/engines.sh test"
+    c = engines.Cluster(request.param, clusters)
+    if not c.alive():  # a worker an earlier test killed and could not bring back
+        c.restore()
+    return c
 
 
 # --- inputs and runs -----------------------------------------------------------------------------------
@@ -294,8 +334,17 @@ def assert_report_lists_its_shards(report: dict, what: str):
 # --- 1. seeded output identical to the DirectRunner's --------------------------------------------------
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", CLUSTER_CASES)
+def test_seeded_output_on_a_cluster_equals_the_direct_runner(cluster, name, inputs, direct, tmp_path):
+    check_seeded_case(cluster, name, inputs, direct, tmp_path)
+
+
+@pytest.mark.parametrize("name", LOCAL_CASES)
 def test_seeded_output_equals_the_direct_runner(engine, name, inputs, direct, tmp_path):
+    check_seeded_case(engine, name, inputs, direct, tmp_path)
+
+
+def check_seeded_case(engine, name, inputs, direct, tmp_path):
     case = CASES[name]
     want = direct(name)
     got = run_cli(case, inputs[case.pipeline], str(tmp_path), engine.pipeline_args(), engine)
@@ -492,3 +541,110 @@ def test_bundle_failures_are_retried_without_changing_the_output(engine, name, i
     what = f"{name} with {len(failed)} failed bundles on {engine.engine}"
     assert_same(read_output(out_dir, case), want, engine, what)
     print(f"{name} on {engine.engine}: {len(failed)} bundles of {len(failed_classes)} DoFn classes failed, retried")
+
+
+# --- 4. a worker lost while a job runs (standalone clusters) --------------------------------------------
+
+
+def http_json(url: str):
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.load(r)
+
+
+def flink_running_job(cluster) -> str | None:
+    """The id of the running Flink job once some of its tasks finished and others run, else None."""
+    for job in http_json(f"{cluster.rest}/jobs/overview")["jobs"]:
+        if job["state"] == "RUNNING" and job["tasks"]["finished"] >= 1 and job["tasks"]["running"] >= 1:
+            return job["jid"]
+    return None
+
+
+def flink_failures(cluster, jid: str) -> list:
+    """The failures Flink recorded for a job (its exception history): one per failover."""
+    return http_json(f"{cluster.rest}/jobs/{jid}/exceptions")["exceptionHistory"]["entries"]
+
+
+def spark_running_job(cluster) -> str | None:
+    """The id of the running Spark application (one per Beam job) once one of its Spark jobs succeeded and
+    both workers run an executor of it, else None."""
+    apps = http_json(f"http://localhost:{cluster.ports['SPARK_MASTER_UI_PORT']}/json/")["activeapps"]
+    if not apps:
+        return None
+    app = apps[0]["id"]
+    driver = f"http://localhost:{cluster.ports['SPARK_DRIVER_UI_PORT']}/api/v1/applications/{app}"
+    try:
+        jobs = http_json(f"{driver}/jobs")
+        executors = [e for e in http_json(f"{driver}/executors") if e["id"] != "driver"]
+    except OSError:  # the driver's UI is not up yet
+        return None
+    if any(j["status"] == "SUCCEEDED" for j in jobs) and len(executors) >= 2:
+        return app
+    return None
+
+
+def spark_lost_executors(cluster, log_offset: int) -> list:
+    """The driver's "Lost executor" lines in the Spark job server's log after ``log_offset``."""
+    with open(cluster.log_path("spark-job-server"), encoding="utf-8", errors="replace") as f:
+        f.seek(log_offset)
+        return [line for line in f if "Lost executor" in line]
+
+
+def wait_until_mid_job(cluster, proc, timeout=300):
+    """Poll the engine until the submitted job is part-way through; returns the engine's id of it."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, f"the job ended before a worker could be killed:\n{proc.stderr.read()[-3000:]}"
+        job = flink_running_job(cluster) if cluster.engine == "flink" else spark_running_job(cluster)
+        if job is not None:
+            return job
+        time.sleep(0.2)
+    pytest.fail(f"no running job on the {cluster.engine} cluster within {timeout}s\n{cluster.log_tail()}")
+
+
+@pytest.mark.parametrize("name", ["mad_sips_counts"])
+def test_a_job_survives_the_loss_of_a_worker(cluster, name, inputs, direct, tmp_path):
+    """SIGKILL one TaskManager (Flink) / one worker with its executor (Spark) while the job runs: the job
+    completes, on the worker that is left, with the seeded output of the DirectRunner. Flink restarts the
+    failed region (restart strategy in the cluster's config.yaml); Spark re-runs the lost executor's tasks
+    and the stages whose shuffle output it held (task retries, docs/engines.md)."""
+    case = CASES[name]
+    want = direct(name)
+    out_dir = str(tmp_path)
+    argv = [
+        sys.executable,
+        "-m",
+        f"dp_partition_beam.pipelines.{case.pipeline}",
+        *cli_argv(case, inputs[case.pipeline], out_dir),
+        *cluster.pipeline_args(),
+    ]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        job = wait_until_mid_job(cluster, proc)
+        log_offset = os.path.getsize(cluster.log_path(f"{cluster.engine}-job-server"))
+        killed = cluster.kill_worker(0)
+        _, stderr = proc.communicate(timeout=ENGINE_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    try:
+        assert proc.returncode == 0, (
+            f"the job failed after worker {killed} was killed:\n{stderr[-4000:]}\n{cluster.log_tail()}"
+        )
+        # The loss reached the job: the engine recorded a failure of it (else the kill came too late to matter).
+        if cluster.engine == "flink":
+            failures = [f["stacktrace"] for f in flink_failures(cluster, job)]
+            lost = ("is no longer reachable", "closed by remote task manager")  # heartbeat, or a shuffle peer
+            assert any(m in f for f in failures for m in lost), (
+                f"Flink recorded no loss of a TaskManager for job {job}: {[f[:200] for f in failures]}"
+            )
+        else:
+            lost = spark_lost_executors(cluster, log_offset)
+            assert lost, f"the Spark driver lost no executor of application {job}: was it done already?"
+        assert_same(read_output(out_dir, case), want, cluster, f"{name} with a worker killed on {cluster.engine}")
+    finally:
+        cluster.restore()  # a new worker in place of the killed one, for the tests after this one
+    assert cluster.alive()
+    print(f"{name} on the {cluster.engine} cluster: worker {killed} killed mid-job; output as the DirectRunner's")

@@ -179,6 +179,116 @@ class JobServer:
             self.proc.wait(timeout=30)
 
 
+# --- the standalone clusters of `.ci/engines.sh cluster` (issue 29) ------------------------------------------
+
+
+class Cluster:
+    """A standalone cluster started by ``.ci/engines.sh cluster up`` (state in ``state_dir``: ports.env,
+    pids/, logs/), seen from the tests: where to submit, which processes are its workers, their logs.
+
+    * flink: a JobManager and 2 TaskManagers (own JVMs, 2 slots and a 384 MB heap each) with Beam's
+      Flink job server submitting to the JobManager's REST endpoint;
+    * spark: a master and 2 workers (own JVMs; each starts an executor JVM) with Beam's Spark job server
+      as the driver (client mode);
+    * the SDK harnesses are processes of one worker pool (``--environment_type EXTERNAL``), one or more
+      per TaskManager / executor, kept for the whole job (``--environment_cache_millis``).
+    """
+
+    WORKERS = {"flink": ("flink-taskmanager-1", "flink-taskmanager-2"), "spark": ("spark-worker-1", "spark-worker-2")}
+
+    def __init__(self, engine: str, state_dir: str):
+        assert engine in ENGINES, engine
+        self.engine = engine
+        self.state_dir = state_dir
+        with open(os.path.join(state_dir, "ports.env"), encoding="utf-8") as f:
+            self.ports = {k: int(v) for k, v in (line.strip().split("=", 1) for line in f if "=" in line)}
+
+    @property
+    def endpoint(self) -> str:
+        return f"localhost:{self.ports[self.engine.upper() + '_JOB_PORT']}"
+
+    @property
+    def rest(self) -> str:
+        """Flink's REST API (jobs, their exceptions and vertex metrics)."""
+        return f"http://localhost:{self.ports['FLINK_REST_PORT']}"
+
+    def pipeline_args(self) -> list:
+        args = [
+            "--runner",
+            "PortableRunner",
+            "--job_endpoint",
+            self.endpoint,
+            "--environment_type",
+            "EXTERNAL",
+            "--environment_config",
+            f"localhost:{self.ports['POOL_PORT']}",
+            "--environment_cache_millis",
+            "600000",
+        ]
+        if self.engine == "flink":
+            args += ["--parallelism", str(PARALLELISM)]
+        return args
+
+    def pid(self, component: str) -> int | None:
+        try:
+            with open(os.path.join(self.state_dir, "pids", f"{component}.pid"), encoding="utf-8") as f:
+                pid = int(f.read().strip())
+        except (OSError, ValueError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return None
+        return pid
+
+    def components(self) -> tuple:
+        master = "flink-jobmanager" if self.engine == "flink" else "spark-master"
+        return (f"{self.engine}-job-server", *self.WORKERS[self.engine], master)
+
+    def alive(self) -> bool:
+        return all(self.pid(c) for c in (*self.components(), "sdk-worker-pool"))
+
+    def kill_worker(self, index: int = 0) -> int:
+        """SIGKILL one worker's process group (a TaskManager JVM; a Spark worker JVM with its executor),
+        as a machine that dies would; returns the pid."""
+        pid = self.pid(self.WORKERS[self.engine][index])
+        assert pid, f"{self.WORKERS[self.engine][index]} is not running"
+        os.killpg(pid, signal.SIGKILL)
+        return pid
+
+    def restore(self, timeout: float = 300) -> None:
+        """Start what is missing (a killed worker) and wait until the cluster is whole again."""
+        subprocess.run(
+            ["bash", SCRIPT, "cluster", "up", self.engine],
+            cwd=REPO,
+            env=dict(os.environ, DP_ENGINES_CLUSTER_DIR=self.state_dir),
+            check=True,
+            timeout=timeout,
+            capture_output=True,
+            text=True,
+        )
+
+    def log_path(self, component: str) -> str:
+        return os.path.join(self.state_dir, "logs", f"{component}.log")
+
+    def log_tail(self, lines: int = 60) -> str:
+        out = []
+        for component in self.components():
+            path = self.log_path(component)
+            try:
+                with open(path, encoding="utf-8", errors="replace") as f:
+                    tail = f.readlines()[-lines:]
+            except OSError:
+                continue
+            out.append(f"--- last {len(tail)} lines of {path} ---\n" + "".join(tail))
+        return "\n".join(out)
+
+
+def cluster_dir() -> str | None:
+    """The state directory of running clusters (``.ci/engines.sh test`` exports it), or None."""
+    return os.environ.get("DP_ENGINES_CLUSTER_DIR")
+
+
 # --- a DoFn for the SDK worker processes (they import this module: the repo root is on their PYTHONPATH) --
 
 
