@@ -15,6 +15,19 @@ engine must release the same items (checked against the DirectRunner's). Runs in
   spark     Spark job server, local[2]; same SDK workers
   flink_lb / spark_lb   the same with --environment_type LOOPBACK (the SDK worker is a thread pool in
             the submitting process: one Python interpreter, GIL-bound)
+  flink_cluster / spark_cluster   the standalone clusters of `.ci/engines.sh cluster up` (a JobManager
+            and 2 TaskManagers / a master and 2 workers, each its own JVM; SDK workers of the cluster's
+            worker pool, kept for the whole job); started here if they are not running (and stopped after)
+
+For flink_cluster the engine's own metrics of each job are read from Flink's REST API: bytes and records
+written by every task (all exchanges between operator chains), the bytes read through hash-partitioned
+exchanges (the shuffles proper), the number of such shuffles and of broadcast edges (side inputs), the
+largest mean record size of an exchange, and the job's own run time (wall time minus submission). The
+table ends with a fit wall = fixed + marginal x millions of pairs per algorithm and engine
+(docs/engines.md, "Measured here").
+
+    .ci/engines.sh python -m benchmarks.bench_engines --engines direct flink_cluster \
+        --algorithms basic mad2r mad_sips --sizes 4e6 16e6 64e6 --reps 1
 
 Each job server is started once; every repetition is a fresh pipeline run. Prints a table of medians.
 """
@@ -28,6 +41,7 @@ import tempfile
 import time
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from dp_partition_beam.privacy.selection import SelectionParams
@@ -84,6 +98,53 @@ class WorkerPool:
         self.proc.wait(timeout=30)
 
 
+def cluster_for(engine, state):
+    """The standalone cluster of ``engine``, started through .ci/engines.sh unless it runs already."""
+    c = engines.Cluster(engine, state)
+    if not c.alive():
+        c.restore()
+    return c
+
+
+def flink_job_metrics(cluster):
+    """Metrics of the newest Flink job on the cluster (the run that just ended), from its REST API."""
+    import json
+    import urllib.request
+
+    def get(path):
+        with urllib.request.urlopen(cluster.rest + path, timeout=10) as r:
+            return json.load(r)
+
+    jobs = get("/jobs/overview")["jobs"]
+    jid = max(jobs, key=lambda j: j["start-time"])["jid"]
+    job = get(f"/jobs/{jid}")
+    plan = get(f"/jobs/{jid}/plan")["plan"]
+    hashed = {n["id"] for n in plan["nodes"] for i in n.get("inputs", []) if i["ship_strategy"].startswith("Hash")}
+    edges = [i["ship_strategy"] for n in plan["nodes"] for i in n.get("inputs", [])]
+    vertices = job["vertices"]
+    m = {v["id"]: v["metrics"] for v in vertices}
+    written = [(m[v]["write-bytes"], m[v]["write-records"]) for v in m]
+    return {
+        "job_seconds": job["duration"] / 1000,
+        "vertices": len(vertices),
+        "written_bytes": sum(b for b, _ in written),
+        "written_records": sum(r for _, r in written),
+        "shuffled_bytes": sum(m[v]["read-bytes"] for v in hashed),
+        "shuffled_records": sum(m[v]["read-records"] for v in hashed),
+        "shuffles": sum(e.startswith("Hash") for e in edges),
+        "broadcasts": sum(e == "Broadcast" for e in edges),
+        "largest_mean_record": max((b / r for b, r in written if r), default=0),
+    }
+
+
+def fit(points):
+    """Least squares wall = fixed + marginal * x over (x, wall) points: (fixed, marginal); None below two sizes."""
+    if len({x for x, _ in points}) < 2:
+        return None
+    marginal, fixed = np.polyfit([x for x, _ in points], [y for _, y in points], 1)
+    return float(fixed), float(marginal)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--algorithms", nargs="+", default=["basic", "mad2r"])
@@ -94,10 +155,17 @@ def main():
     args = ap.parse_args()
     params = SelectionParams(epsilon=1.0, delta=1e-5, max_contributions=100)
     log_dir = tempfile.mkdtemp(prefix="bench-engines-")
-    servers, pool = {}, None
+    servers, pool, clusters = {}, None, {}
+    state = engines.cluster_dir() or os.path.join(REPO, ".engines-cluster")
+    started = []  # clusters this run started (stopped again at the end)
     try:
         for name in args.engines:
             engine = name.split("_")[0]
+            if name.endswith("_cluster"):
+                if not (os.path.exists(os.path.join(state, "ports.env")) and engines.Cluster(engine, state).alive()):
+                    started.append(engine)
+                clusters[engine] = cluster_for(engine, state)
+                continue
             if engine != "direct" and engine not in servers:
                 servers[engine] = engines.JobServer(engine, log_dir, max_failures=1).start()
             if name in ("flink", "spark") and pool is None:
@@ -106,12 +174,14 @@ def main():
         def options(name):
             if name == "direct":
                 return ["--runner=DirectRunner", "--direct_running_mode=in_memory"]
+            if name.endswith("_cluster"):
+                return clusters[name.split("_")[0]].pipeline_args()
             server = servers[name.split("_")[0]]
             if name.endswith("_lb"):
                 return server.pipeline_args("LOOPBACK")
             return server.pipeline_args("EXTERNAL", f"localhost:{pool.port}") + ["--sdk_worker_parallelism", "2"]
 
-        rows = []
+        rows, metrics = [], []
         for size in args.sizes:
             n_chunks = max(1, int(round(size / (USERS_PER_CHUNK * 10))))
             n_pairs = zipf_pair_count(n_chunks, USERS_PER_CHUNK)
@@ -122,6 +192,8 @@ def main():
                     for rep in range(args.reps):
                         load = os.getloadavg()[0]
                         t, items = run_once(algorithm, n_chunks, options(name), params, args.seed)
+                        if name == "flink_cluster":
+                            metrics.append((algorithm, n_pairs, t, flink_job_metrics(clusters["flink"])))
                         if want is None:
                             want = items
                         same = items == want
@@ -139,6 +211,10 @@ def main():
             server.stop()
         if pool:
             pool.stop()
+        if started:
+            subprocess.run(
+                ["bash", engines.SCRIPT, "cluster", "down"], env=dict(os.environ, DP_ENGINES_CLUSTER_DIR=state)
+            )
     print(
         f"\n{os.cpu_count()} cores; apache-beam {beam.__version__}; epsilon=1, delta=1e-5, Delta_0=100, "
         f"seed={args.seed}; median of {args.reps}; load average at the end {os.getloadavg()[0]:.1f}"
@@ -151,6 +227,27 @@ def main():
         print(
             f"| {a} | {n:,} | {e} | {t:.1f} | {', '.join(f'{x:.1f}' for x in times)} | {n / t:,.0f} | {ratio} | {k} |"
         )
+    print("\nFixed and marginal cost: least-squares wall = fixed + marginal x (millions of pairs), medians")
+    print("| algorithm | engine | fixed s | marginal s per 1M pairs |")
+    print("|---|---|---:|---:|")
+    for a in args.algorithms:
+        for e in args.engines:
+            f = fit([(n / 1e6, t) for a2, n, e2, t, _, _ in rows if a2 == a and e2 == e])
+            if f:
+                print(f"| {a} | {e} | {f[0]:.1f} | {f[1]:.2f} |")
+    if metrics:
+        print("\nFlink cluster, the engine's metrics per run (REST API of the JobManager)")
+        print(
+            "| algorithm | pairs | wall s | job s | vertices | shuffles (hash) | broadcasts | bytes written / pair "
+            "| records written / pair | bytes shuffled / pair | records shuffled / pair | largest mean record B |"
+        )
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for a, n, t, m in metrics:
+            print(
+                f"| {a} | {n:,} | {t:.1f} | {m['job_seconds']:.1f} | {m['vertices']} | {m['shuffles']} | "
+                f"{m['broadcasts']} | {m['written_bytes'] / n:.1f} | {m['written_records'] / n:.4f} | "
+                f"{m['shuffled_bytes'] / n:.1f} | {m['shuffled_records'] / n:.4f} | {m['largest_mean_record']:,.0f} |"
+            )
 
 
 if __name__ == "__main__":
