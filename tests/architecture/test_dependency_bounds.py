@@ -118,7 +118,7 @@ def test_readme_states_the_tested_versions():
     pins = _pins()
     engines_beam = re.search(r"^BEAM_VERSION=(\S+)", (ROOT / ".ci" / "engines.sh").read_text(), re.M).group(1)
     assert "tested on Python 3.11" in readme
-    assert "3.9" not in readme  # the range it once claimed untested
+    assert not re.search(r"Python >= ?3\.(?!11\b)\d+", readme)  # no range beyond what is tested (it said >= 3.9)
     assert f"apache-beam >= {pins['apache-beam']}" in readme
     assert f"apache-beam {engines_beam}" in readme
     for name in ("pyarrow", "numpy", "scipy"):
