@@ -22,8 +22,8 @@ output (a new randomness contract, a fixed bug) updates the values here in the s
 
 The values hold with the newest dependencies (the main suite's .venv). With the oldest supported ones
 (constraints/minimum.txt, numpy 1.23.2, scipy 1.9.2) the selection and DPNE hashes hold too, but the
-Bayesian mechanisms' released probabilities differ in the last digit (432 of 5,000 for ``laplace``, one
-ulp: float rounding of the older stack), so the minimum-versions lane runs the quick tier, not this file.
+Bayesian mechanisms' released probabilities differ in the last digits (432 of 5,000 for ``laplace``, by at most 16
+ulps: float rounding of the older stack), so the minimum-versions lane runs the quick tier, not this file.
 """
 
 import glob
