@@ -4,25 +4,123 @@
 #                       Flink and Spark (.ci/engines.sh test); with arguments the main suite only (test
 #                       tests/pipelines/test_cli_select.py[::name]: a file or folder; test -k mad -x: pytest options)
 # ./run_local.sh test --quick   the quick tier (-m "not slow and not engines", a few minutes): between commits
-# PYTEST_WORKERS=N sets the number of test processes (default 2; 0: one process, no pytest-xdist).
-# Both create .venv (if missing) and install the package with its test, gcp and bench extras.
+# ./run_local.sh test --minimum the minimum-versions lane: .venv-min holds exactly the pins of
+#                       constraints/minimum.txt (the oldest supported apache-beam, pyarrow, numpy, scipy =
+#                       setup.py's lower bounds); runs the quick tier and every CLI on the bundled data there
+# PYTEST_WORKERS=N sets the number of test processes (default 3; 0: one process, no pytest-xdist).
+# All but --minimum create .venv (if missing) and install the package with its test, gcp and bench extras
+# (the newest versions).
 set -euo pipefail
 cd "$(dirname "$0")"
 
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  echo "Creating .venv and installing the package (first run takes about a minute)..."
-  "$PY" -m venv .venv
-fi
-stamp=.venv/.installed-$(cat setup.py | sha256sum | cut -c1-16)
-if [ ! -f "$stamp" ]; then
-  .venv/bin/python -m pip install --quiet --upgrade pip
-  # gcp: the Dataflow dry-run and staging tests; test includes matplotlib for the plot tests;
-  # bench: PipelineDP for benchmarks.run_all and its smoke test.
-  .venv/bin/python -m pip install --quiet -e '.[test,gcp,bench]'
-  touch "$stamp"
+if [ "${1:-} ${2:-}" != "test --minimum" ]; then
+  if [ ! -x .venv/bin/python ]; then
+    echo "Creating .venv and installing the package (first run takes about a minute)..."
+    "$PY" -m venv .venv
+  fi
+  stamp=.venv/.installed-$(cat setup.py | sha256sum | cut -c1-16)
+  if [ ! -f "$stamp" ]; then
+    .venv/bin/python -m pip install --quiet --upgrade pip
+    # gcp: the Dataflow dry-run and staging tests; test includes matplotlib for the plot tests;
+    # bench: PipelineDP for benchmarks.run_all and its smoke test.
+    .venv/bin/python -m pip install --quiet -e '.[test,gcp,bench]'
+    touch "$stamp"
+  fi
 fi
 export PYTHONWARNINGS="ignore::DeprecationWarning"
+
+# run_clis BIN OUT: the three commands of `./run_local.sh` (the bundled samples, DirectRunner) with the
+# console scripts of BIN (a venv's bin/), writing under OUT.
+run_clis() {
+  local bin=$1 out=$2
+  mkdir -p "$out"
+  # --overwrite: this demo replaces its own earlier outputs (release shards, report, charts); without
+  # it a run refuses to start when they exist (docs/cli.md, "Outputs")
+  echo "== select_partitions: MAD-SIPS (the default algorithm) on data/debian_words.tsv.gz (1,754 users), DirectRunner =="
+  "$bin/dp-select-partitions" \
+    --input data/debian_words.tsv.gz --input_format tsv \
+    --output "$out/items" --report "$out/report.json" \
+    --algorithm mad_sips --epsilon 1 --delta 1e-5 --max_contributions 100 \
+    --plots "$out/plots" --overwrite \
+    --runner DirectRunner --direct_running_mode in_memory
+  echo "released items: $(cat "$out"/items-?????-of-????? | wc -l) in $out/items-?????-of-?????; report: $out/report.json; chart: $out/plots/released.png"
+  if [ -f pipelines/extract_ngrams.py ] && [ -f data/debian_text.jsonl.gz ]; then
+    echo "== extract_ngrams: DPNE on data/debian_text.jsonl.gz (1,000 users), DirectRunner =="
+    "$bin/dp-extract-ngrams" \
+      --input data/debian_text.jsonl.gz --input_format jsonl \
+      --output "$out/ngrams" --report "$out/ngrams_report.json" \
+      --max_n 6 --epsilon 4 --delta 1e-7 --max_contributions 100 --overwrite \
+      --runner DirectRunner --direct_running_mode in_memory
+    echo "released n-grams: $(cat "$out"/ngrams-?????-of-????? | wc -l) in $out/ngrams-?????-of-?????; report: $out/ngrams_report.json"
+  fi
+  if [ -f pipelines/bayesian_ngrams.py ] && [ -f data/bayesian_public_trigrams.tsv.gz ]; then
+    echo "== bayesian_ngrams: trigram distribution with a public prior (Algorithm 2), DirectRunner =="
+    "$bin/dp-bayesian-ngrams" \
+      --private data/debian_text.jsonl.gz --input_format jsonl \
+      --public data/bayesian_public_trigrams.tsv.gz \
+      --output "$out/trigram_probs" --report "$out/bayesian_report.json" \
+      --n 3 --epsilon 1 --delta 1e-5 --C 1 --W 100 \
+      --tune --S_grid 0.001,0.01 --rho_grid 0.05,0.1,0.3 --overwrite \
+      --runner DirectRunner --direct_running_mode in_memory
+  fi
+}
+
+# minimum_lane: the oldest supported versions (constraints/minimum.txt) in .venv-min; fails when the
+# installed versions are not exactly the pins, when a quick-tier test fails, or when a CLI fails. Runs
+# in its own process (./run_local.sh test --minimum), so `set -e` holds in it.
+minimum_lane() {
+  local venv=.venv-min pins=constraints/minimum.txt
+  if [ ! -x "$venv/bin/python" ]; then
+    echo "Creating $venv (the oldest supported versions, $pins) ..."
+    "$PY" -m venv "$venv"
+  fi
+  local stamp="$venv/.installed-$(cat setup.py "$pins" | sha256sum | cut -c1-16)"
+  if [ ! -f "$stamp" ]; then
+    "$venv/bin/python" -m pip install --quiet --upgrade pip
+    # -c: the exact pins, for our dependencies and for everything they pull in that the file names
+    "$venv/bin/python" -m pip install --quiet -c "$pins" -e '.[test]'
+    touch "$stamp"
+  fi
+  # What is installed must be exactly the pins (a resolver that picked another version would test
+  # something else).
+  "$venv/bin/python" - "$pins" <<'PYEOF'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+pins, wrong = {}, []
+for line in open(sys.argv[1], encoding="utf-8"):
+    line = line.split("#", 1)[0].strip()
+    if line:
+        name, _, pin = line.partition("==")
+        pins[name.strip()] = pin.strip()
+for name, pin in pins.items():
+    try:
+        got = version(name)
+    except PackageNotFoundError:
+        got = "not installed"
+    if got != pin:
+        wrong.append(f"{name} {got} (pinned {pin})")
+if wrong:
+    sys.exit(f"minimum-versions lane: .venv-min does not hold the pins of {sys.argv[1]}: " + ", ".join(wrong))
+print("minimum-versions lane: " + ", ".join(f"{n}=={p}" for n, p in pins.items()))
+PYEOF
+  "$venv/bin/python" -m pytest -q "${workers[@]}" -m "not slow and not engines" -p no:cacheprovider
+  lane_out=$(mktemp -d)  # global: the EXIT trap runs after this function has returned
+  trap 'rm -rf "$lane_out"' EXIT
+  local out=$lane_out
+  run_clis "$venv/bin" "$out"
+  echo "== verify: the three releases are complete and unchanged (dp-verify-release) =="
+  "$venv/bin/dp-verify-release" "$out/report.json"
+  "$venv/bin/dp-verify-release" "$out/ngrams_report.json"
+  "$venv/bin/dp-verify-release" "$out/bayesian_report.json"
+  echo "== bayesian_eval: KL vs epsilon on the bundled sample (one epsilon, one repeat) =="
+  "$venv/bin/dp-bayesian-eval" \
+    --private data/debian_text.jsonl.gz --input_format jsonl \
+    --public data/bayesian_public_trigrams.tsv.gz \
+    --epsilons 1 --repeats 1 --n 3 --C 1 --W 100
+  echo "minimum-versions lane: passed"
+}
 
 cmd=${1:-run}
 case "$cmd" in
@@ -40,6 +138,13 @@ case "$cmd" in
     # fixtures run once. Three processes on the 2-core machine: many tests wait on a CLI subprocess or
     # a runner's threads, so a third process fills the gaps (docs/development.md has the timings).
     workers=(-n "${PYTEST_WORKERS:-3}" --dist loadfile)
+    # --minimum: the minimum-versions lane alone (minimum_lane above).
+    if [ "${1:-}" = "--minimum" ]; then
+      shift
+      [ $# -eq 0 ] || { echo "usage: ./run_local.sh test --minimum (takes no arguments)" >&2; exit 2; }
+      minimum_lane
+      exit 0
+    fi
     # --quick: the quick tier, what to run between commits: everything but `slow` and `engines`.
     if [ "${1:-}" = "--quick" ]; then
       shift
@@ -53,48 +158,20 @@ case "$cmd" in
     if [ $# -gt 0 ]; then
       exec .venv/bin/python -m pytest tests -q "${workers[@]}" -m "not engines" "$@"
     fi
-    # Without arguments (CI: .ci/run): both suites, the engine tests whatever the main suite gave;
-    # either failing fails the command.
+    # Without arguments (CI: .ci/run): the main suite (the newest versions, .venv), the minimum-versions
+    # lane (the oldest supported versions, .venv-min: the quick tier and every CLI), then the engine
+    # tests, each whatever the others gave; any failing fails the command.
     status=0
     .venv/bin/python -m pytest tests -q "${workers[@]}" -m "not engines" || status=$?
+    ./run_local.sh test --minimum || status=$?
     .ci/engines.sh test || status=$?
     exit $status
     ;;
   run)
-    out=out
-    mkdir -p "$out"
-    # --overwrite: this demo replaces its own earlier outputs (release shards, report, charts); without
-    # it a run refuses to start when they exist (docs/cli.md, "Outputs")
-    echo "== select_partitions: MAD-SIPS (the default algorithm) on data/debian_words.tsv.gz (1,754 users), DirectRunner =="
-    .venv/bin/dp-select-partitions \
-      --input data/debian_words.tsv.gz --input_format tsv \
-      --output "$out/items" --report "$out/report.json" \
-      --algorithm mad_sips --epsilon 1 --delta 1e-5 --max_contributions 100 \
-      --plots "$out/plots" --overwrite \
-      --runner DirectRunner --direct_running_mode in_memory
-    echo "released items: $(cat "$out"/items-?????-of-????? | wc -l) in $out/items-?????-of-?????; report: $out/report.json; chart: $out/plots/released.png"
-    if [ -f pipelines/extract_ngrams.py ] && [ -f data/debian_text.jsonl.gz ]; then
-      echo "== extract_ngrams: DPNE on data/debian_text.jsonl.gz (1,000 users), DirectRunner =="
-      .venv/bin/dp-extract-ngrams \
-        --input data/debian_text.jsonl.gz --input_format jsonl \
-        --output "$out/ngrams" --report "$out/ngrams_report.json" \
-        --max_n 6 --epsilon 4 --delta 1e-7 --max_contributions 100 --overwrite \
-        --runner DirectRunner --direct_running_mode in_memory
-      echo "released n-grams: $(cat "$out"/ngrams-?????-of-????? | wc -l) in $out/ngrams-?????-of-?????; report: $out/ngrams_report.json"
-    fi
-    if [ -f pipelines/bayesian_ngrams.py ] && [ -f data/bayesian_public_trigrams.tsv.gz ]; then
-      echo "== bayesian_ngrams: trigram distribution with a public prior (Algorithm 2), DirectRunner =="
-      .venv/bin/dp-bayesian-ngrams \
-        --private data/debian_text.jsonl.gz --input_format jsonl \
-        --public data/bayesian_public_trigrams.tsv.gz \
-        --output "$out/trigram_probs" --report "$out/bayesian_report.json" \
-        --n 3 --epsilon 1 --delta 1e-5 --C 1 --W 100 \
-        --tune --S_grid 0.001,0.01 --rho_grid 0.05,0.1,0.3 --overwrite \
-        --runner DirectRunner --direct_running_mode in_memory
-    fi
+    run_clis .venv/bin out
     ;;
   *)
-    echo "usage: ./run_local.sh [test [--quick] [pytest args...]]" >&2
+    echo "usage: ./run_local.sh [test [--quick | --minimum] [pytest args...]]" >&2
     exit 2
     ;;
 esac

@@ -16,17 +16,27 @@ setuptools.setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
-    python_requires=">=3.9",
+    # Tested on Python 3.11 only (the one Python of the development machines and CI); 3.11 is also the
+    # oldest Python the minimum versions below were found on (README, "Install").
+    python_requires=">=3.11",
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.11",
+        "License :: OSI Approved :: Apache Software License",
+    ],
     # The repository keeps privacy/, transforms/ and pipelines/ at the top level; installed, they are
     # dp_partition_beam.privacy, .transforms and .pipelines (dp_partition_beam is a namespace package:
     # no top-level name of ours but dp_partition_beam lands in site-packages).
     packages=[f"dp_partition_beam.{p}" for p in _PACKAGES],
     package_dir={f"dp_partition_beam.{top}": top for top in _TOP},
+    # Lower bounds: the oldest versions that pass on Python 3.11, pinned in constraints/minimum.txt (the
+    # minimum-versions lane of ./run_local.sh test installs exactly those; a test checks the two agree).
     install_requires=[
-        "apache-beam>=2.50.0",
-        "numpy>=1.24",
-        "scipy>=1.10",
-        "pyarrow>=12.0",
+        "apache-beam>=2.51.0",
+        "numpy>=1.23.2",
+        "scipy>=1.9.2",
+        "pyarrow>=10.0.1",
     ],
     entry_points={
         "console_scripts": [
@@ -48,7 +58,7 @@ setuptools.setup(
             "pytest-xdist>=3.5",  # ./run_local.sh test runs the main suite on 2 processes (-n 2)
             "pytest-timeout>=2.2",  # a per-test timeout (pyproject.toml): a hang fails, never stalls CI
         ],
-        "gcp": ["apache-beam[gcp]>=2.50.0"],
+        "gcp": ["apache-beam[gcp]>=2.51.0"],
         "plots": ["matplotlib>=3.7"],
         # Peers for benchmarks/run_all.py (PipelineDP's select_partitions on the same Beam runner).
         "bench": ["pipeline-dp>=0.3.1", "python-dp>=1.1.5,<2", "matplotlib>=3.7"],

@@ -110,7 +110,7 @@ BATCH_BAD = [
     (pa.table({"user": [S], "it": [S]}), "got Table with columns ['user', 'it'] (needs columns 'user' and 'item')"),
     (pa.table({"user": [S, None], "item": [S, S]}), "got Table whose column 'user' has null values"),
     (
-        pa.record_batch({"user": [S], "item": [1]}),
+        pa.RecordBatch.from_pydict({"user": [S], "item": [1]}),  # pa.record_batch(dict): pyarrow >= 11 only
         "got RecordBatch whose column 'item' is int64 (must be string or binary)",
     ),
     (pa.table({"user": [S, S], "item": [S, "  "]}), "got a batch with an item that is only whitespace"),

@@ -26,7 +26,7 @@ def drop_hopeless(table: pa.Table, hopeless: Optional[pa.Array]) -> pa.Table:
     """
     if hopeless is None or len(hopeless) == 0 or table.num_rows == 0:
         return table
-    doomed = pc.is_in(table.column(ITEM), value_set=hopeless).to_numpy(zero_copy_only=False)
+    doomed = pc.is_in(table.column(ITEM), value_set=hopeless).to_numpy()
     codes, users = dictionary_codes(table.column(USER))
     has_hope = np.zeros(len(users), dtype=bool)
     has_hope[codes[~doomed]] = True  # users with at least one item that is not hopeless
