@@ -21,7 +21,8 @@
 # them into a classpath and we start the same main classes the job-server jars start
 # (FlinkJobServerDriver, SparkJobServerDriver). Beam 2.62.0 is the newest version whose runner modules
 # resolve whole (2.70.0's beam-runners-java-job-service is not served); its Python SDK is on PyPI, so
-# the engine tests run in .venv-engines with apache-beam==2.62.0 (the package supports >=2.50).
+# the engine tests run in .venv-engines with apache-beam==2.62.0 (the package supports >=2.51.0,
+# constraints/minimum.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -278,12 +279,15 @@ blob.server.port: $FLINK_BLOB_PORT
 taskmanager.host: localhost
 taskmanager.bind-host: localhost
 jobmanager.memory.process.size: 768m
-# A small TaskManager: JVM heap 384 MB (framework 128 + task 256; -Xmx384m), managed memory 1 GB (off
-# heap: batch sorts and joins, spilled to disk beyond it), network buffers 128 MB. A record must fit one
-# sort buffer, a share of managed memory: 256 MB gave 3.2 MB, and Beam's batch GroupByKey on Flink
-# concatenates a key's values into one record first (docs/engines.md, "Element and group sizes").
+# A small TaskManager: JVM heap 1.1 GB (framework 128 MB + task 1 GB), managed memory 1 GB (off heap:
+# batch sorts and joins, spilled to disk beyond it), network buffers 128 MB. The heap holds no data of
+# ours but every running task's stage payload, each with a large part of the pipeline's protos: with a
+# 384 MB heap (task 256 MB) the DPNE pipeline (hundreds of stages) spent its time in full GCs (600k
+# RunnerApi.PCollection objects on the heap). A record must fit one sort buffer, a share of managed
+# memory: 256 MB gave 3.2 MB, and Beam's batch GroupByKey on Flink concatenates a key's values into one
+# record first (docs/engines.md).
 taskmanager.numberOfTaskSlots: 2
-taskmanager.memory.task.heap.size: 256m
+taskmanager.memory.task.heap.size: 1024m
 taskmanager.memory.managed.size: 1024m
 taskmanager.memory.network.min: 128m
 taskmanager.memory.network.max: 128m

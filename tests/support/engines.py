@@ -186,7 +186,7 @@ class Cluster:
     """A standalone cluster started by ``.ci/engines.sh cluster up`` (state in ``state_dir``: ports.env,
     pids/, logs/), seen from the tests: where to submit, which processes are its workers, their logs.
 
-    * flink: a JobManager and 2 TaskManagers (own JVMs, 2 slots and a 384 MB heap each) with Beam's
+    * flink: a JobManager and 2 TaskManagers (own JVMs, 2 slots and a 1.1 GB heap each) with Beam's
       Flink job server submitting to the JobManager's REST endpoint;
     * spark: a master and 2 workers (own JVMs; each starts an executor JVM) with Beam's Spark job server
       as the driver (client mode);
@@ -222,8 +222,8 @@ class Cluster:
             "EXTERNAL",
             "--environment_config",
             f"localhost:{self.ports['POOL_PORT']}",
-            "--environment_cache_millis",
-            "600000",
+            "--environment_cache_millis",  # SDK workers kept between a job's stages, released a minute after it
+            "60000",
         ]
         if self.engine == "flink":
             args += ["--parallelism", str(PARALLELISM)]
