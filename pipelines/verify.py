@@ -77,4 +77,10 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    # `python -m` runs this file as __main__: run the package module's main instead, so that the functions
+    # the pipeline pickles belong to dp_partition_beam.pipelines.verify (an SDK worker in another process
+    # cannot import __main__; Beam 2.62's dill sent them by value without their globals, and extract_ngrams'
+    # build_report failed with "NameError: name 'json' is not defined" on the standalone Flink cluster).
+    from dp_partition_beam.pipelines.verify import main as package_main
+
+    package_main()
