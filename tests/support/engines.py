@@ -222,11 +222,12 @@ class Cluster:
             "EXTERNAL",
             "--environment_config",
             f"localhost:{self.ports['POOL_PORT']}",
-            "--environment_cache_millis",  # SDK workers kept between a job's stages, released a minute after it
-            "60000",
         ]
         if self.engine == "flink":
-            args += ["--parallelism", str(PARALLELISM)]
+            # SDK workers kept between a job's stages, released a minute after it (Flink releases a stage's
+            # environment at once otherwise). Not on Spark: there it keeps them anyway, and an expiring
+            # environment cancelled a running task's data stream ("CANCELLED: call already cancelled").
+            args += ["--parallelism", str(PARALLELISM), "--environment_cache_millis", "60000"]
         return args
 
     def pid(self, component: str) -> int | None:
