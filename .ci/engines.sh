@@ -408,7 +408,7 @@ spark_cluster_up() {
 
 pool_up() {  # the SDK worker pool: its workers are `python -c ...` processes of .venv-engines in the repo
   PATH="$PWD/$VENV/bin:$PATH" PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" \
-    start sdk-worker-pool "$VENV/bin/python" -m apache_beam.runners.worker.worker_pool_main --service_port="$POOL_PORT"
+    start sdk-worker-pool "$VENV/bin/python" -m tests.support.worker_pool --service_port="$POOL_PORT"
   wait_for "the SDK worker pool" 60 sdk-worker-pool listening "$POOL_PORT"
 }
 

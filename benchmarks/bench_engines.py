@@ -22,9 +22,10 @@ engine must release the same items (checked against the DirectRunner's). Runs in
 For flink_cluster the engine's own metrics of each job are read from Flink's REST API: bytes and records
 written by every task (all exchanges between operator chains), the bytes read through hash-partitioned
 exchanges (the shuffles proper), the number of such shuffles and of broadcast edges (side inputs), the
-largest mean record size of an exchange, and the job's own run time (wall time minus submission). The
-table ends with a fit wall = fixed + marginal x millions of pairs per algorithm and engine
-(docs/engines.md, "Measured here").
+largest mean record size of an exchange, and the job's own run time (wall time minus submission). Every
+run also records the machine's busy CPU seconds (/proc/stat; run it on a quiet machine): every process of
+the engine counts. The tables end with fits wall = fixed + marginal x millions of pairs, and the same for
+CPU seconds, per algorithm and engine (docs/engines.md, "Measured here"; docs/scaling.md).
 
     .ci/engines.sh python -m benchmarks.bench_engines --engines direct flink_cluster \
         --algorithms basic mad2r mad_sips --sizes 4e6 16e6 64e6 --reps 1
@@ -137,6 +138,19 @@ def flink_job_metrics(cluster):
     }
 
 
+def busy_cpu_seconds() -> float:
+    """CPU seconds the whole machine has spent busy since boot (/proc/stat: user, nice, system, irq,
+    softirq, steal); the difference over a run on a quiet machine is what the run cost in CPU, every
+    process of the engine included (JVMs, SDK workers, the submitting client). 0 off Linux."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def fit(points):
     """Least squares wall = fixed + marginal * x over (x, wall) points: (fixed, marginal); None below two sizes."""
     if len({x for x, _ in points}) < 2:
@@ -181,17 +195,19 @@ def main():
                 return server.pipeline_args("LOOPBACK")
             return server.pipeline_args("EXTERNAL", f"localhost:{pool.port}") + ["--sdk_worker_parallelism", "2"]
 
-        rows, metrics = [], []
+        rows, metrics, cpu_rows = [], [], []
         for size in args.sizes:
             n_chunks = max(1, int(round(size / (USERS_PER_CHUNK * 10))))
             n_pairs = zipf_pair_count(n_chunks, USERS_PER_CHUNK)
             for algorithm in args.algorithms:
                 want = None
                 for name in args.engines:
-                    times = []
+                    times, cpus = [], []
                     for rep in range(args.reps):
                         load = os.getloadavg()[0]
+                        cpu0 = busy_cpu_seconds()
                         t, items = run_once(algorithm, n_chunks, options(name), params, args.seed)
+                        cpus.append(busy_cpu_seconds() - cpu0)
                         if name == "flink_cluster":
                             metrics.append((algorithm, n_pairs, t, flink_job_metrics(clusters["flink"])))
                         if want is None:
@@ -200,12 +216,14 @@ def main():
                         times.append(t)
                         print(
                             f"  {algorithm:6s} {n_pairs:>10,d} {name:9s} rep {rep + 1}: {t:7.1f}s  "
-                            f"released {len(items)} {'' if same else 'DIFFERENT ITEMS'}  load {load:.1f}",
+                            f"cpu {cpus[-1]:.0f}s  released {len(items)} "
+                            f"{'' if same else 'DIFFERENT ITEMS'}  load {load:.1f}",
                             file=sys.stderr,
                             flush=True,
                         )
                         assert same, f"{name} released other items than the first engine"
                     rows.append((algorithm, n_pairs, name, statistics.median(times), times, len(want)))
+                    cpu_rows.append((algorithm, n_pairs, name, statistics.median(cpus)))
     finally:
         for server in servers.values():
             server.stop()
@@ -219,22 +237,32 @@ def main():
         f"\n{os.cpu_count()} cores; apache-beam {beam.__version__}; epsilon=1, delta=1e-5, Delta_0=100, "
         f"seed={args.seed}; median of {args.reps}; load average at the end {os.getloadavg()[0]:.1f}"
     )
-    print("| algorithm | pairs | engine | median wall s | runs (s) | pairs/s | x DirectRunner | released |")
-    print("|---|---:|---|---:|---|---:|---:|---:|")
+    print(
+        "| algorithm | pairs | engine | median wall s | runs (s) | pairs/s | x DirectRunner | machine CPU s "
+        "| CPU us / pair | released |"
+    )
+    print("|---|---:|---|---:|---|---:|---:|---:|---:|---:|")
     base = {(a, n): t for a, n, e, t, _, _ in rows if e == "direct"}
+    cpu_of = {(a, n, e): c for a, n, e, c in cpu_rows}
     for a, n, e, t, times, k in rows:
         ratio = f"{t / base[(a, n)]:.1f}" if (a, n) in base else ""
+        c = cpu_of[(a, n, e)]
         print(
-            f"| {a} | {n:,} | {e} | {t:.1f} | {', '.join(f'{x:.1f}' for x in times)} | {n / t:,.0f} | {ratio} | {k} |"
+            f"| {a} | {n:,} | {e} | {t:.1f} | {', '.join(f'{x:.1f}' for x in times)} | {n / t:,.0f} | {ratio} "
+            f"| {c:.0f} | {c / n * 1e6:.1f} | {k} |"
         )
-    print("\nFixed and marginal cost: least-squares wall = fixed + marginal x (millions of pairs), medians")
-    print("| algorithm | engine | fixed s | marginal s per 1M pairs |")
-    print("|---|---|---:|---:|")
+    print("\nFixed and marginal cost: least-squares fit = fixed + marginal x (millions of pairs), medians")
+    print(
+        "| algorithm | engine | fixed wall s | marginal wall s per 1M pairs "
+        "| fixed CPU s | marginal CPU s per 1M pairs |"
+    )
+    print("|---|---|---:|---:|---:|---:|")
     for a in args.algorithms:
         for e in args.engines:
             f = fit([(n / 1e6, t) for a2, n, e2, t, _, _ in rows if a2 == a and e2 == e])
-            if f:
-                print(f"| {a} | {e} | {f[0]:.1f} | {f[1]:.2f} |")
+            g = fit([(n / 1e6, c) for a2, n, e2, c in cpu_rows if a2 == a and e2 == e])
+            if f and g:
+                print(f"| {a} | {e} | {f[0]:.1f} | {f[1]:.2f} | {g[0]:.1f} | {g[1]:.2f} |")
     if metrics:
         print("\nFlink cluster, the engine's metrics per run (REST API of the JobManager)")
         print(

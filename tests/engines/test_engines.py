@@ -276,14 +276,29 @@ def run_cli(case: Case, input_path: str, out_dir: str, runner_args: list, server
         *runner_args,
     ]
     start = time.perf_counter()
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=ENGINE_TIMEOUT)
+    try:
+        proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=ENGINE_TIMEOUT)
+    except subprocess.TimeoutExpired as e:
+        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        failed = f"{' '.join(argv)}\ndid not finish within {ENGINE_TIMEOUT} s:\n{stderr[-4000:]}\n"
+        pytest.fail(failed + failure_context(server))
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
-        pytest.fail(
-            f"{' '.join(argv)}\nexited with {proc.returncode}:\n{proc.stderr[-4000:]}\n"
-            + (server.log_tail() if server else "")
-        )
+        failed = f"{' '.join(argv)}\nexited with {proc.returncode}:\n{proc.stderr[-4000:]}\n"
+        pytest.fail(failed + failure_context(server))
     return read_output(out_dir, case, seconds)
+
+
+def failure_context(server) -> str:
+    """The server's log tails for a failure message; a cluster's job server is then replaced (with a thread
+    dump of the old one kept), so that the cases after a failed or hung one run on a clean job server."""
+    if server is None:
+        return ""
+    tails = server.log_tail()
+    if isinstance(server, engines.Cluster):
+        dump = server.after_failed_run()
+        tails += f"\n(job server replaced; its thread dump: {dump or 'none, no jstack'})"
+    return tails
 
 
 @pytest.fixture(scope="session")
@@ -625,14 +640,16 @@ def test_a_job_survives_the_loss_of_a_worker(cluster, name, inputs, direct, tmp_
         log_offset = os.path.getsize(cluster.log_path(f"{cluster.engine}-job-server"))
         killed = cluster.kill_worker(0)
         _, stderr = proc.communicate(timeout=ENGINE_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the job did not finish within {ENGINE_TIMEOUT} s of a worker kill\n" + failure_context(cluster))
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     try:
-        assert proc.returncode == 0, (
-            f"the job failed after worker {killed} was killed:\n{stderr[-4000:]}\n{cluster.log_tail()}"
-        )
+        if proc.returncode != 0:
+            failed = f"the job failed after worker {killed} was killed:\n{stderr[-4000:]}\n"
+            pytest.fail(failed + failure_context(cluster))
         # The loss reached the job: the engine recorded a failure of it (else the kill came too late to matter).
         if cluster.engine == "flink":
             failures = [f["stacktrace"] for f in flink_failures(cluster, job)]

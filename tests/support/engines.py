@@ -23,6 +23,7 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(REPO, ".ci", "engines.sh")
 ENGINES = ("flink", "spark")
 PARALLELISM = 2
+SPARK_ENVIRONMENT_CACHE_MILLIS = 3_600_000
 
 
 def script_setting(name: str) -> str:
@@ -225,9 +226,14 @@ class Cluster:
         ]
         if self.engine == "flink":
             # SDK workers kept between a job's stages, released a minute after it (Flink releases a stage's
-            # environment at once otherwise). Not on Spark: there it keeps them anyway, and an expiring
-            # environment cancelled a running task's data stream ("CANCELLED: call already cancelled").
+            # environment at once otherwise; its TaskManagers outlive the job).
             args += ["--parallelism", str(PARALLELISM), "--environment_cache_millis", "60000"]
+        else:
+            # Spark releases a task's SDK environment when the task ends: a new worker process per task
+            # (~70 for one extract_ngrams job), and a task whose environment another task's release closed
+            # fails with "CANCELLED: client cancelled". Kept for longer than any job instead: an
+            # application's executors exit with it, and their SDK workers with them.
+            args += ["--environment_cache_millis", str(SPARK_ENVIRONMENT_CACHE_MILLIS)]
         return args
 
     def pid(self, component: str) -> int | None:
@@ -269,12 +275,32 @@ class Cluster:
             text=True,
         )
 
+    def after_failed_run(self) -> str:
+        """After a job that failed or hung: a thread dump of the job server (saved in logs/, its path
+        returned for the failure message), then a new job server. Beam's Spark job server keeps the
+        SparkContext of a job whose client went away, and every later job then fails with "Only one
+        SparkContext should be running in this JVM"; one bad run must not take the cases after it down."""
+        component = f"{self.engine}-job-server"
+        pid = self.pid(component)
+        dump = ""
+        if pid and shutil.which("jstack"):
+            dump = os.path.join(self.state_dir, "logs", f"{component}-{pid}-{int(time.time())}.jstack")
+            with open(dump, "w", encoding="utf-8") as f:
+                subprocess.run(["jstack", str(pid)], stdout=f, stderr=subprocess.STDOUT, timeout=60, check=False)
+        if pid:
+            os.killpg(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while self.pid(component) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        self.restore()
+        return dump
+
     def log_path(self, component: str) -> str:
         return os.path.join(self.state_dir, "logs", f"{component}.log")
 
     def log_tail(self, lines: int = 60) -> str:
         out = []
-        for component in self.components():
+        for component in (*self.components(), "sdk-worker-pool"):
             path = self.log_path(component)
             try:
                 with open(path, encoding="utf-8", errors="replace") as f:
