@@ -230,9 +230,9 @@ class Cluster:
             args += ["--parallelism", str(PARALLELISM), "--environment_cache_millis", "60000"]
         else:
             # Spark releases a task's SDK environment when the task ends: a new worker process per task
-            # (~70 for one extract_ngrams job), and a task whose environment another task's release closed
-            # fails with "CANCELLED: client cancelled". Kept for longer than any job instead: an
-            # application's executors exit with it, and their SDK workers with them.
+            # (~70 for one extract_ngrams job, each start and stop a round trip to the shared pool, see
+            # tests/support/worker_pool.py). Kept for longer than any job instead: an application's
+            # executors exit with it, and their SDK workers with them.
             args += ["--environment_cache_millis", str(SPARK_ENVIRONMENT_CACHE_MILLIS)]
         return args
 
