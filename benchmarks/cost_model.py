@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-__all__ = ["Measured", "MEASURED", "Cluster", "predict"]
+__all__ = ["Measured", "MEASURED", "Cluster", "predict", "measured_machine"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,12 @@ def predict(m: Measured, c: Cluster, pairs: float) -> dict:
     }
 
 
+def measured_machine(m: Measured) -> Cluster:
+    """The 2-core machine the constants were measured on, as a Cluster: 1 worker, 2 vCPUs, efficiency 1,
+    the measured job start, no stage cost and no network (a local run's shuffle is a memory copy)."""
+    return Cluster(workers=1, vcpus=2, efficiency=1.0, shuffle_mbps=float("inf"), stage_s=0.0, fixed_s=m.fixed_s)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     defaults = Cluster()
@@ -94,16 +100,14 @@ def main(argv=None) -> None:
         "--check",
         type=float,
         default=None,
-        help="pairs: predict one run on the 2-core machine the constants were measured on (1 worker, 2 "
-        "vCPUs, efficiency 1, the measured job start, no stage cost: a local run's shuffle is a memory copy)",
+        help="pairs: predict one run on the 2-core machine the constants were measured on (measured_machine)",
     )
     args = ap.parse_args(argv)
     if args.check is not None:
         print("| algorithm | pairs | predicted wall s | predicted CPU s |")
         print("|---|---:|---:|---:|")
         for name, m in MEASURED.items():
-            local = Cluster(1, 2, 24.0, 1.0, float("inf"), 0.0, m.fixed_s, 0.5, 2, 0.043)
-            p = predict(m, local, args.check)
+            p = predict(m, measured_machine(m), args.check)
             print(f"| {name} | {args.check:,.0f} | {p['wall_h'] * 3600:.0f} | {p['cpu_h'] * 3600:.0f} |")
         return
     c = Cluster(**{name: getattr(args, name) for name in Cluster.__dataclass_fields__})

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cost_model import MEASURED, Cluster, predict
+from benchmarks.cost_model import MEASURED, Cluster, measured_machine, predict
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "scaling.md"
 
@@ -37,8 +37,7 @@ def test_the_model_reproduces_the_2_core_cluster_it_was_measured_on(algorithm):
     within 10% (the model's compute term, with efficiency 1 and no network)."""
     wall16, _ = measured_rows()[(algorithm, 16_001_588, "flink_cluster")]
     m = MEASURED[algorithm]
-    local = Cluster(workers=1, vcpus=2, efficiency=1.0, shuffle_mbps=float("inf"), stage_s=0.0, fixed_s=m.fixed_s)
-    assert predict(m, local, 16_001_588)["wall_h"] * 3600 == pytest.approx(wall16, rel=0.10)
+    assert predict(m, measured_machine(m), 16_001_588)["wall_h"] * 3600 == pytest.approx(wall16, rel=0.10)
 
 
 def test_side_inputs_stop_fitting_where_the_doc_says():
