@@ -175,6 +175,7 @@ def run(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     cli.check_unknown_args(parser, extra, beam_options=False)  # in memory: no Beam option applies
+    cli.absolute_local_paths(args)
     cli.configure_logging("WARNING")
     try:
         mechanisms = [m.strip() for m in args.mechanisms.split(",") if m.strip()]

@@ -656,6 +656,37 @@ def run_main(
         return 128 + int(signum)
 
 
+#: The path flags of the CLIs (local paths are made absolute: see :func:`absolute_local_paths`).
+PATH_FLAGS = (
+    "input",
+    "output",
+    "report",
+    "diagnostics",
+    "plots",
+    "evaluate_against",
+    "allowlist",
+    "public",
+    "private",
+    "distribution",
+)
+
+
+def absolute_local_paths(args: argparse.Namespace, names: Sequence[str] = PATH_FLAGS) -> None:
+    """Makes every local path among ``args.<names>`` absolute (in place; ``scheme://`` paths unchanged).
+
+    Beam's file system matches a bare relative glob (``part-*.tsv``, and the release's own
+    ``PREFIX-?????-of-?????``) against nothing: its match lists the pattern's directory, which for a bare
+    name is ``''``. And an SDK worker of a cluster (a worker pool, a TaskManager's harness) runs in a
+    directory of its own, so a relative path would name another file there than here.
+    """
+    for name in names:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value and "://" not in value:
+            absolute = os.path.abspath(value)
+            # a trailing slash says "a directory" (refused where a file is wanted): abspath drops it
+            setattr(args, name, absolute + os.sep if value.endswith(os.sep) and absolute != os.sep else absolute)
+
+
 def run_pipeline_main(
     parser: argparse.ArgumentParser,
     argv,
@@ -679,6 +710,7 @@ def run_pipeline_main(
         observability.add_args(parser)
     args, beam_args = parser.parse_known_args(argv)
     check_unknown_args(parser, beam_args)
+    absolute_local_paths(args)
     configure_logging(args.log_level)
     if args.evaluate_against and evaluation is None:
         parser.error(f"--evaluate_against is not supported by {parser.prog} (no item-level evaluation defined)")

@@ -468,6 +468,23 @@ def test_sigterm_stops_the_multi_processing_workers(tmp_path):
     assert _consistent(tmp_path / "out")
 
 
+def test_relative_paths_and_a_bare_input_glob_work_from_the_current_directory(work, capsys, monkeypatch):
+    """A bare relative glob (``in*.tsv``) and a bare output prefix: Beam's file system matches such a
+    pattern against nothing (it lists the directory ``''``), so the input was "no file matches" and a
+    finished run failed its own shard listing (exit 3). The CLIs make local paths absolute first."""
+    from dp_partition_beam.pipelines import verify
+
+    monkeypatch.chdir(work)
+    argv = select_argv(work, output="items", report="report.json")
+    argv[argv.index("--input") + 1] = "in*.tsv"
+    assert run_cli(select_partitions, argv) == 0, capsys.readouterr().err
+    report = json.loads((work / "report.json").read_text())
+    assert report["outputs"]["release"] == str(work / "items") + "-?????-of-?????"
+    assert [s["path"] for s in report["outputs"]["shards"]] == [str(work / "items-00000-of-00001")]
+    assert sorted((work / "items-00000-of-00001").read_text().split()) == ["a", "b", "c"]
+    assert verify.run(["report.json"]) == 0
+
+
 def test_verify_checks_a_release_against_its_report(work, capsys):
     from dp_partition_beam.pipelines import verify
 
