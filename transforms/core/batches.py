@@ -419,11 +419,18 @@ def chunks(table: pa.Table, max_rows: Optional[int] = None) -> Iterator[pa.Table
         yield owned(table.slice(start, max_rows))
 
 
-def user_chunks(table: pa.Table, user_codes: np.ndarray, max_rows: Optional[int] = None) -> Iterator[pa.Table]:
+def user_chunks(
+    table: pa.Table, user_codes: np.ndarray, max_rows: Optional[int] = None, split_users: bool = False
+) -> Iterator[pa.Table]:
     """Pieces of ``table`` (rows grouped by user: ``user_codes`` non-decreasing runs) of about
     ``max_rows`` rows, cut only between users, so every user's rows stay in one piece (a single user
     with more rows is one piece of its own). Default ``max_rows``: :func:`piece_rows`. Each piece owns
-    its buffers."""
+    its buffers.
+
+    With ``split_users`` no piece exceeds ``max_rows`` rows: a user with more rows is cut into pieces
+    that hold only that user's rows, so a piece of two or more users holds every row of each of them,
+    and only a piece of one user can be part of a user (:func:`transforms.core.engine.per_user_step`).
+    """
     max_rows = max_rows or piece_rows(table)
     n = table.num_rows
     if n <= max_rows:
@@ -432,14 +439,32 @@ def user_chunks(table: pa.Table, user_codes: np.ndarray, max_rows: Optional[int]
         return
     starts = np.flatnonzero(np.r_[True, user_codes[1:] != user_codes[:-1]])  # first row of each user
     lo = 0
-    while lo < n:
-        # the last user start at or before lo + max_rows (beyond lo), or the end
+    if split_users:
+        ends = np.r_[starts[1:], n]
+        for big in np.flatnonzero(ends - starts > max_rows):
+            first, last = int(starts[big]), int(ends[big])
+            for a, b in _user_cuts(starts, lo, first, max_rows):
+                yield owned(table.slice(a, b - a))
+            for a in range(first, last, max_rows):
+                yield owned(table.slice(a, min(max_rows, last - a)))
+            lo = last
+    for a, b in _user_cuts(starts, lo, n, max_rows):
+        yield owned(table.slice(a, b - a))
+
+
+def _user_cuts(starts: np.ndarray, lo: int, end: int, max_rows: int) -> Iterator[Tuple[int, int]]:
+    """(first, end) rows of the pieces of rows [lo, end) (``end`` a user's first row or the last row + 1),
+    cut between users (``starts``: each user's first row): about ``max_rows`` each, a user with more
+    rows one piece of its own."""
+    while lo < end:
+        if lo + max_rows >= end:
+            yield lo, end
+            return
+        # the last user start at or before lo + max_rows (beyond lo)
         cut_at = np.searchsorted(starts, lo + max_rows, side="right") - 1
         hi = int(starts[cut_at]) if cut_at >= 0 and starts[cut_at] > lo else None
         if hi is None:  # one user holds more than max_rows rows from lo: end at its last row
             nxt = np.searchsorted(starts, lo, side="right")
-            hi = int(starts[nxt]) if nxt < len(starts) else n
-        if lo + max_rows >= n:
-            hi = n
-        yield owned(table.slice(lo, hi - lo))
+            hi = min(int(starts[nxt]), end) if nxt < len(starts) else end
+        yield lo, hi
         lo = hi

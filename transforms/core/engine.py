@@ -10,10 +10,16 @@ the holders of the released items. The arithmetic is the table kernels of
   Batch          Table(user, item)                        element API gathered per bundle, or batches
   Pack           Packed(user, item)                       zstd-compressed Arrow IPC (batches.Packed)
   ShardCount     S                                        ceil(rows / rows_per_shard), singleton
-  ShardUsers     (user shard, Packed(user, item))         fingerprint(user) mod S; users with more than
-                                                          Delta_0 rows in a batch pre-capped there
-  GroupUsers     (user shard, [Packed])                   every row of a user in one element
-  Cap            (user shard, Table(user, item, degree))  distinct, bottom-k to Delta_0 (Alg. 1 l.4-5)
+  HeavyUsers     (user, B)                                users with > HEAVY_USER_ROWS rows, B buckets
+                                                          of ~rows_per_shard / 2 rows
+  ShardUsers     ((user shard, bucket, user), Packed)     fingerprint(user) mod S; users with more than
+                                                          Delta_0 rows in a batch pre-capped there; a
+                                                          heavy user's rows by item bucket (1..B)
+  GroupUsers     ((user shard, bucket, user), [Packed])   light users whole (bucket 0), heavy by bucket
+  UserChunks     (user shard, Table(user, item))          distinct, by user, pieces of <= ~65k rows
+  Cap            (user shard, Table(user, item, degree))  bottom-k to Delta_0 (Alg. 1 l.4-5); the parts
+                                                          of a user cut across pieces joined
+                                                          (per_user_step)
   Partials       (item shard, Packed(item, hi, mid, lo, holders))  per-item exact partial sums of the
                                                           weights of this user shard, fingerprint(item) mod S
   GroupItems     (item shard, [Packed])                   one row per (user shard, item): a hot item is
@@ -23,9 +29,10 @@ the holders of the released items. The arithmetic is the table kernels of
 Everything a runner shuffles or keeps is Packed (docs/columnar.md, "Packed tables"): the encoded size of
 those PCollections is the run's memory on the in-memory DirectRunner and its shuffle volume elsewhere.
 
-Memory: a user shard holds ~rows_per_shard rows (default 2M, ~60-100 MB of Arrow) plus, for a user
-with huge degree, at most Delta_0 rows per input batch (pre-capping); an item shard holds at most
-S rows per item. At 10^9 users the shard count grows with the rows, not the shard size.
+Memory: a user group holds ~rows_per_shard rows (default 2M, ~60-100 MB of Arrow): a user with more
+than HEAVY_USER_ROWS rows is grouped apart, by item bucket, in groups of ~rows_per_shard rows; an item
+shard holds at most S rows per item. At 10^9 users the shard count grows with the rows, not the shard
+size (docs/columnar.md, "Bounds").
 """
 
 from __future__ import annotations
@@ -37,17 +44,21 @@ from typing import Optional
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dp_partition_beam.transforms.core.batches import (
+    DEFAULT_CHUNK_ROWS,
     DEFAULT_ROWS_PER_SHARD,
     ITEM,
     USER,
+    Packed,
     ShardCount,
     binary_array,
     bounded_pieces,
     concat,
     dictionary_codes,
     pack_pairs,
+    shard_ids,
     split_by_shard,
     unpack_all,
     unpacked,
@@ -64,7 +75,17 @@ from dp_partition_beam.transforms.core.tables import (
     merge_partials,
 )
 
-__all__ = ["ShardedUsers", "RunSeed", "CapFn", "checkpoint", "barrier", "run_seed_arg", "decode_tagged"]
+__all__ = [
+    "ShardedUsers",
+    "RunSeed",
+    "PerUserFn",
+    "per_user_step",
+    "CapFn",
+    "checkpoint",
+    "barrier",
+    "run_seed_arg",
+    "decode_tagged",
+]
 
 
 def fresh_run_seed(_):
@@ -90,13 +111,49 @@ class RunSeed(beam.PTransform):
         return start | "Draw" >> beam.Map(fresh_run_seed)  # seed from os.urandom
 
 
+#: A user with more rows than this in the input (after pre-capping per batch) is "heavy": its rows are
+#: grouped by (user shard, item bucket, user) instead of with its shard (:class:`ShardedUsers`).
+HEAVY_USER_ROWS = DEFAULT_CHUNK_ROWS
+
+#: The group key of a shard's other users: (user shard, NOT_HEAVY, b"").
+NOT_HEAVY = 0
+
+
+def user_row_counts(packed, num_shards, k: Optional[int]):
+    """Packed(user, item) batch -> (user shard, Packed(user, rows)): each user's rows in the batch (at
+    most ``k``, what the batch's pre-capping keeps, when given)."""
+    codes, users = dictionary_codes(packed.table().column(USER))
+    rows = np.bincount(codes, minlength=len(users))
+    if k is not None:
+        rows = np.minimum(rows, k)
+    counts = pa.table({USER: users, "rows": rows.astype(np.int64)})
+    shards = (fingerprint64(users) % np.uint64(num_shards)).astype(np.int64)
+    for shard, part in split_by_shard(counts, shards, num_shards):
+        for piece in bounded_pieces(part):
+            yield shard, Packed.of(piece)
+
+
+def heavy_users_of_shard(element, heavy_rows: int, rows_per_group: int):
+    """(user shard, [Packed(user, rows)]) -> (user, item buckets) of the shard's users with more than
+    ``heavy_rows`` rows in all: ceil(rows / rows_per_group) buckets, so each bucket's group holds about
+    ``rows_per_group`` rows."""
+    counts = unpack_all(element[1])
+    codes, users = dictionary_codes(counts.column(USER))
+    rows = np.bincount(codes, weights=counts.column("rows").to_numpy(), minlength=len(users))
+    for u in np.flatnonzero(rows > heavy_rows):
+        yield users[int(u)].as_py(), -(-int(rows[u]) // rows_per_group)
+
+
 class ShardUsersFn(beam.DoFn):
-    """Packed(user, item) -> (user shard, Packed(user, item)); pre-caps users with > k rows in the batch."""
+    """Packed(user, item) -> ((user shard, bucket, user), Packed(user, item)); pre-caps users with > k
+    rows in the batch. A heavy user's rows (side input dict user -> B buckets) go to the key (shard,
+    1 + fingerprint(item) mod B, user); everybody else's to (shard, NOT_HEAVY, b"")."""
 
     def __init__(self, k: Optional[int], round_: int):
         self._k, self._round = k, round_
+        self._heavy = SideInputCache()  # Arrow array of the heavy users
 
-    def process(self, packed, num_shards, seed):
+    def process(self, packed, num_shards, seed, heavy=None):
         if packed.num_rows == 0:
             return
         table = packed.table()
@@ -106,26 +163,62 @@ class ShardUsersFn(beam.DoFn):
             table = cap_pairs(table, self._k, seed, self._round).select([USER, ITEM])
             codes, users = dictionary_codes(table.column(USER))
         # one fingerprint per distinct user of the batch (~10 rows each), not per row
-        shards = (fingerprint64(users) % np.uint64(num_shards)).astype(np.int64)[codes]
+        user_shards = (fingerprint64(users) % np.uint64(num_shards)).astype(np.int64)
+        if heavy:
+            is_heavy = pc.is_in(users, value_set=self._heavy.get(heavy, binary_array)).to_numpy(zero_copy_only=False)
+            for u in np.flatnonzero(is_heavy):
+                user = users[int(u)].as_py()
+                rows = table.filter(pa.array(codes == u))
+                buckets = heavy[user]
+                for bucket, part in split_by_shard(rows, shard_ids(rows.column(ITEM), buckets), buckets):
+                    for piece in bounded_pieces(part):
+                        yield (int(user_shards[u]), 1 + bucket, user), pack_pairs(piece)
+            if is_heavy.any():
+                light = ~is_heavy[codes]
+                table, codes = table.filter(pa.array(light)), codes[light]
+        shards = user_shards[codes]
         for shard, rows in split_by_shard(table, shards, num_shards):
             for piece in bounded_pieces(rows):  # long keys: a batch's rows of a shard can pass the bound
-                yield shard, pack_pairs(piece)
+                yield (shard, NOT_HEAVY, b""), pack_pairs(piece)
 
 
-def distinct_user_chunks(shard, packed):
+class HeavyUsers(beam.PTransform):
+    """Packed(user, item) batches -> (user, item buckets) of the users with more than ``heavy_rows`` rows
+    (after pre-capping to ``k`` per batch), counted per user shard (one small shuffle of per-batch
+    counts)."""
+
+    def __init__(self, num_shards, k: Optional[int], heavy_rows: int, rows_per_group: int, label=None):
+        super().__init__(label)
+        self._num_shards, self._k = num_shards, k
+        self._heavy_rows, self._rows_per_group = heavy_rows, rows_per_group
+
+    def expand(self, packed):
+        return (
+            packed
+            | "UserRows" >> beam.FlatMap(user_row_counts, self._num_shards, self._k)  # (user shard, Packed(user, rows))
+            | "GroupUserRows" >> beam.GroupByKey()  # (user shard, [Packed(user, rows)])
+            | "Heavy" >> beam.FlatMap(heavy_users_of_shard, self._heavy_rows, self._rows_per_group)
+            # (user, item buckets)
+        )
+
+
+def distinct_user_chunks(key, packed):
     """(shard, [Packed(user, item)]) -> (shard, Table) pieces of the shard's distinct pairs, sorted by
-    user and cut between users (every user's rows in one piece of about DEFAULT_CHUNK_ROWS rows)."""
+    user, of at most about DEFAULT_CHUNK_ROWS rows, cut between users except inside a user with more
+    rows, whose pieces hold only its rows (:func:`per_user_step` joins them again)."""
     table, user_codes = distinct_sorted_by_user(unpack_all(packed))
-    for piece in user_chunks(table, user_codes):
-        yield shard, piece
+    for piece in user_chunks(table, user_codes, split_users=True):
+        yield key[0], piece
 
 
 class ShardedUsers(beam.PTransform):
-    """Table(user, item) batches -> (user shard, Table(user, item)): every user's rows in one element.
+    """Table(user, item) batches -> (user shard, Table(user, item)): pieces of distinct rows by user.
 
-    The elements are pieces of a shard's distinct pairs cut between users (about 65k rows: no element
-    grows with the data, see transforms.core.batches.DEFAULT_CHUNK_ROWS), so every per-user step runs
-    per piece.
+    The elements are pieces of a shard's distinct pairs, sorted by user, of at most about 65k rows (no
+    element grows with the data, see transforms.core.batches.DEFAULT_CHUNK_ROWS): a piece of two or more
+    users holds all their rows; a user with more rows than a piece is cut into pieces of its own. Every
+    per-user step is a :class:`PerUserFn` run by :func:`per_user_step`, which joins such a user's partial
+    results (bottom-k of bottom-k's: exact).
 
     Args:
       seed: singleton side input (``beam.pvalue.AsSingleton``) of the run's seed (:class:`RunSeed`).
@@ -135,32 +228,118 @@ class ShardedUsers(beam.PTransform):
     Returns ``(sharded, num_shards)`` where ``num_shards`` is the singleton PCollection S.
     """
 
-    def __init__(self, seed, precap_k: Optional[int], rows_per_shard: int = DEFAULT_ROWS_PER_SHARD, label=None):
+    def __init__(
+        self,
+        seed,
+        precap_k: Optional[int],
+        rows_per_shard: int = DEFAULT_ROWS_PER_SHARD,
+        heavy_rows: Optional[int] = None,
+        label=None,
+    ):
         super().__init__(label)
         self._seed, self._k, self._rows_per_shard = seed, precap_k, rows_per_shard
+        self._heavy_rows = heavy_rows or HEAVY_USER_ROWS
 
     def expand(self, batches):
         # the input waits for its row count (a side input of ShardUsers): packed, it is ~2.4x smaller
         packed = batches | "Pack" >> beam.Map(pack_pairs)  # Packed(user, item)
         num_shards = packed | "ShardCount" >> ShardCount(self._rows_per_shard)  # S
+        shards_si = beam.pvalue.AsSingleton(num_shards)
+        heavy = packed | "HeavyUsers" >> HeavyUsers(shards_si, self._k, self._heavy_rows, self._rows_per_shard // 2)
+        # (user, item buckets) of the users with more than heavy_rows rows: buckets of ~rows_per_shard / 2
+        # rows, so that hash imbalance keeps them below a light shard's group
         sharded = (
             packed
-            | "ShardUsers" >> beam.ParDo(ShardUsersFn(self._k, 0), beam.pvalue.AsSingleton(num_shards), self._seed)
-            # (user shard, Packed(user, item))
-            | "GroupUsers" >> beam.GroupByKey()  # (user shard, [Packed])
+            | "ShardUsers" >> beam.ParDo(ShardUsersFn(self._k, 0), shards_si, self._seed, beam.pvalue.AsDict(heavy))
+            # ((user shard, bucket, user), Packed(user, item))
+            | "GroupUsers" >> beam.GroupByKey()  # ((user shard, bucket, user), [Packed])
             | "UserChunks" >> beam.FlatMapTuple(distinct_user_chunks)  # (user shard, Table(user, item))
         )
         return sharded, num_shards
 
 
-class CapFn(beam.DoFn):
-    """(user shard, Table(user, item)) -> (user shard, Table(user, item, degree)) capped to Delta_0."""
+#: The output of a :class:`PerUserFn` that carries a part of a user cut across pieces.
+PART_OF_USER = "part_of_user"
+
+
+def single_user(table: pa.Table) -> bool:
+    """The piece holds one user's rows (pieces are sorted by user: its first and last rows agree)."""
+    users = table.column(USER)
+    return table.num_rows > 0 and users[0] == users[-1]
+
+
+class PerUserFn(beam.DoFn):
+    """A per-user step over the pieces of :class:`ShardedUsers`: ``(user shard, Table)`` -> outputs.
+
+    A piece of two or more users holds every row of each of them: :meth:`whole` runs on it. A piece of
+    one user may be a part of a user cut across pieces: :meth:`part` reduces it to rows that :meth:`join`
+    (on the list of every part of the user, after a GroupByKey by user in :func:`per_user_step`) turns
+    into what :meth:`whole` gives on all of the user's rows. For bottom-k subsampling the part is the
+    bottom-k of the piece: the bottom-k of a union is the bottom-k of the parts' bottom-k's (priorities
+    are a function of (seed, user, item), transforms.core.tables.cap_pairs), so the join is exact.
+    """
+
+    def process(self, element, *args):
+        shard, table = element
+        if not single_user(table):
+            yield from self.whole(shard, table, *args)
+        elif (part := self.part(table, *args)) is not None:
+            yield beam.pvalue.TaggedOutput(PART_OF_USER, ((shard, table.column(USER)[0].as_py()), part))
+
+    def whole(self, shard, table, *args):
+        """Outputs for a table that holds every row of each of its users."""
+        raise NotImplementedError
+
+    def part(self, table, *args):
+        """A small value that stands for this part of one user (None: nothing), by default the
+        :meth:`whole` table of the part (right for bottom-k capping)."""
+        out = [t for _, t in self.whole(None, table, *args)]
+        return concat(out) if out else None
+
+    def join(self, shard, parts, *args):
+        """Outputs of one user from the list of its parts: by default :meth:`whole` on their rows."""
+        yield from self.whole(shard, concat(parts).select([USER, ITEM]), *args)
+
+
+class JoinPartsFn(beam.DoFn):
+    """((user shard, user), [part]) -> the outputs of ``fn.join`` for that user."""
+
+    def __init__(self, fn: PerUserFn):
+        self._fn = fn
+
+    def setup(self):
+        self._fn.setup()
+
+    def process(self, element, *args):
+        (shard, _), parts = element
+        yield from self._fn.join(shard, list(parts), *args)
+
+
+def per_user_step(pieces, label: str, fn: PerUserFn, *args):
+    """``pieces | label >> ParDo(fn, *args)``, with the users cut across pieces joined: their parts
+    grouped by (user shard, user) and joined (``{label}Join``); the outputs flattened together.
+
+    The parts are small (a bottom-k per piece), and there are few: a user is cut only when it has more
+    rows than a piece (~65k), so the join groups hold at most (the user's rows / a piece's rows) parts.
+    """
+    out = pieces | label >> beam.ParDo(fn, *args).with_outputs(PART_OF_USER, main="whole")  # whole users
+    joined = (
+        out[PART_OF_USER]  # ((user shard, user), part)
+        | f"{label}Group" >> beam.GroupByKey()  # ((user shard, user), [part])
+        | f"{label}Join" >> beam.ParDo(JoinPartsFn(fn), *args)  # the outputs of fn for the user
+    )
+    return (out.whole, joined) | f"{label}All" >> beam.Flatten()
+
+
+class CapFn(PerUserFn):
+    """(user shard, Table(user, item)) -> (user shard, Table(user, item, degree)) capped to Delta_0.
+
+    Run it with :func:`per_user_step` (a user cut across pieces is capped again on its parts' rows)."""
 
     def __init__(self, k: int, round_: int):
         self._k, self._round = k, round_
 
-    def process(self, element, seed, released=None):
-        shard, table = element
+    def whole(self, shard, table, seed, released=None):
         if released:
             table = drop_items(table, pa.array(released, type=pa.binary()))  # DP-SIPS: post-processing
         capped = cap_pairs(table, self._k, seed, self._round)

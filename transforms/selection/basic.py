@@ -24,6 +24,7 @@ from dp_partition_beam.transforms.core.engine import (
     checkpoint,
     decode_tagged,
     pack_piece,
+    per_user_step,
     released_bytes,
     released_through,
     removed_before,
@@ -125,7 +126,7 @@ class _Basic(beam.PTransform):
         seed_arg = run_seed_arg(batches, self._seed, "RunSeed")
         sharded, num_shards = batches | "Users" >> ShardedUsers(seed_arg, k, self._rows_per_shard)
         # (user shard, Table(user, item)), S
-        capped = sharded | "Cap" >> beam.ParDo(CapFn(k, 0), seed_arg)  # (user shard, Table(user, item, degree))
+        capped = per_user_step(sharded, "Cap", CapFn(k, 0), seed_arg)  # (user shard, Table(user, item, degree))
         with_holders = self._counts_plan is not None
         out = capped | "Round1" >> self.round_transform(
             beam.pvalue.AsSingleton(num_shards), with_holders
@@ -170,11 +171,8 @@ class _DPSIPS(beam.PTransform):
         for plan in self._plans:
             r = plan.index
             removed = removed_before(released_so_far, r)  # side input of U_<r, None in round 1
-            capped = (
-                full
-                | f"Unpack{r}" >> beam.MapTuple(unpack_piece)  # (user shard, Table(user, item))
-                | f"Cap{r}" >> beam.ParDo(CapFn(k, r), seed_arg, removed)
-            )  # (shard, capped \\ U_<r)
+            unpacked_r = full | f"Unpack{r}" >> beam.MapTuple(unpack_piece)  # (user shard, Table(user, item))
+            capped = per_user_step(unpacked_r, f"Cap{r}", CapFn(k, r), seed_arg, removed)  # (shard, capped \\ U_<r)
             released_r = capped | f"Round{r}" >> BasicRound(plan, self._seed, shards_si)  # (r, item bytes)
             # materialised: the output, the next round's removal and the counts see the same draw
             released_r = checkpoint(released_r | f"ByItem{r}" >> beam.Map(swap), f"Checkpoint{r}") | (
@@ -196,8 +194,7 @@ def holders_in_round0_sets(full, released, k, seed_arg, shards_si):
     release of the re-subsampling algorithms, DP-SIPS and MAD-SIPS)."""
     released_list = beam.pvalue.AsList(released | "ReleasedBytes" >> beam.Map(released_bytes))
     holders = (
-        full
-        | "CapForCounts" >> beam.ParDo(CapFn(k, 0), seed_arg)  # (shard, capped round 0)
+        per_user_step(full, "CapForCounts", CapFn(k, 0), seed_arg)  # (shard, capped round 0)
         | "CountPartials" >> beam.ParDo(BasicPartialsFn("count"), shards_si)  # (item shard, Packed partials)
         | "GroupCounts" >> beam.GroupByKey()  # (item shard, [Packed partials])
         | "Holders" >> beam.ParDo(HoldersOfReleasedFn(), released_list)  # (item bytes, holders>0)

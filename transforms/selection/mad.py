@@ -29,6 +29,7 @@ from dp_partition_beam.transforms.core.engine import (
     barrier,
     concat_or_none,
     decode_tagged,
+    per_user_step,
     run_seed_arg,
 )
 from dp_partition_beam.transforms.core.tables import merge_partials, noisy_weights
@@ -296,7 +297,7 @@ class _MAD2R(beam.PTransform):
         seed_arg = run_seed_arg(batches, self._seed, "RunSeed")
         sharded, num_shards = batches | "Users" >> ShardedUsers(seed_arg, k, self._rows_per_shard)
         shards_si = beam.pvalue.AsSingleton(num_shards)
-        capped = sharded | "Cap" >> beam.ParDo(CapFn(k, 0), seed_arg)  # (user shard, capped) (line 1)
+        capped = per_user_step(sharded, "Cap", CapFn(k, 0), seed_arg)  # (user shard, capped) (line 1)
         status = barrier(
             capped
             | "R1MADWeights" >> MADWeights(r1.tau, p.d_max, 1.0, 1.0, shards_si)  # (item shard, [parts])

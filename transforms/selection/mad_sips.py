@@ -29,7 +29,13 @@ Stages of round r (shapes after each step; plans of the run's cap, Delta_0 witho
                                                                 >= rho_r, next round's hopeless/bias
                                                                 (Alg. 4 lines 10-14 with rho_{r+1});
                                                                 checkpointed (one draw whatever retries)
+  Biases_r    Table(item, bias)                                 the candidates neither released nor
+                                                                hopeless: round r+1's side input (an
+                                                                item it does not list is hopeless)
   r = R:      NoisyThreshold_R (round R, item bytes)
+
+Every per-user step (Sets_r, the cap's histogram) runs through per_user_step: a user cut across pieces
+(more rows than a piece) is joined from its parts (docs/columnar.md, "Bounds").
 
 Equal to :func:`transforms.selection.reference._mad_sips` under a seed
 (tests/transforms/selection/test_mad_sips_beam.py).
@@ -42,14 +48,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dp_partition_beam.transforms.core.batches import DEFAULT_ROWS_PER_SHARD, ITEM, by_item_shard, unpacked
+from dp_partition_beam.privacy import cap as cap_plans
+from dp_partition_beam.transforms.core.batches import DEFAULT_ROWS_PER_SHARD, ITEM, by_item_shard, concat, unpacked
 from dp_partition_beam.transforms.core.dofns import SideInputCache, WorkerRngDoFn
 from dp_partition_beam.transforms.core.engine import (
+    PerUserFn,
     ShardedUsers,
     all_rounds,
     barrier,
     checkpoint,
     concat_or_none,
+    per_user_step,
     released_through,
     removed_before,
     run_seed_arg,
@@ -58,8 +67,13 @@ from dp_partition_beam.transforms.core.tables import cap_pairs, drop_items, merg
 from dp_partition_beam.transforms.selection.basic import NoisyThresholdFn, holders_in_round0_sets
 from dp_partition_beam.transforms.selection.counts import noisy_counts_of_holders
 from dp_partition_beam.transforms.selection.mad import MADWeights
-from dp_partition_beam.transforms.selection.mad_kernels import attach_biases, round2_biases
-from dp_partition_beam.transforms.selection.mad_sips_kernels import degree_histogram_of, drop_hopeless, noisy_cap
+from dp_partition_beam.transforms.selection.mad_kernels import round2_biases
+from dp_partition_beam.transforms.selection.mad_sips_kernels import (
+    attach_biases_or_one,
+    degree_histogram_of,
+    drop_doomed,
+    noisy_cap,
+)
 
 __all__ = ["_MADSIPS"]
 
@@ -72,35 +86,57 @@ def zero_partials(items: pa.Array) -> pa.Table:
     return pa.table({ITEM: items, **{c: zeros for c in _ZERO_COLUMNS}})
 
 
-class RoundSetsFn(beam.DoFn):
+class RoundSetsFn(PerUserFn):
     """(user shard, Table(user, item)) -> (user shard, Table(user, item, degree[, bias])): round r's sets.
 
     Drops U_<r (post-processing), from round 2 each user's hopeless items unless all of its items are
     hopeless (Alg. 4 line 13; :func:`mad_sips_kernels.drop_hopeless`), then bottom-k to the round's cap
     (Delta_0, or the adaptive cap: a singleton side input) with round r's priorities (re-subsampling, as
-    DP-SIPS).
+    DP-SIPS). Run by :func:`per_user_step`: the part of a user cut across pieces is the bottom-k of its
+    hopeless items and the bottom-k of its other items (minus U_<r), from whose union the join gives
+    exactly the user's sets (its bottom-k of the other items if it has any, else of the hopeless ones).
     """
 
     def __init__(self, round_: int):
         self._round = round_
-        self._biases = SideInputCache()  # one Table(item, bias, hopeless) of round r's candidates
+        self._hopeful = SideInputCache()  # one Table(item, bias) of round r's candidates that are not hopeless
 
-    def process(self, element, seed, cap, released=None, bias_tables=None):
-        shard, table = element
+    def _remaining(self, table, released, bias_tables):
+        """(rows minus U_<r, whether each row's item is hopeless or None in round 1)."""
         if released:
             table = drop_items(table, pa.array(released, type=pa.binary()))  # remove U_<r
-        if bias_tables is not None:
-            biased = self._biases.get(bias_tables, concat_or_none)
-            if biased is None or biased.num_rows == 0:
-                return
-            # every item left is a candidate of round r - 1's status (CandidatePartialsFn), so it has a row
-            hopeless = biased.column(ITEM).filter(biased.column("hopeless"))
-            table = drop_hopeless(table, hopeless.combine_chunks())  # drop U_low (Alg. 4 line 13)
+        if bias_tables is None:
+            return table, None
+        # every item left is a candidate of round r - 1's status (CandidatePartialsFn): hopeless unless listed
+        return table, pc.invert(pc.is_in(table.column(ITEM), value_set=self._hopeful_table(bias_tables).column(ITEM)))
+
+    def _hopeful_table(self, bias_tables):
+        return self._hopeful.get(bias_tables, lambda ts: concat_or_none(ts) or empty_hopeful())
+
+    def whole(self, shard, table, seed, cap, released=None, bias_tables=None):
+        table, doomed = self._remaining(table, released, bias_tables)
+        if doomed is not None:
+            table = drop_doomed(table, doomed.to_numpy(zero_copy_only=False))  # drop U_low (Alg. 4 line 13)
         capped = cap_pairs(table, int(cap), seed, self._round)  # re-subsample to Delta (round r)
-        if bias_tables is not None:
-            capped = attach_biases(capped, biased)  # Table(user, item, degree, bias)
+        if doomed is not None:
+            capped = attach_biases_or_one(capped, self._hopeful_table(bias_tables))  # Table(user, item, degree, bias)
         if capped.num_rows:
             yield shard, capped
+
+    def part(self, table, seed, cap, released=None, bias_tables=None):
+        table, doomed = self._remaining(table, released, bias_tables)
+        if table.num_rows == 0:
+            return None
+        if doomed is None:
+            return cap_pairs(table, int(cap), seed, self._round)
+        return concat(
+            cap_pairs(table.filter(mask), int(cap), seed, self._round) for mask in (doomed, pc.invert(doomed))
+        )
+
+
+def empty_hopeful() -> pa.Table:
+    """Table(item, bias) of no item (no candidate of the round is hopeful)."""
+    return pa.table({ITEM: pa.array([], pa.binary()), "bias": pa.array([], pa.float64())})
 
 
 class CandidatePartialsFn(beam.DoFn):
@@ -162,9 +198,21 @@ def round_tau(cap, plans_by_cap, round_: int) -> float:
     return plans_by_cap[int(cap)][round_ - 1].tau
 
 
-def piece_histogram(element, grid):
-    """(user shard, Table(user, item)) -> n_j of the piece's users (every user complete in one piece)."""
-    return degree_histogram_of(element[1], grid)
+class DegreeHistogramFn(PerUserFn):
+    """(user shard, Table(user, item)) -> n_j of the piece's users (privacy/cap.py). Run by
+    :func:`per_user_step`: a part of a user cut across pieces is its number of rows, the join their sum."""
+
+    def __init__(self, grid):
+        self._grid = grid
+
+    def whole(self, shard, table):
+        yield degree_histogram_of(table, self._grid)
+
+    def part(self, table):
+        return table.num_rows
+
+    def join(self, shard, parts):
+        yield cap_plans.degree_histogram(np.array([sum(parts)]), self._grid)
 
 
 class SumHistogramsFn(beam.CombineFn):
@@ -208,8 +256,7 @@ class _AdaptiveCap(beam.PTransform):
         grid = self._plan.grid
         return (
             checkpoint(
-                sharded
-                | "Histograms" >> beam.Map(piece_histogram, grid)  # n_j of one piece
+                per_user_step(sharded, "Histograms", DegreeHistogramFn(grid))  # n_j of one piece or user
                 | "SumHistograms" >> beam.CombineGlobally(SumHistogramsFn(len(grid)))  # n_j
                 | "ChooseCap" >> beam.ParDo(ChooseCapFn(self._plan, self._seed)),  # (0, cap)
                 "CheckpointCap",
@@ -218,10 +265,14 @@ class _AdaptiveCap(beam.PTransform):
         )  # cap, materialised: one draw whatever retries
 
 
-def candidate_table(element):
-    """(item shard, status) -> Table(item, bias, hopeless) of the items round r + 1 may send (not released)."""
+def hopeful_table(element):
+    """(item shard, status) -> Table(item, bias) of the candidates of round r + 1 that are neither released
+    nor hopeless. The side input of round r + 1's sets lists only these: a candidate it does not list is
+    hopeless (bias 1 if its user keeps it, Alg. 4 line 14), as in the reference's ``drop_hopeless``. Most
+    candidates are hopeless (one holder is far below every later threshold), so the broadcast shrinks to the
+    items with a chance (a user with 10^7 items of its own made the full list 10^7 rows)."""
     t = element[1]
-    return t.filter(pc.invert(t.column("released"))).select([ITEM, "bias", "hopeless"])
+    return t.filter(pc.invert(pc.or_(t.column("released"), t.column("hopeless")))).select([ITEM, "bias"])
 
 
 def released_rows(round_: int):
@@ -281,7 +332,7 @@ class _MADSIPS(beam.PTransform):
             removed = removed_before(released_so_far, r)  # side input of U_<r, None in round 1
             bias_si = None if biases is None else beam.pvalue.AsList(biases)
             source = first if r == 1 else later
-            sets = source | f"Sets{r}" >> beam.ParDo(RoundSetsFn(r), seed_arg, cap_arg, removed, bias_si)
+            sets = per_user_step(source, f"Sets{r}", RoundSetsFn(r), seed_arg, cap_arg, removed, bias_si)
             # (user shard, Table(user, item, degree[, bias]))
             b_min, b_max = (1.0, 1.0) if r == 1 else (p.b_min, p.b_max)
             tau = (
@@ -306,7 +357,7 @@ class _MADSIPS(beam.PTransform):
                     f"Checkpoint{r}",
                 )  # (item shard, Table(item, released, bias)), materialised: one draw per item
                 released_r = status | f"ReleasedRows{r}" >> beam.FlatMap(released_rows(r))  # (r, item bytes)
-                biases = status | f"Biases{r}" >> beam.Map(candidate_table)  # Table(item, bias, hopeless)
+                biases = status | f"Biases{r}" >> beam.Map(hopeful_table)  # Table(item, bias) not hopeless
                 released_so_far = released_through(released_so_far, released_r, r)  # U_<=r
             outputs.append(released_r)
         released, tagged = all_rounds(outputs)  # (round, item bytes), (round, item)

@@ -26,11 +26,28 @@ def drop_hopeless(table: pa.Table, hopeless: Optional[pa.Array]) -> pa.Table:
     """
     if hopeless is None or len(hopeless) == 0 or table.num_rows == 0:
         return table
-    doomed = pc.is_in(table.column(ITEM), value_set=hopeless).to_numpy()
+    return drop_doomed(table, pc.is_in(table.column(ITEM), value_set=hopeless).to_numpy())
+
+
+def drop_doomed(table: pa.Table, doomed: np.ndarray) -> pa.Table:
+    """:func:`drop_hopeless` with the hopeless rows given as a mask (``doomed[i]``: row i's item is hopeless)."""
+    if table.num_rows == 0:
+        return table
     codes, users = dictionary_codes(table.column(USER))
     has_hope = np.zeros(len(users), dtype=bool)
     has_hope[codes[~doomed]] = True  # users with at least one item that is not hopeless
     return table.filter(pa.array(~doomed | ~has_hope[codes]))
+
+
+def attach_biases_or_one(capped: pa.Table, hopeful: pa.Table) -> pa.Table:
+    """Table(user, item, degree, bias): each capped row's bias from ``hopeful`` Table(item, bias), 1 for an
+    item it does not list (a hopeless item its user keeps, Alg. 4 line 14: below every later threshold)."""
+    pos = pc.index_in(capped.column(ITEM), value_set=hopeful.column(ITEM))
+    listed = hopeful.column("bias").combine_chunks().take(pos.fill_null(0)) if len(hopeful) else None
+    bias = pc.if_else(pc.is_valid(pos), listed, 1.0) if listed is not None else pa.array(np.ones(capped.num_rows))
+    return pa.table(
+        {USER: capped.column(USER), ITEM: capped.column(ITEM), "degree": capped.column("degree"), "bias": bias}
+    )
 
 
 #: the randomness purpose of the adaptive cap's histogram noise (round 0, key = bucket index)

@@ -1,0 +1,196 @@
+"""Users with more rows than a piece or a shard (issue 29, skew): grouped apart, cut across pieces, joined
+again exactly (transforms/core/engine.py: ShardedUsers, HeavyUsers, PerUserFn, per_user_step)."""
+
+import json
+import random
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dp_partition_beam.privacy.selection import SelectionParams
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.core import batches, engine
+from dp_partition_beam.transforms.core.batches import ITEM, USER, pairs_table, user_chunks
+from dp_partition_beam.transforms.core.tables import cap_pairs
+from dp_partition_beam.transforms.selection.mad_sips import RoundSetsFn
+from dp_partition_beam.transforms.selection.select import SelectPartitions
+
+from tests.support.beam_helpers import collect
+from tests.support.user_sets import pairs_of, random_user_sets
+
+# --- user_chunks(split_users=True) ---------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=30), st.integers(1, 25))
+def test_split_pieces_are_bounded_and_only_single_user_pieces_hold_part_of_a_user(sizes, max_rows):
+    users = np.repeat(np.arange(len(sizes)), sizes)
+    table = pa.table({USER: pa.array([f"u{u}".encode() for u in users]), ITEM: pa.array(np.arange(len(users)))})
+    pieces = list(user_chunks(table, users, max_rows=max_rows, split_users=True))
+    assert pa.concat_tables(pieces).equals(table)  # every row once, in order
+    assert all(0 < p.num_rows <= max_rows for p in pieces)
+    rows_of = {f"u{u}".encode(): n for u, n in enumerate(sizes)}
+    for p in pieces:
+        held = p.column(USER).to_pylist()
+        if len(set(held)) > 1:  # a piece of two or more users holds every row of each
+            assert all(held.count(u) == rows_of[u] for u in set(held))
+
+
+# --- the join of parts equals the step on the whole user -------------------------------------------------
+
+
+def one_user(n_items: int, user: bytes = b"whale") -> pa.Table:
+    return pa.table({USER: pa.array([user] * n_items), ITEM: pa.array([f"i{j}".encode() for j in range(n_items)])})
+
+
+def parts_then_join(fn, table, cut, *args):
+    parts = [fn.part(table.slice(a, cut), *args) for a in range(0, table.num_rows, cut)]
+    return [t for _, t in fn.join(7, [p for p in parts if p is not None], *args)]
+
+
+@pytest.mark.parametrize("hopeless_share", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("with_biases", [False, True])
+def test_round_sets_of_a_user_cut_in_parts_equal_its_whole_sets(hopeless_share, with_biases):
+    """MAD-SIPS round r (Alg. 4 line 13 and the re-subsampling): dropping U_<r, the hopeless items unless
+    all of the user's items are hopeless, bottom-k with round r's priorities, biases attached: the same
+    rows whether the user arrives whole or in parts."""
+    table = one_user(500)
+    rng = random.Random(3)
+    items = table.column(ITEM).to_pylist()
+    released = rng.sample(items, 40)
+    biases = None
+    if with_biases:
+        candidates = [i for i in items if i not in set(released)]
+        hopeful = [i for i in candidates if rng.random() >= hopeless_share]  # the side input lists these
+        biases = [pa.table({ITEM: pa.array(hopeful, pa.binary()), "bias": [rng.random() for _ in hopeful]})]
+    fn = RoundSetsFn(2)
+    args = (99, 12, released, biases)
+    (want,) = [t for _, t in fn.whole(7, table, *args)]
+    for cut in (1, 37, 499, 500):
+        (got,) = parts_then_join(fn, table, cut, *args)
+        assert got.sort_by(ITEM).equals(want.sort_by(ITEM)), cut
+    assert want.num_rows == 12
+
+
+def test_cap_of_a_user_cut_in_parts_equals_its_whole_cap():
+    table = one_user(1000)
+    fn = engine.CapFn(10, 3)
+    (want,) = [t for _, t in fn.whole(7, table, 5, [b"i3"])]
+    for cut in (1, 64, 999):
+        (got,) = parts_then_join(fn, table, cut, 5, [b"i3"])
+        assert got.sort_by(ITEM).equals(want.sort_by(ITEM))
+    assert want.equals(
+        cap_pairs(table.filter(pa.array([i != b"i3" for i in table.column(ITEM).to_pylist()])), 10, 5, 3)
+    )
+
+
+# --- ShardedUsers: heavy users grouped apart, every element bounded --------------------------------------
+
+
+def whale_sets(n_users=1200, whales=(("whale-a", 900), ("whale-b", 260))):
+    """Zipf users and whales holding the popular items and many items of their own."""
+    sets = random_user_sets(random.Random(8), n_users, 300, 12)
+    for name, n in whales:
+        sets[name] = sorted({f"i{j}" for j in range(60)} | {f"{name}-{j}" for j in range(n - 60)})
+    return sets
+
+
+@pytest.fixture
+def small_thresholds(monkeypatch):
+    """A piece is at most 50 rows and a user with more than 120 rows (after pre-capping) is heavy."""
+    monkeypatch.setattr(batches, "DEFAULT_CHUNK_ROWS", 50)
+    monkeypatch.setattr(engine, "HEAVY_USER_ROWS", 120)
+
+
+def test_heavy_users_are_found_with_their_buckets(small_thresholds):
+    sets = whale_sets()
+    table = pairs_table(*zip(*pairs_of(sets)))
+    got = collect(
+        lambda p: (
+            p
+            | beam.Create([batches.pack_pairs(table)])
+            | engine.HeavyUsers(3, None, engine.HEAVY_USER_ROWS, 400)
+            | beam.MapTuple(lambda u, b: f"{u.decode()}\t{b}")
+        )
+    )
+    assert sorted(got) == ["whale-a\t3", "whale-b\t1"]  # ceil(900 / 400), ceil(260 / 400)
+
+
+def test_a_heavy_users_rows_go_to_its_own_groups_by_item_bucket():
+    """ShardUsersFn: whale-a's rows (3 buckets) are keyed (its shard, 1..3, whale-a), one bucket per item
+    whatever the batch; everybody else's (shard, NOT_HEAVY, b"")."""
+    sets = whale_sets()
+    table = pairs_table(*zip(*pairs_of(sets)))
+    fn = engine.ShardUsersFn(None, 0)
+    bucket_of = {}
+    for start in range(0, table.num_rows, 97):
+        for key, packed in fn.process(batches.pack_pairs(table.slice(start, 97)), 5, 4, {b"whale-a": 3}):
+            users = set(packed.table().column(USER).to_pylist())
+            if key[1] == engine.NOT_HEAVY:
+                assert key[2] == b"" and b"whale-a" not in users
+                continue
+            assert users == {b"whale-a"} and key[2] == b"whale-a" and 1 <= key[1] <= 3
+            for item in packed.table().column(ITEM).to_pylist():
+                assert bucket_of.setdefault(item, key) == key
+    assert len(bucket_of) == 900 and len(set(bucket_of.values())) == 3
+
+
+def test_sharded_users_bound_every_piece_and_keep_every_row(small_thresholds):
+    """Pieces of at most 50 rows, every distinct row once (repeated rows of a whale dropped), and every
+    piece that holds a part of the heavy whale-a holds nothing else."""
+    sets = whale_sets()
+    data = pairs_of(sets) + pairs_of({"whale-a": sets["whale-a"][:100]})  # repeated rows too
+
+    def pieces(p):
+        sharded, _ = p | beam.Create(data) | batches.ToBatches(batch_rows=97) | engine.ShardedUsers(4, None, 400)
+        return sharded | beam.MapTuple(
+            lambda s, t: json.dumps([s, [[u.decode(), i.decode()] for u, i in zip(*t.to_pydict().values())]])
+        )
+
+    got = [json.loads(line) for line in collect(pieces)]
+    assert all(0 < len(rows) <= 50 for _, rows in got)
+    rows = [tuple(r) for _, piece in got for r in piece]
+    assert sorted(rows) == sorted(pairs_of(sets)) and len(rows) == len(set(rows))  # distinct, all kept
+    whale = [piece for _, piece in got if any(u == "whale-a" for u, _ in piece)]
+    assert len(whale) >= 18 and all({u for u, _ in piece} == {"whale-a"} for piece in whale)
+
+
+# --- every parallel algorithm with whales: still the reference's output ----------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ["basic", "mad", "mad2r", "dp_sips", "mad_sips"])
+def test_algorithms_with_heavy_users_equal_the_reference(algorithm, small_thresholds):
+    """Whales cut across pieces and shards (and, pre-capped per batch, still heavy for basic and MAD):
+    the seeded rounds are the reference's, which sees every user whole."""
+    sets = whale_sets()
+    params = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=40, d_max=6)
+    _, per_round = reference.select_rounds(sets, algorithm, params, seed=123)
+    got = collect(
+        lambda p: (
+            p
+            | beam.Create(pairs_of(sets))
+            | SelectPartitions(algorithm, params, seed=123, output_rounds=True, rows_per_shard=400, batch_rows=97)
+            | beam.MapTuple(lambda r, i: f"{r}\t{i}")
+        )
+    )
+    assert sorted(got) == sorted(f"{r}\t{i}" for r, items in per_round.items() for i in items)
+    assert per_round[1]
+
+
+@pytest.mark.parametrize("algorithm", ["dp_sips", "mad_sips"])
+def test_counts_with_heavy_users_equal_the_reference(algorithm, small_thresholds):
+    sets = whale_sets()
+    params = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=40, d_max=6, release_counts=True)
+    want = reference.select_counts(sets, algorithm, params, seed=9)
+    got = collect(
+        lambda p: (
+            p
+            | beam.Create(pairs_of(sets))
+            | SelectPartitions(algorithm, params, seed=9, rows_per_shard=400, batch_rows=97)
+        )
+    )
+    assert sorted(got) == sorted(str(kv) for kv in want.items()) and want
