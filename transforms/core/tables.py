@@ -190,6 +190,42 @@ def drop_items(table: pa.Table, items: Optional[pa.Array]) -> pa.Table:
     return table.filter(pc.invert(pc.is_in(table.column(ITEM), value_set=items)))
 
 
+class ItemIndex:
+    """Positions of key bytes in a fixed array ``items`` (distinct), built once for many lookups.
+
+    ``pc.index_in(column, value_set=items)`` hashes all of ``items`` on every call; a side input of a
+    million items looked up from every piece paid that each time (MAD-SIPS's hopeful candidates, once per
+    piece and round). Here the fingerprints of ``items`` are sorted once; a lookup is a binary search of
+    the column's fingerprints, and every hit is checked byte for byte, so the answer is exact. Fingerprints
+    shared by two of ``items`` (never seen, but possible) fall back to ``pc.index_in``.
+    """
+
+    def __init__(self, items: pa.Array):
+        self.items = items.combine_chunks() if isinstance(items, pa.ChunkedArray) else items
+        fp = fingerprint64(self.items)
+        self._order = np.argsort(fp, kind="stable")
+        self._sorted = fp[self._order]
+        self._exact = len(fp) < 2 or bool(np.all(self._sorted[1:] != self._sorted[:-1]))
+
+    def positions(self, column) -> np.ndarray:
+        """int64 position in ``items`` of each value of ``column``, -1 where absent."""
+        column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        if len(self.items) == 0 or len(column) == 0:
+            return np.full(len(column), -1, dtype=np.int64)
+        if not self._exact:
+            return pc.index_in(column, value_set=self.items).fill_null(-1).to_numpy().astype(np.int64)
+        fp = fingerprint64(column)
+        at = np.minimum(np.searchsorted(self._sorted, fp), len(self._sorted) - 1)
+        pos = np.where(self._sorted[at] == fp, self._order[at], -1).astype(np.int64)
+        hit = np.flatnonzero(pos >= 0)
+        if len(hit):  # the same fingerprint: the same bytes too?
+            same = pc.equal(column.take(pa.array(hit)), self.items.take(pa.array(pos[hit]))).to_numpy(
+                zero_copy_only=False
+            )
+            pos[hit[~same]] = -1
+        return pos
+
+
 def keep_items(table: pa.Table, items: pa.Array) -> pa.Table:
     """The rows of ``table`` whose item is in ``items``."""
     if table.num_rows == 0:

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 from dp_partition_beam.transforms.core.batches import (
     DEFAULT_ROWS_PER_SHARD,
     ITEM,
+    bounded_pieces,
     by_item_shard,
     chunks,
     concat,
@@ -228,18 +229,16 @@ class Round1StatusFn(WorkerRngDoFn):
         released = noisy >= r1.threshold  # line 7
         kept, b = round2_biases(noisy, r2.threshold, r1.noise_scale, p.c_lb, p.c_ub)  # lines 10-14
         rows = np.flatnonzero(released | kept)
-        if len(rows):
-            yield (
-                shard,
-                pa.table(
-                    {
-                        ITEM: w.column(ITEM).take(rows),
-                        "released": released[rows],
-                        "holders": w.column("holders").take(rows),
-                        "bias": b[rows],
-                    }
-                ),
-            )
+        status = pa.table(
+            {
+                ITEM: w.column(ITEM).take(rows),
+                "released": released[rows],
+                "holders": w.column("holders").take(rows),
+                "bias": b[rows],
+            }
+        )
+        for piece in bounded_pieces(status):  # an item shard's status grows with the distinct items
+            yield shard, piece
 
 
 def released1_rows(element):

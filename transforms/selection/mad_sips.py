@@ -49,7 +49,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dp_partition_beam.privacy import cap as cap_plans
-from dp_partition_beam.transforms.core.batches import DEFAULT_ROWS_PER_SHARD, ITEM, by_item_shard, concat, unpacked
+from dp_partition_beam.transforms.core.batches import (
+    DEFAULT_ROWS_PER_SHARD,
+    ITEM,
+    bounded_pieces,
+    by_item_shard,
+    concat,
+    unpacked,
+)
 from dp_partition_beam.transforms.core.dofns import SideInputCache, WorkerRngDoFn
 from dp_partition_beam.transforms.core.engine import (
     PerUserFn,
@@ -63,7 +70,7 @@ from dp_partition_beam.transforms.core.engine import (
     removed_before,
     run_seed_arg,
 )
-from dp_partition_beam.transforms.core.tables import cap_pairs, drop_items, merge_partials, noisy_weights
+from dp_partition_beam.transforms.core.tables import ItemIndex, cap_pairs, drop_items, merge_partials, noisy_weights
 from dp_partition_beam.transforms.selection.basic import NoisyThresholdFn, holders_in_round0_sets
 from dp_partition_beam.transforms.selection.counts import noisy_counts_of_holders
 from dp_partition_beam.transforms.selection.mad import MADWeights
@@ -99,27 +106,27 @@ class RoundSetsFn(PerUserFn):
 
     def __init__(self, round_: int):
         self._round = round_
-        self._hopeful = SideInputCache()  # one Table(item, bias) of round r's candidates that are not hopeless
+        # (Table(item, bias) of round r's candidates that are not hopeless, an ItemIndex of its items)
+        self._hopeful = SideInputCache()
 
     def _remaining(self, table, released, bias_tables):
-        """(rows minus U_<r, whether each row's item is hopeless or None in round 1)."""
+        """(rows minus U_<r, whether each row's item is hopeless (numpy bool) or None in round 1)."""
         if released:
             table = drop_items(table, pa.array(released, type=pa.binary()))  # remove U_<r
         if bias_tables is None:
             return table, None
         # every item left is a candidate of round r - 1's status (CandidatePartialsFn): hopeless unless listed
-        return table, pc.invert(pc.is_in(table.column(ITEM), value_set=self._hopeful_table(bias_tables).column(ITEM)))
-
-    def _hopeful_table(self, bias_tables):
-        return self._hopeful.get(bias_tables, lambda ts: concat_or_none(ts) or empty_hopeful())
+        _, index = self._hopeful.get(bias_tables, hopeful_index)
+        return table, index.positions(table.column(ITEM)) < 0
 
     def whole(self, shard, table, seed, cap, released=None, bias_tables=None):
         table, doomed = self._remaining(table, released, bias_tables)
         if doomed is not None:
-            table = drop_doomed(table, doomed.to_numpy(zero_copy_only=False))  # drop U_low (Alg. 4 line 13)
+            table = drop_doomed(table, doomed)  # drop U_low (Alg. 4 line 13)
         capped = cap_pairs(table, int(cap), seed, self._round)  # re-subsample to Delta (round r)
         if doomed is not None:
-            capped = attach_biases_or_one(capped, self._hopeful_table(bias_tables))  # Table(user, item, degree, bias)
+            capped = attach_biases_or_one(capped, *self._hopeful.get(bias_tables, hopeful_index))
+            # Table(user, item, degree, bias)
         if capped.num_rows:
             yield shard, capped
 
@@ -130,8 +137,15 @@ class RoundSetsFn(PerUserFn):
         if doomed is None:
             return cap_pairs(table, int(cap), seed, self._round)
         return concat(
-            cap_pairs(table.filter(mask), int(cap), seed, self._round) for mask in (doomed, pc.invert(doomed))
+            cap_pairs(table.filter(pa.array(mask)), int(cap), seed, self._round) for mask in (doomed, ~doomed)
         )
+
+
+def hopeful_index(bias_tables):
+    """The side input of round r's sets, Table(item, bias) of the hopeful candidates, with an ItemIndex of
+    its items (built once per side input: looked up from every piece)."""
+    hopeful = concat_or_none(bias_tables) or empty_hopeful()
+    return hopeful, ItemIndex(hopeful.column(ITEM))
 
 
 def empty_hopeful() -> pa.Table:
@@ -178,8 +192,11 @@ class RoundStatusFn(WorkerRngDoFn):
         c_lb, c_ub = self._params.c_lb, self._params.c_ub
         _, b = round2_biases(noisy, q.threshold, p.noise_scale, c_lb, c_ub)  # Alg. 4 lines 10, 14 (rho_{r+1})
         hopeless = noisy + c_ub * p.noise_scale < rho_drop(plans, self._round)  # lines 11-13, least remaining rho
-        if w.num_rows:
-            yield shard, pa.table({ITEM: w.column(ITEM), "released": released, "bias": b, "hopeless": hopeless})
+        status = pa.table({ITEM: w.column(ITEM), "released": released, "bias": b, "hopeless": hopeless})
+        # an item shard's status grows with the distinct items (a user with 10^7 items of its own made one
+        # element of ~1.7M rows, which a 512 MB TaskManager could not decode): in bounded pieces
+        for piece in bounded_pieces(status):
+            yield shard, piece
 
 
 class LastRoundThresholdFn(NoisyThresholdFn):

@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from dp_partition_beam.privacy import cap as cap_plans
 from dp_partition_beam.transforms.core import randomness
 from dp_partition_beam.transforms.core.batches import ITEM, USER, dictionary_codes
-from dp_partition_beam.transforms.core.tables import user_codes
+from dp_partition_beam.transforms.core.tables import ItemIndex, user_codes
 
 
 def drop_hopeless(table: pa.Table, hopeless: Optional[pa.Array]) -> pa.Table:
@@ -39,12 +39,13 @@ def drop_doomed(table: pa.Table, doomed: np.ndarray) -> pa.Table:
     return table.filter(pa.array(~doomed | ~has_hope[codes]))
 
 
-def attach_biases_or_one(capped: pa.Table, hopeful: pa.Table) -> pa.Table:
+def attach_biases_or_one(capped: pa.Table, hopeful: pa.Table, index: Optional[ItemIndex] = None) -> pa.Table:
     """Table(user, item, degree, bias): each capped row's bias from ``hopeful`` Table(item, bias), 1 for an
-    item it does not list (a hopeless item its user keeps, Alg. 4 line 14: below every later threshold)."""
-    pos = pc.index_in(capped.column(ITEM), value_set=hopeful.column(ITEM))
-    listed = hopeful.column("bias").combine_chunks().take(pos.fill_null(0)) if len(hopeful) else None
-    bias = pc.if_else(pc.is_valid(pos), listed, 1.0) if listed is not None else pa.array(np.ones(capped.num_rows))
+    item it does not list (a hopeless item its user keeps, Alg. 4 line 14: below every later threshold).
+    ``index``: an :class:`ItemIndex` of ``hopeful``'s items (built here if not given)."""
+    pos = (index or ItemIndex(hopeful.column(ITEM))).positions(capped.column(ITEM))
+    biases = hopeful.column("bias").to_numpy()
+    bias = np.where(pos >= 0, biases[np.maximum(pos, 0)] if len(biases) else 1.0, 1.0)
     return pa.table(
         {USER: capped.column(USER), ITEM: capped.column(ITEM), "degree": capped.column("degree"), "bias": bias}
     )

@@ -91,6 +91,33 @@ def zipf_pairs(n_chunks: int, users_per_chunk: int, **kwargs) -> List[Tuple[str,
     return out
 
 
+SKEW_ROWS_PER_CHUNK = 100_000
+
+
+def skew_chunks(hot_users: int, whale_items: int) -> int:
+    """Chunks of :func:`skew_table_of_chunk` for ``hot_users`` holders of the hot item and a whale."""
+    return -(-hot_users // SKEW_ROWS_PER_CHUNK) + -(-whale_items // SKEW_ROWS_PER_CHUNK)
+
+
+def skew_table_of_chunk(chunk: int, hot_users: int, whale_items: int):
+    """The skew instance of issue 29 in chunks of SKEW_ROWS_PER_CHUNK rows, as Table(user, item): users
+    ``u0..u{hot_users-1}`` each hold the item ``hot`` (one item held by every user but one), and one user
+    ``whale`` holds ``whale_items`` distinct items ``w0, w1, ...`` (every row distinct: nothing to
+    deduplicate). Chunks first cover the hot item's holders, then the whale's items."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    hot_chunks = -(-hot_users // SKEW_ROWS_PER_CHUNK)
+    if chunk < hot_chunks:
+        ids = np.arange(chunk * SKEW_ROWS_PER_CHUNK, min((chunk + 1) * SKEW_ROWS_PER_CHUNK, hot_users))
+        users = pc.binary_join_element_wise("u", pc.cast(pa.array(ids), pa.string()), "")
+        return pa.table({"user": users, "item": pa.array(["hot"] * len(ids))})
+    start = (chunk - hot_chunks) * SKEW_ROWS_PER_CHUNK
+    ids = np.arange(start, min(start + SKEW_ROWS_PER_CHUNK, whale_items))
+    items = pc.binary_join_element_wise("w", pc.cast(pa.array(ids), pa.string()), "")
+    return pa.table({"user": pa.array(["whale"] * len(ids)), "item": items})
+
+
 def heavy_light_sets(n_users: int = 15_000, n_light: int = 1_000, light_per_user: int = 2, seed: int = 0) -> dict:
     """The MAD paper's section 6.2 instance: every user holds the heavy item and 2 of m light items."""
     rng = np.random.default_rng(seed)

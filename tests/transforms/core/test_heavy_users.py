@@ -7,6 +7,7 @@ import random
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -194,3 +195,39 @@ def test_counts_with_heavy_users_equal_the_reference(algorithm, small_thresholds
         )
     )
     assert sorted(got) == sorted(str(kv) for kv in want.items()) and want
+
+
+# --- ItemIndex: the lookup of a big side input, built once -----------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.binary(max_size=12), unique=True, max_size=60),
+    st.lists(st.binary(max_size=12), max_size=80),
+    st.booleans(),
+)
+def test_item_index_positions_equal_arrows_index_in(items, column, fallback):
+    from dp_partition_beam.transforms.core.tables import ItemIndex
+
+    values = pa.array(items, pa.binary())
+    queries = pa.array(column + items[:5], pa.binary())  # some hits for sure
+    index = ItemIndex(values)
+    if fallback:
+        index._exact = False  # the path taken when two items share a fingerprint
+    want = pc.index_in(queries, value_set=values).fill_null(-1).to_numpy(zero_copy_only=False)
+    assert list(index.positions(queries)) == list(want)
+
+
+def test_item_index_checks_the_bytes_of_a_fingerprint_hit():
+    """A query whose fingerprint equals an item's but whose bytes differ is absent (the check a collision
+    of 64-bit fingerprints would need; simulated by giving the query the item's fingerprint slot)."""
+    from dp_partition_beam.transforms.core.tables import ItemIndex
+
+    index = ItemIndex(pa.array([b"a", b"b"], pa.binary()))
+    index._sorted = np.sort(np.array([fp for fp in index._sorted], dtype=np.uint64))
+    from dp_partition_beam.transforms.core.fingerprint import fingerprint64
+
+    fake = fingerprint64(pa.array([b"zz"], pa.binary()))[0]
+    index._sorted[0] = fake  # b"zz" now "hits" the slot of the item at _order[0]
+    index._sorted = np.sort(index._sorted)
+    assert list(index.positions(pa.array([b"zz"], pa.binary()))) == [-1]
