@@ -287,7 +287,7 @@ jobmanager.memory.process.size: 768m
 # memory: 256 MB gave 3.2 MB, and Beam's batch GroupByKey on Flink concatenates a key's values into one
 # record first (docs/engines.md).
 taskmanager.numberOfTaskSlots: 2
-taskmanager.memory.task.heap.size: 1024m
+taskmanager.memory.task.heap.size: ${FLINK_TASK_HEAP:-1024m}
 taskmanager.memory.managed.size: 1024m
 taskmanager.memory.network.min: 128m
 taskmanager.memory.network.max: 128m

@@ -34,6 +34,7 @@ Each job server is started once; every repetition is a fresh pipeline run. Print
 """
 
 import argparse
+import functools
 import os
 import statistics
 import subprocess
@@ -47,7 +48,12 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from dp_partition_beam.privacy.selection import SelectionParams
 from dp_partition_beam.transforms.selection.select import SelectPartitions
-from dp_partition_beam.transforms.testing.synthetic import zipf_pair_count, zipf_table_of_chunk
+from dp_partition_beam.transforms.testing.synthetic import (
+    skew_chunks,
+    skew_table_of_chunk,
+    zipf_pair_count,
+    zipf_table_of_chunk,
+)
 
 from tests.support import engines  # starts the job servers
 
@@ -56,7 +62,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USERS_PER_CHUNK = 10_000  # ~100k pairs per chunk, as bench_select.py
 
 
-def run_once(algorithm, n_chunks, options, params, seed):
+def run_once(algorithm, n_chunks, options, params, seed, table_of_chunk=None):
     with tempfile.TemporaryDirectory() as tmp:
         prefix = os.path.join(tmp, "items")
         t0 = time.perf_counter()
@@ -65,7 +71,8 @@ def run_once(algorithm, n_chunks, options, params, seed):
                 p
                 | beam.Create(list(range(n_chunks)))
                 | beam.Reshuffle()
-                | beam.Map(zipf_table_of_chunk, USERS_PER_CHUNK)  # Table(user, item), as the batched readers give
+                | beam.Map(table_of_chunk or functools.partial(zipf_table_of_chunk, users_per_chunk=USERS_PER_CHUNK))
+                # Table(user, item), as the batched readers give
                 | SelectPartitions(algorithm, params, seed=seed)  # item
                 | beam.io.WriteToText(prefix)
             )
@@ -107,37 +114,6 @@ def cluster_for(engine, state):
     return c
 
 
-def flink_job_metrics(cluster):
-    """Metrics of the newest Flink job on the cluster (the run that just ended), from its REST API."""
-    import json
-    import urllib.request
-
-    def get(path):
-        with urllib.request.urlopen(cluster.rest + path, timeout=10) as r:
-            return json.load(r)
-
-    jobs = get("/jobs/overview")["jobs"]
-    jid = max(jobs, key=lambda j: j["start-time"])["jid"]
-    job = get(f"/jobs/{jid}")
-    plan = get(f"/jobs/{jid}/plan")["plan"]
-    hashed = {n["id"] for n in plan["nodes"] for i in n.get("inputs", []) if i["ship_strategy"].startswith("Hash")}
-    edges = [i["ship_strategy"] for n in plan["nodes"] for i in n.get("inputs", [])]
-    vertices = job["vertices"]
-    m = {v["id"]: v["metrics"] for v in vertices}
-    written = [(m[v]["write-bytes"], m[v]["write-records"]) for v in m]
-    return {
-        "job_seconds": job["duration"] / 1000,
-        "vertices": len(vertices),
-        "written_bytes": sum(b for b, _ in written),
-        "written_records": sum(r for _, r in written),
-        "shuffled_bytes": sum(m[v]["read-bytes"] for v in hashed),
-        "shuffled_records": sum(m[v]["read-records"] for v in hashed),
-        "shuffles": sum(e.startswith("Hash") for e in edges),
-        "broadcasts": sum(e == "Broadcast" for e in edges),
-        "largest_mean_record": max((b / r for b, r in written if r), default=0),
-    }
-
-
 def busy_cpu_seconds() -> float:
     """CPU seconds the whole machine has spent busy since boot (/proc/stat: user, nice, system, irq,
     softirq, steal); the difference over a run on a quiet machine is what the run cost in CPU, every
@@ -166,6 +142,13 @@ def main():
     ap.add_argument("--engines", nargs="+", default=["direct", "flink", "spark"])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--skew",
+        nargs=2,
+        type=float,
+        metavar=("HOT_USERS", "WHALE_ITEMS"),
+        help="instead of Zipf --sizes: HOT_USERS users holding one item and one user with WHALE_ITEMS distinct items",
+    )
     args = ap.parse_args()
     params = SelectionParams(epsilon=1.0, delta=1e-5, max_contributions=100)
     log_dir = tempfile.mkdtemp(prefix="bench-engines-")
@@ -196,9 +179,14 @@ def main():
             return server.pipeline_args("EXTERNAL", f"localhost:{pool.port}") + ["--sdk_worker_parallelism", "2"]
 
         rows, metrics, cpu_rows = [], [], []
-        for size in args.sizes:
-            n_chunks = max(1, int(round(size / (USERS_PER_CHUNK * 10))))
-            n_pairs = zipf_pair_count(n_chunks, USERS_PER_CHUNK)
+        for size in [None] if args.skew else args.sizes:
+            if args.skew:
+                hot, whale = (int(x) for x in args.skew)
+                n_chunks, n_pairs = skew_chunks(hot, whale), hot + whale
+                table_of_chunk = functools.partial(skew_table_of_chunk, hot_users=hot, whale_items=whale)
+            else:
+                n_chunks = max(1, int(round(size / (USERS_PER_CHUNK * 10))))
+                n_pairs, table_of_chunk = zipf_pair_count(n_chunks, USERS_PER_CHUNK), None
             for algorithm in args.algorithms:
                 want = None
                 for name in args.engines:
@@ -206,10 +194,10 @@ def main():
                     for rep in range(args.reps):
                         load = os.getloadavg()[0]
                         cpu0 = busy_cpu_seconds()
-                        t, items = run_once(algorithm, n_chunks, options(name), params, args.seed)
+                        t, items = run_once(algorithm, n_chunks, options(name), params, args.seed, table_of_chunk)
                         cpus.append(busy_cpu_seconds() - cpu0)
                         if name == "flink_cluster":
-                            metrics.append((algorithm, n_pairs, t, flink_job_metrics(clusters["flink"])))
+                            metrics.append((algorithm, n_pairs, t, engines.flink_job_metrics(clusters["flink"])))
                         if want is None:
                             want = items
                         same = items == want

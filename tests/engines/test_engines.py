@@ -665,3 +665,92 @@ def test_a_job_survives_the_loss_of_a_worker(cluster, name, inputs, direct, tmp_
         cluster.restore()  # a new worker in place of the killed one, for the tests after this one
     assert cluster.alive()
     print(f"{name} on the {cluster.engine} cluster: worker {killed} killed mid-job; output as the DirectRunner's")
+
+
+# --- 5. skew on a cluster with small TaskManagers (issue 29) -------------------------------------------
+
+SKEW_HOT_USERS = 10**6  # users holding the item "hot"
+SKEW_WHALE_ITEMS = 10**7  # distinct items of the one user "whale"
+SMALL_TASK_HEAP = "384m"  # a TaskManager JVM heap of 512 MB (framework 128 MB + task 384 MB)
+# Every record a Flink exchange carries must fit one sort buffer (13,271,040 bytes with the cluster's 1 GB
+# of managed memory and 2 slots): one group of a GroupByKey is one record. The groups are bounded by
+# rows_per_shard rows (2M), a heavy user's by half of that (docs/columnar.md, "Bounds").
+SKEW_RECORD_BOUND = 13_271_040
+
+
+@pytest.fixture(scope="module")
+def skew_input(tmp_path_factory):
+    """TSV of the skew instance: 10^6 users hold "hot", one user holds 10^7 distinct items (160 MB)."""
+    path = tmp_path_factory.mktemp("skew") / "skew.tsv"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("user\titem\n")
+        for start in range(0, SKEW_HOT_USERS, 100_000):
+            f.write("".join(f"u{i}\thot\n" for i in range(start, min(start + 100_000, SKEW_HOT_USERS))))
+        for start in range(0, SKEW_WHALE_ITEMS, 100_000):
+            f.write("".join(f"whale\tw{j}\n" for j in range(start, min(start + 100_000, SKEW_WHALE_ITEMS))))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def small_heap_flink(clusters):
+    """The Flink cluster with its TaskManagers restarted on a 512 MB heap; the usual heap again after."""
+    c = engines.Cluster("flink", clusters)
+    c.restart_workers({"FLINK_TASK_HEAP": SMALL_TASK_HEAP})
+    try:
+        yield c
+    finally:
+        c.restart_workers()
+
+
+def jvm_max_heap(pid: int) -> int:
+    """The -Xmx of a JVM (bytes), from its command line."""
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        flags = f.read().decode().split("\0")
+    (xmx,) = [a for a in flags if a.startswith("-Xmx")]
+    return int(xmx[4:])
+
+
+@pytest.mark.parametrize("algorithm", ["mad_sips", "basic"])
+def test_skew_completes_on_small_taskmanagers_with_bounded_records(small_heap_flink, skew_input, algorithm, tmp_path):
+    """One item held by 10^6 users and one user with 10^7 distinct items, on TaskManagers with a 512 MB
+    heap: the job completes and releases exactly the hot item (the whale's items have one holder each),
+    and no exchange's records outgrow a sort buffer. MAD-SIPS (the default) keeps every distinct item of
+    every user: before heavy users were grouped apart, the whale's group was one record larger than the
+    sort buffer and the job failed."""
+    c = small_heap_flink
+    for tm in c.WORKERS["flink"]:
+        assert jvm_max_heap(c.pid(tm)) == 512 * 2**20, tm
+    case = Case("select_partitions", ("--algorithm", algorithm, "--epsilon", "1", "--delta", "1e-5"))
+    argv = [
+        sys.executable,
+        "-m",
+        "dp_partition_beam.pipelines.select_partitions",
+        "--input",
+        skew_input,
+        "--input_format",
+        "tsv",
+        "--output",
+        str(tmp_path / "released"),
+        "--report",
+        str(tmp_path / "report.json"),
+        *case.args,
+        "--seed",
+        str(SEED),
+        "--progress_interval",
+        "0",
+        *c.pipeline_args(),
+    ]
+    start = time.perf_counter()
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=ENGINE_TIMEOUT)
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        pytest.fail(
+            f"{algorithm} on the skew input exited with {proc.returncode}:\n{proc.stderr[-4000:]}\n"
+            + failure_context(c)
+        )
+    out = read_output(str(tmp_path), case, seconds)
+    assert out.lines == ["hot"]
+    m = engines.flink_job_metrics(c)
+    assert 0 < m["largest_mean_record"] <= SKEW_RECORD_BOUND, m
+    largest = m["largest_mean_record"]
+    print(f"skew {algorithm} on 512 MB TaskManagers: {seconds:.0f} s, largest mean record {largest:,.0f} B")

@@ -263,17 +263,29 @@ class Cluster:
         os.killpg(pid, signal.SIGKILL)
         return pid
 
-    def restore(self, timeout: float = 300) -> None:
+    def restore(self, timeout: float = 300, env: dict | None = None) -> None:
         """Start what is missing (a killed worker) and wait until the cluster is whole again."""
         subprocess.run(
             ["bash", SCRIPT, "cluster", "up", self.engine],
             cwd=REPO,
-            env=dict(os.environ, DP_ENGINES_CLUSTER_DIR=self.state_dir),
+            env=dict(os.environ, DP_ENGINES_CLUSTER_DIR=self.state_dir, **(env or {})),
             check=True,
             timeout=timeout,
             capture_output=True,
             text=True,
         )
+
+    def restart_workers(self, env: dict | None = None, timeout: float = 300) -> None:
+        """Replaces every worker (SIGKILL, then ``cluster up`` with ``env`` added to the script's
+        environment, e.g. ``{"FLINK_TASK_HEAP": "384m"}`` for TaskManagers with a smaller heap)."""
+        for component in self.WORKERS[self.engine]:
+            pid = self.pid(component)
+            if pid:
+                os.killpg(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while any(self.pid(c) for c in self.WORKERS[self.engine]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.restore(timeout, env)
 
     def after_failed_run(self) -> str:
         """After a job that failed or hung: a thread dump of the job server (saved in logs/, its path
@@ -309,6 +321,41 @@ class Cluster:
                 continue
             out.append(f"--- last {len(tail)} lines of {path} ---\n" + "".join(tail))
         return "\n".join(out)
+
+
+def flink_job_metrics(cluster):
+    """Metrics of the newest Flink job on the cluster (the run that just ended), from its REST API: the
+    job's run time, its vertices, the bytes and records written by every task (all exchanges between
+    operator chains), those read through hash-partitioned exchanges (the shuffles proper), the numbers
+    of such shuffles and of broadcast edges (side inputs), and the largest mean record of a vertex's
+    output (bytes / records: for a GroupByKey's vertex, its mean group)."""
+    import json
+    import urllib.request
+
+    def get(path):
+        with urllib.request.urlopen(cluster.rest + path, timeout=10) as r:
+            return json.load(r)
+
+    jobs = get("/jobs/overview")["jobs"]
+    jid = max(jobs, key=lambda j: j["start-time"])["jid"]
+    job = get(f"/jobs/{jid}")
+    plan = get(f"/jobs/{jid}/plan")["plan"]
+    hashed = {n["id"] for n in plan["nodes"] for i in n.get("inputs", []) if i["ship_strategy"].startswith("Hash")}
+    edges = [i["ship_strategy"] for n in plan["nodes"] for i in n.get("inputs", [])]
+    vertices = job["vertices"]
+    m = {v["id"]: v["metrics"] for v in vertices}
+    written = [(m[v]["write-bytes"], m[v]["write-records"]) for v in m]
+    return {
+        "job_seconds": job["duration"] / 1000,
+        "vertices": len(vertices),
+        "written_bytes": sum(b for b, _ in written),
+        "written_records": sum(r for _, r in written),
+        "shuffled_bytes": sum(m[v]["read-bytes"] for v in hashed),
+        "shuffled_records": sum(m[v]["read-records"] for v in hashed),
+        "shuffles": sum(e.startswith("Hash") for e in edges),
+        "broadcasts": sum(e == "Broadcast" for e in edges),
+        "largest_mean_record": max((b / r for b, r in written if r), default=0),
+    }
 
 
 def cluster_dir() -> str | None:
