@@ -502,7 +502,8 @@ def test_unseeded_multi_round_selection_releases_no_item_twice(engine, name, inp
 
 
 def package_dofn_classes():
-    """Every beam.DoFn subclass defined in the package (except the test helpers' DoFns)."""
+    """Every concrete beam.DoFn subclass defined in the package with a process of the package's (its own or
+    a package base's, e.g. PerUserFn's), except the test helpers' DoFns."""
     classes = []
     for package in DOFN_PACKAGES:
         pkg = importlib.import_module(package)
@@ -511,7 +512,14 @@ def package_dofn_classes():
                 continue
             module = importlib.import_module(mod.name)
             for _, obj in inspect.getmembers(module, inspect.isclass):
-                if issubclass(obj, beam.DoFn) and obj.__module__ == module.__name__ and "process" in obj.__dict__:
+                if (
+                    issubclass(obj, beam.DoFn)
+                    and obj.__module__ == module.__name__
+                    and not inspect.isabstract(obj)
+                    and any(
+                        "process" in c.__dict__ for c in obj.__mro__ if c.__module__.startswith("dp_partition_beam")
+                    )
+                ):
                     classes.append(obj)
     return classes
 

@@ -42,6 +42,8 @@ from dp_partition_beam.transforms.dpne.reference import dpne_reference
 from dp_partition_beam.transforms.selection.select import SelectPartitions
 from dp_partition_beam.transforms.testing import beam as testing
 
+from tests.support.beam_helpers import is_package_dofn
+
 RND = random.Random(3)
 PAIRS = [(f"u{u}", f"i{min(int(RND.paretovariate(1.0)), 300)}") for u in range(300) for _ in range(RND.randint(1, 12))]
 PARAMS = SelectionParams(1.0, 1e-5, max_contributions=5)
@@ -56,8 +58,7 @@ def package_dofn_classes():
             continue
         module = importlib.import_module(mod.name)
         for _, obj in inspect.getmembers(module, inspect.isclass):
-            # every concrete DoFn (abstract bases such as BundleDictFn define no process of their own)
-            if issubclass(obj, beam.DoFn) and obj.__module__ == module.__name__ and "process" in obj.__dict__:
+            if is_package_dofn(obj, module.__name__):  # every concrete DoFn (not abstract bases: PerUserFn)
                 classes.append(obj)
     return classes
 

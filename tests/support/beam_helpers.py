@@ -47,3 +47,20 @@ def collect_pairs(build, mode="in_memory", workers=None):
         k, v = line.split("\t")
         out.append((k, float(v)))
     return out
+
+
+def is_package_dofn(obj, module_name: str) -> bool:
+    """``obj`` is a concrete beam.DoFn class defined in ``module_name`` whose process is the package's (its
+    own, or a package base's such as PerUserFn's): the DoFns a runner executes. Abstract bases (PerUserFn)
+    and DoFns with Beam's process only are not."""
+    import inspect
+
+    import apache_beam as beam
+
+    return (
+        inspect.isclass(obj)
+        and issubclass(obj, beam.DoFn)
+        and obj.__module__ == module_name
+        and not inspect.isabstract(obj)
+        and any("process" in c.__dict__ for c in obj.__mro__ if c.__module__.startswith("dp_partition_beam"))
+    )

@@ -37,6 +37,7 @@ size (docs/columnar.md, "Bounds").
 
 from __future__ import annotations
 
+import abc
 import os
 import zlib
 from typing import Optional
@@ -203,7 +204,7 @@ class HeavyUsers(beam.PTransform):
 
 
 def distinct_user_chunks(key, packed):
-    """(shard, [Packed(user, item)]) -> (shard, Table) pieces of the shard's distinct pairs, sorted by
+    """((shard, bucket, user), [Packed(user, item)]) -> (shard, Table) pieces of the group's distinct pairs, sorted by
     user, of at most about DEFAULT_CHUNK_ROWS rows, cut between users except inside a user with more
     rows, whose pieces hold only its rows (:func:`per_user_step` joins them again)."""
     table, user_codes = distinct_sorted_by_user(unpack_all(packed))
@@ -225,6 +226,8 @@ class ShardedUsers(beam.PTransform):
       precap_k: Delta_0 to pre-cap heavy users per batch (exact for one bottom-k of the full sets), or
         None to keep every row (DP-SIPS re-subsamples each round from the remaining items).
       rows_per_shard: the target shard size (rows); S = ceil(input rows / rows_per_shard).
+      heavy_rows: a user with more rows than this (after pre-capping) is grouped apart by item bucket
+        (:class:`HeavyUsers`); default HEAVY_USER_ROWS.
     Returns ``(sharded, num_shards)`` where ``num_shards`` is the singleton PCollection S.
     """
 
@@ -268,7 +271,7 @@ def single_user(table: pa.Table) -> bool:
     return table.num_rows > 0 and users[0] == users[-1]
 
 
-class PerUserFn(beam.DoFn):
+class PerUserFn(beam.DoFn, metaclass=abc.ABCMeta):
     """A per-user step over the pieces of :class:`ShardedUsers`: ``(user shard, Table)`` -> outputs.
 
     A piece of two or more users holds every row of each of them: :meth:`whole` runs on it. A piece of
@@ -286,9 +289,9 @@ class PerUserFn(beam.DoFn):
         elif (part := self.part(table, *args)) is not None:
             yield beam.pvalue.TaggedOutput(PART_OF_USER, ((shard, table.column(USER)[0].as_py()), part))
 
+    @abc.abstractmethod
     def whole(self, shard, table, *args):
         """Outputs for a table that holds every row of each of its users."""
-        raise NotImplementedError
 
     def part(self, table, *args):
         """A small value that stands for this part of one user (None: nothing), by default the

@@ -75,7 +75,8 @@ def inject_bundle_failures(dofn_class, marker_dir: str, max_failures: int | None
     injected = [0]  # failures injected into this class so far
 
     orig_start = dofn_class.__dict__.get("start_bundle")
-    orig_process = dofn_class.__dict__["process"]
+    own_process = dofn_class.__dict__.get("process")  # None: inherited (a PerUserFn's)
+    orig_process = dofn_class.process
     label = f"{dofn_class.__module__}.{dofn_class.__qualname__}"
 
     def start_bundle(self, *args, **kwargs):
@@ -105,7 +106,10 @@ def inject_bundle_failures(dofn_class, marker_dir: str, max_failures: int | None
     dofn_class.process = process
 
     def undo():
-        dofn_class.process = orig_process
+        if own_process is None:
+            del dofn_class.process
+        else:
+            dofn_class.process = own_process
         if orig_start is None:
             del dofn_class.start_bundle
         else:

@@ -219,15 +219,14 @@ def test_item_index_positions_equal_arrows_index_in(items, column, fallback):
 
 
 def test_item_index_checks_the_bytes_of_a_fingerprint_hit():
-    """A query whose fingerprint equals an item's but whose bytes differ is absent (the check a collision
-    of 64-bit fingerprints would need; simulated by giving the query the item's fingerprint slot)."""
+    """A query whose fingerprint equals an item's but whose bytes differ is absent: the check a collision
+    of 64-bit fingerprints needs, simulated by giving the index's only slot the query's fingerprint."""
+    from dp_partition_beam.transforms.core.fingerprint import fingerprint64
     from dp_partition_beam.transforms.core.tables import ItemIndex
 
-    index = ItemIndex(pa.array([b"a", b"b"], pa.binary()))
-    index._sorted = np.sort(np.array([fp for fp in index._sorted], dtype=np.uint64))
-    from dp_partition_beam.transforms.core.fingerprint import fingerprint64
-
-    fake = fingerprint64(pa.array([b"zz"], pa.binary()))[0]
-    index._sorted[0] = fake  # b"zz" now "hits" the slot of the item at _order[0]
-    index._sorted = np.sort(index._sorted)
-    assert list(index.positions(pa.array([b"zz"], pa.binary()))) == [-1]
+    query = pa.array([b"zz"], pa.binary())
+    index = ItemIndex(pa.array([b"a"], pa.binary()))
+    index._sorted = fingerprint64(query)  # b"zz" now lands on the slot of b"a"
+    assert list(index.positions(query)) == [-1]
+    assert list(index.positions(pa.array([b"a"], pa.binary()))) == [-1]  # b"a" no longer on its slot
+    assert list(ItemIndex(pa.array([b"a"], pa.binary())).positions(pa.array([b"a", b"zz"], pa.binary()))) == [0, -1]
