@@ -66,7 +66,7 @@ from dp_partition_beam.transforms.core.batches import (
     user_chunks,
 )
 from dp_partition_beam.transforms.core.dofns import SideInputCache
-from dp_partition_beam.transforms.core.fingerprint import fingerprint64, from_key_bytes
+from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
 from dp_partition_beam.transforms.core.noise import only_value
 from dp_partition_beam.transforms.core.tables import (
     cap_pairs,
@@ -128,7 +128,7 @@ def user_row_counts(packed, num_shards, k: Optional[int]):
     if k is not None:
         rows = np.minimum(rows, k)
     counts = pa.table({USER: users, "rows": rows.astype(np.int64)})
-    shards = (fingerprint64(users) % np.uint64(num_shards)).astype(np.int64)
+    shards = shard_ids(users, num_shards)
     for shard, part in split_by_shard(counts, shards, num_shards):
         for piece in bounded_pieces(part):
             yield shard, Packed.of(piece)
@@ -164,7 +164,7 @@ class ShardUsersFn(beam.DoFn):
             table = cap_pairs(table, self._k, seed, self._round).select([USER, ITEM])
             codes, users = dictionary_codes(table.column(USER))
         # one fingerprint per distinct user of the batch (~10 rows each), not per row
-        user_shards = (fingerprint64(users) % np.uint64(num_shards)).astype(np.int64)
+        user_shards = shard_ids(users, num_shards)
         if heavy:
             is_heavy = pc.is_in(users, value_set=self._heavy.get(heavy, binary_array)).to_numpy(zero_copy_only=False)
             for u in np.flatnonzero(is_heavy):
