@@ -3,7 +3,7 @@
     python -m dp_partition_beam.pipelines.bayesian_eval --private data/debian_text.jsonl.gz --input_format jsonl \\
         --public data/bayesian_public_trigrams.tsv.gz [--epsilons 0.1,0.2,0.5,1,2] [--repeats 5] \\
         [--mechanisms bayesian,laplace,laplace_public] [--C 1 --W 100 --S 1 --rho 0.5 | --tune] \\
-        [--distribution NAME=PATH ...] [--seed 0]
+        [--distribution NAME=PATH ...] [--seed 0] [--ceiling]
 
 Installed, the command is also ``dp-bayesian-eval``. NOT a private computation: it reads the true
 private counts to score the mechanisms, for offline evaluation of parameters only. The private
@@ -11,7 +11,8 @@ distribution is the users' (unclamped) n-gram counts over the public vocabulary,
 Mechanisms run in memory (:mod:`transforms.bayesian.reference`, identical to the Beam pipeline under
 a seed); ``--distribution NAME=PATH`` also scores released ``n-gram<TAB>probability`` files (e.g.
 the pipeline's output). Rows "public" (the prior alone, ``softmax(mu_p)``) and "uniform" are
-references. KL is in nats, the released distribution mixed with 1e-9 of the uniform one so that
+references; ``--ceiling`` adds per epsilon the best (S, rho) of a fine grid, chosen with the true private
+distribution (:func:`ceiling`). KL is in nats, the released distribution mixed with 1e-9 of the uniform one so that
 zeros of the Laplace baselines stay finite.
 """
 
@@ -100,11 +101,87 @@ def evaluate(
     return rows
 
 
+#: The ceiling's grid (issue 33): S on a 1-2-5 series from 1e-4 to 1 (w = min(1, S N / C) is 1 for every
+#: held n-gram once S >= C, so larger S only repeat S = C; times C below), rho from 0.01 to 1.
+CEILING_S = (1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2, 0.5, 1.0)
+CEILING_RHO = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def grid_kl(
+    users: Mapping[Any, K.UserCounts],
+    p_private: np.ndarray,
+    prior: K.PublicPrior,
+    base: BayesianParams,
+    epsilon: float,
+    S_values: Sequence[float],
+    rho_values: Sequence[float],
+    repeats: int,
+    seed: int,
+) -> np.ndarray:
+    """Mean KL(p_private || released) of Algorithm 1 for every (S, rho) of a grid, over ``repeats`` seeds:
+    an array of shape (len(S_values), len(rho_values)). NOT private (it reads ``p_private``).
+
+    Each cell is what :func:`transforms.bayesian.reference.release_from_user_counts` releases with that
+    (S, rho) and seed, bit for bit (the same kernels; the test checks it): the totals, the sensitivities
+    (one per S, ``base.sensitivity``) and the unit noise of each seed are computed once for the grid."""
+    order = sorted(users, key=lambda u: str(u))
+    c, N = K.accumulate((users[u] for u in order), prior.size)
+    ctx = K.SensitivityContext.build(c, N, tuple(S_values), base.C)
+    gammas = K.sensitivities(base.sensitivity, ctx, (users[u] for u in order))
+    mu_p, xh = K.mu_prior(prior.alpha), K.x_hat(c)
+    noise = [K.standard_noise("gaussian", prior.vocab, K.PURPOSE_GAUSSIAN, seed + r, None) for r in range(repeats)]
+    out = np.empty((len(S_values), len(rho_values)))
+    for a, S in enumerate(S_values):
+        w = K.decay_weights(N, S, base.C)
+        for b, rho in enumerate(rho_values):
+            mu_ps = K.posterior_mean(xh, w, mu_p, rho)
+            sigma = K.sigma_ps(float(gammas[a]), rho, epsilon, base.delta)
+            out[a, b] = np.mean([K.kl_divergence(p_private, K.sample_posterior(mu_ps, sigma, z)) for z in noise])
+    return out
+
+
+def ceiling(
+    users: Mapping[Any, K.UserCounts],
+    p_private: np.ndarray,
+    prior: K.PublicPrior,
+    base: BayesianParams,
+    epsilons: Sequence[float],
+    repeats: int,
+    seed: int,
+    S_values: Sequence[float] = CEILING_S,
+    rho_values: Sequence[float] = CEILING_RHO,
+) -> List[Dict[str, Any]]:
+    """Per epsilon, the best (S, rho) of the grid for Algorithm 1, chosen with the true private
+    distribution: an offline ceiling for any private choice of the prior's weight, NOT private.
+
+    S values are multiples of ``base.C`` (``CEILING_S`` x C). One row per epsilon, like :func:`evaluate`'s,
+    with the chosen ``S`` and ``rho``; ``kl_std`` is 0 (the cell's mean over the seeds is what is minimised)."""
+    S_values = tuple(S * base.C for S in S_values)
+    rows = []
+    for eps in epsilons:
+        kl = grid_kl(users, p_private, prior, base, eps, S_values, rho_values, repeats, seed)
+        a, b = np.unravel_index(int(np.argmin(kl)), kl.shape)
+        rows.append(
+            {
+                "mechanism": "ceiling",
+                "epsilon": eps,
+                "kl_mean": float(kl[a, b]),
+                "kl_std": 0.0,
+                "S": S_values[a],
+                "rho": rho_values[b],
+            }
+        )
+    return rows
+
+
 def format_table(rows: List[Dict[str, Any]]) -> str:
     lines = ["mechanism        epsilon   KL mean    KL std", "-" * 44]
     for r in rows:
         eps = "-" if r["epsilon"] is None else f"{r['epsilon']:g}"
-        lines.append(f"{r['mechanism']:<16} {eps:>7} {r['kl_mean']:>9.4f} {r['kl_std']:>9.4f}")
+        line = f"{r['mechanism']:<16} {eps:>7} {r['kl_mean']:>9.4f} {r['kl_std']:>9.4f}"
+        if "S" in r:
+            line += f"   S={r['S']:g}, rho={r['rho']:g}"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -162,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=5, help="seeds per (mechanism, epsilon) (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="first seed of the repeats (default 0)")
     p.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="also print, per epsilon, the best (S, rho) of a fine grid for the Bayesian mechanism, chosen "
+        "with the true private distribution (an offline ceiling, NOT private)",
+    )
+    p.add_argument(
         "--distribution",
         action="append",
         default=[],
@@ -206,6 +289,8 @@ def run(argv: Optional[List[str]] = None) -> int:
     randomness.warn_if_seeded(args.seed)  # once; the repeats use seed, seed + 1, ...
     users = user_counts_from_texts(texts, prior, base, seed=args.seed, rng=None)
     rows = evaluate(users, p_private, prior, base, args.epsilons, mechanisms, args.repeats, args.seed)
+    if args.ceiling:
+        rows += ceiling(users, p_private, prior, base, args.epsilons, args.repeats, args.seed)
     for name, q in named:
         rows.append({"mechanism": name, "epsilon": None, "kl_mean": K.kl_divergence(p_private, q), "kl_std": 0.0})
     print(

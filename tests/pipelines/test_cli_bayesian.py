@@ -254,3 +254,11 @@ def test_eval_reads_a_release_by_its_shards(tmp_path, capsys):
     (tmp_path / "rel.txt").write_text("not a shard: never read\n")
     assert _eval(private, public, "--distribution", f"x={tmp_path / 'rel'}") == 0
     assert any(line.split()[:1] == ["x"] for line in capsys.readouterr().out.splitlines())
+
+
+def test_eval_ceiling_prints_the_best_grid_point_per_epsilon(tmp_path, capsys):
+    private, public = write_private(tmp_path, "jsonl"), write_public(tmp_path)
+    assert _eval(private, public, "--mechanisms", "bayesian", "--ceiling") == 0
+    rows = {l.split()[0]: l.split() for l in capsys.readouterr().out.splitlines()[3:]}
+    assert rows["ceiling"][1] == "1" and rows["ceiling"][4].startswith("S=") and rows["ceiling"][5].startswith("rho=")
+    assert float(rows["ceiling"][2]) <= float(rows["bayesian"][2])  # the default is a grid point
