@@ -24,7 +24,9 @@ written by every task (all exchanges between operator chains), the bytes read th
 exchanges (the shuffles proper), the number of such shuffles and of broadcast edges (side inputs), the
 largest mean record size of an exchange, and the job's own run time (wall time minus submission). Every
 run also records the machine's busy CPU seconds (/proc/stat; run it on a quiet machine): every process of
-the engine counts. The tables end with fits wall = fixed + marginal x millions of pairs, and the same for
+the engine counts; before each run the bench waits (at most 2 minutes) until the CPUs were less than 15% busy
+over 2 s, so that the SDK workers a cluster job leaves behind for up to a minute do not share the next run's
+CPUs. The tables end with fits wall = fixed + marginal x millions of pairs, and the same for
 CPU seconds, per algorithm and engine (docs/engines.md, "Measured here"; docs/scaling.md).
 
     .ci/engines.sh python -m benchmarks.bench_engines --engines direct flink_cluster \
@@ -127,6 +129,23 @@ def busy_cpu_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+def wait_for_quiet(busy_fraction: float = 0.15, window: float = 2.0, timeout: float = 120.0) -> float:
+    """Waits until the machine's CPUs were busy less than ``busy_fraction`` of a ``window`` (seconds), at most
+    ``timeout`` seconds; returns the seconds waited. A cluster's SDK worker processes outlive a job by up to
+    a minute (engines.md): without this the run after a cluster job (the DirectRunner's, usually) shared the
+    CPUs with their shutdown. Returns at once off Linux."""
+    start = time.monotonic()
+    cores = os.cpu_count() or 1
+    while time.monotonic() - start < timeout:
+        before = busy_cpu_seconds()
+        if before == 0.0:
+            break
+        time.sleep(window)
+        if (busy_cpu_seconds() - before) / (window * cores) < busy_fraction:
+            break
+    return time.monotonic() - start
+
+
 def fit(points):
     """Least squares wall = fixed + marginal * x over (x, wall) points: (fixed, marginal); None below two sizes."""
     if len({x for x, _ in points}) < 2:
@@ -192,6 +211,7 @@ def main():
                 for name in args.engines:
                     times, cpus = [], []
                     for rep in range(args.reps):
+                        wait_for_quiet()
                         load = os.getloadavg()[0]
                         cpu0 = busy_cpu_seconds()
                         t, items = run_once(algorithm, n_chunks, options(name), params, args.seed, table_of_chunk)
@@ -255,14 +275,16 @@ def main():
         print("\nFlink cluster, the engine's metrics per run (REST API of the JobManager)")
         print(
             "| algorithm | pairs | wall s | job s | vertices | shuffles (hash) | broadcasts | bytes written / pair "
-            "| records written / pair | bytes shuffled / pair | records shuffled / pair | largest mean record B |"
+            "| records written / 1M pairs | bytes shuffled / pair | records shuffled / 1M pairs "
+            "| largest mean record B |"
         )
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for a, n, t, m in metrics:
             print(
                 f"| {a} | {n:,} | {t:.1f} | {m['job_seconds']:.1f} | {m['vertices']} | {m['shuffles']} | "
-                f"{m['broadcasts']} | {m['written_bytes'] / n:.1f} | {m['written_records'] / n:.4f} | "
-                f"{m['shuffled_bytes'] / n:.1f} | {m['shuffled_records'] / n:.4f} | {m['largest_mean_record']:,.0f} |"
+                f"{m['broadcasts']} | {m['written_bytes'] / n:.1f} | {m['written_records'] / n * 1e6:,.0f} | "
+                f"{m['shuffled_bytes'] / n:.1f} | {m['shuffled_records'] / n * 1e6:,.0f} | "
+                f"{m['largest_mean_record']:,.0f} |"
             )
 
 
