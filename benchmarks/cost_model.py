@@ -6,13 +6,15 @@ at 10^9 to 10^11 pairs, from per-pair costs measured on the standalone Flink clu
     python -m benchmarks.cost_model --check 64e6             # the model on the 2-core machine, one size
 
 Per algorithm, the measured constants (benchmarks/bench_engines.py on `.ci/engines.sh cluster up`, 2 cores,
-2026-11-26; marginal costs are the slope between 4M and 16M pairs):
+2026-11-27, after the heavy-user pass and MAD-SIPS's hopeful-only side input; marginal costs are the slope
+between 4M and 16M pairs):
 
     cpu_s_per_m      CPU seconds of the whole machine per million pairs (JVMs, SDK workers, client)
     shuffled_b       bytes through hash-partitioned exchanges per pair (Flink's read-bytes of those edges)
     shuffles         hash-partitioned exchanges in the job graph
     side_b_per_item  bytes of the largest side input broadcast to every worker, per distinct item of the
-                     input (measured at 16M pairs: 689,281 distinct items)
+                     input (measured at 16M pairs: 689,281 distinct items; mad_sips's scaled by 0.64, its
+                     hopeful-only list against the full one, measured on the DirectRunner)
 
 The model (every assumption a flag):
 
@@ -45,9 +47,9 @@ class Measured:
 
 
 MEASURED = {
-    "basic": Measured(cpu_s_per_m=1.50, shuffled_b=7.5, shuffles=4, side_b_per_item=0.0, fixed_s=23.1),
-    "mad2r": Measured(cpu_s_per_m=6.50, shuffled_b=27.7, shuffles=11, side_b_per_item=34.3, fixed_s=25.3),
-    "mad_sips": Measured(cpu_s_per_m=16.67, shuffled_b=44.7, shuffles=20, side_b_per_item=38.6, fixed_s=15.8),
+    "basic": Measured(cpu_s_per_m=3.25, shuffled_b=8.1, shuffles=6, side_b_per_item=0.0, fixed_s=24.9),
+    "mad2r": Measured(cpu_s_per_m=5.42, shuffled_b=28.3, shuffles=13, side_b_per_item=34.3, fixed_s=34.9),
+    "mad_sips": Measured(cpu_s_per_m=7.67, shuffled_b=45.3, shuffles=25, side_b_per_item=24.7, fixed_s=37.3),
 }
 
 
