@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import argparse
 import collections
-import gzip
-import json
 import os
 import sys
 import time
 from typing import Dict, List, Sequence
 
 from benchmarks.shared_data import shared_data_path
-from dp_partition_beam.pipelines.bayesian_eval import ceiling, evaluate, private_distribution
+from dp_partition_beam.pipelines.bayesian_eval import ceiling, evaluate, private_distribution, read_user_texts
 from dp_partition_beam.pipelines.io import load_public_counts
 from dp_partition_beam.privacy.bayesian import BayesianParams
 from dp_partition_beam.transforms.bayesian import bayesian_kernels as K
@@ -47,13 +45,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def read_jsonl_texts(path: str) -> Dict[str, List[str]]:
-    """user -> texts of a ``{"user", "text"}`` .jsonl.gz (the bundled sample, the shared corpora)."""
-    out: Dict[str, List[str]] = {}
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            rec = json.loads(line)
-            out.setdefault(rec["user"], []).append(rec["text"])
-    return out
+    """user -> texts of a ``{"user", "text"}`` .jsonl.gz, with the pipelines' strict reader."""
+    return read_user_texts(path, "jsonl", "user", "text")
 
 
 def top_ngram_prior(texts: Dict[str, List[str]], n: int, V: int) -> K.PublicPrior:
