@@ -54,7 +54,9 @@ GUARANTEE = {
         "Gaussian mechanism with the stated (epsilon, delta) would be IF the neighbour were released with "
         "the same noise scale; but the neighbour's own run would compute a different scale, and the scale "
         "itself depends on the data. This is NOT a worst-case (epsilon, delta)-DP guarantee over all "
-        "neighbouring datasets. Use --mechanism laplace for a standard guarantee."
+        "neighbouring datasets. The default private choice of S and rho (epsilon_choice) calibrates its "
+        "selection the same way: to the largest change of its scores when one user of this dataset is "
+        "removed. Use --mechanism laplace for a standard guarantee."
     ),
     "data-independent": (
         "Standard user-level pure epsilon-DP: each user contributes at most W counts in total, the l1 "
@@ -173,8 +175,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: BayesianParams):
         "params": outputs.params_report(params),  # every BayesianParams field
         "epsilon": params.epsilon,
         "delta": params.delta if args.mechanism == "bayesian" else 0.0,
-        "epsilon_release": params.epsilon_release,
-        "epsilon_tune": params.epsilon_tune,
+        **params.budget(args.mechanism),  # epsilon_choice + epsilon_tune + epsilon_release = epsilon
         "input_format": args.input_format,
         "seed": args.seed,
         "private": args.seed is None and SENSITIVITY[args.mechanism] == "data-independent",  # (build_report)
@@ -193,7 +194,13 @@ EVALUATION = None
 
 
 def summarize(report: dict, args, params) -> str:
-    extra = f", S={report['S']:g}, rho={report['rho']:g}" if "S" in report else ""
+    if report.get("prior_alone"):
+        extra = ", chose the public prior alone"
+    elif report.get("S") is not None:
+        chosen = " (chosen privately)" if "choice_epsilon" in report else ""
+        extra = f", S={report['S']:g}, rho={report['rho']:g}{chosen}"
+    else:
+        extra = ""
     return (
         f"released a distribution over {report['vocabulary_size']} public {params.n}-grams "
         f"({args.mechanism}{extra}, epsilon={params.epsilon:g}, sensitivity {report['sensitivity']}: "

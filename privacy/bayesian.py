@@ -3,18 +3,21 @@
 One frozen, self-validating dataclass (:class:`BayesianParams`); every error names the parameter, the
 value given and what is allowed, like :mod:`privacy.params`.
 
-Budget (Algorithm 2, section 4.3): without tuning the whole ``(epsilon, delta)`` goes to the Gaussian
-release of Algorithm 1. With ``tune=True`` a fraction ``tune_epsilon_fraction`` (paper: 1/3) of epsilon
-pays for the Laplace report-noisy-min over the (S, rho) grid (pure epsilon, no delta) and the rest,
-with all of delta, pays for the Gaussian release; the total is ``(epsilon, delta)`` by basic
-composition (the paper's ``(eps1 + eps2, delta)``).
+Budget. By default (neither ``S`` nor ``rho`` given, no ``tune``) a fraction ``choice_epsilon_fraction``
+(0.2) of epsilon pays for the private choice of the prior's weight (issue 33: the generalized exponential
+mechanism over ``choice_S_grid`` x ``choice_rho_grid`` and the public prior alone, pure epsilon) and the
+rest, with all of delta, for the Gaussian release; with both ``S`` and ``rho`` given the whole
+``(epsilon, delta)`` goes to the Gaussian release of Algorithm 1. With ``tune=True`` (Algorithm 2, section
+4.3) a fraction ``tune_epsilon_fraction`` (paper: 1/3) of epsilon pays for the Laplace report-noisy-min
+over the (S, rho) grid (pure epsilon, no delta) and the rest, with all of delta, pays for the Gaussian
+release. The total is ``(epsilon, delta)`` by basic composition (the paper's ``(eps1 + eps2, delta)``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Tuple
+from typing import Optional, Tuple
 
 from dp_partition_beam.privacy.validation import (
     DELTA_RANGE,
@@ -45,6 +48,10 @@ FIELD_USE = use_table(
             "rho_grid",
             "tune_epsilon_fraction",
             "validation_fraction",
+            "choice_S_grid",
+            "choice_rho_grid",
+            "choice_epsilon_fraction",
+            "choice_beta",
         ),
         "laplace": (),
         "laplace_public": (),
@@ -56,12 +63,23 @@ FIELD_USE = use_table(
         "rho_grid": (needs("tune", True),),
         "tune_epsilon_fraction": (needs("tune", True),),
         "validation_fraction": (needs("tune", True),),
+        "choice_S_grid": (needs("tune", False),),
+        "choice_rho_grid": (needs("tune", False),),
+        "choice_epsilon_fraction": (needs("tune", False),),
+        "choice_beta": (needs("tune", False),),
     },
 )
 
 # Paper section 4.3: S in [1e-3, 1e4] (log grid); rho in (0, 1].
 DEFAULT_S_GRID = (1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0, 1e3, 1e4)
 DEFAULT_RHO_GRID = (0.1, 0.3, 0.5, 0.7, 0.9)
+
+# The private choice's candidates (issue 33; docs/bayesian_ngrams.md "Choosing the prior's weight"): S as
+# multiples of C (w = min(1, S N / C) depends on S / C), from leaning on the prior to trusting an n-gram
+# held by 5 users; rho from 5% private weight to none on the prior. The public prior alone is always a
+# candidate too.
+DEFAULT_CHOICE_S_GRID = (1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1, 0.2)
+DEFAULT_CHOICE_RHO_GRID = (0.05, 0.1, 0.2, 0.4, 0.7, 1.0)
 
 
 def _field(default, help: str, choices=None):
@@ -98,14 +116,20 @@ class BayesianParams:
       C: maximum count of one n-gram per user (Alg. 1 line 2; paper sec. 4.3: 1 below 1M users).
       W: maximum total count per user over all n-grams (sec. 4.2 baseline 1 and sec. 4.3, which use
         |U|/1000; a data-independent constant here). Applied to every mechanism.
-      S: decay hyperparameter of eq. 5, ``w = min(1, S*N/C)`` (paper's grid: [1e-3, 1e4]). Default
-        1e-3 with rho = 0.1, chosen on the bundled sample (docs/bayesian_ngrams.md); use ``tune``
-        to choose privately.
-      rho: posterior weight of the private counts, ``mu_ps = rho*w*x_hat + (1-rho)*mu_p``.
+      S: decay hyperparameter of eq. 5, ``w = min(1, S*N/C)`` (paper's grid: [1e-3, 1e4]). None (the
+        default): chosen privately with rho (:attr:`choose`); given alone, only rho is chosen.
+      rho: posterior weight of the private counts, ``mu_ps = rho*w*x_hat + (1-rho)*mu_p``. None (the
+        default): chosen privately; with both S and rho given the release is Algorithm 1 as printed.
       sensitivity: ``brute_force`` (Alg. 1, exact max over users) or ``bound`` (Claim 1, corrected).
       tune: private hyperparameter selection over ``S_grid`` x ``rho_grid`` (Alg. 2).
       tune_epsilon_fraction: share of epsilon spent on the selection (paper sec. 4.3: 1/3).
       validation_fraction: share of users scored in Alg. 2's first set (paper sec. 4.3: 10%).
+      choice_S_grid, choice_rho_grid: the private choice's candidates (S as multiples of C); the public
+        prior alone is always one more candidate.
+      choice_epsilon_fraction: share of epsilon spent on the private choice (default 0.2).
+      choice_beta: the generalized exponential mechanism's failure probability beta (default 0.1): a
+        candidate beats the public prior only when its estimated gain exceeds about
+        ``2 * ln(K / beta) / epsilon_choice`` times its score's sensitivity.
     """
 
     epsilon: float = _field(1.0, "total user-level epsilon, in (0, 100]")
@@ -113,8 +137,8 @@ class BayesianParams:
     n: int = _field(3, "n-gram length (1..20)")
     C: int = _field(1, "max count of one n-gram per user (Alg. 1 line 2; paper: 1 below 1M users)")
     W: int = _field(100, "max total count per user over all n-grams (>= C)")
-    S: float = _field(1e-3, "decay S of w = min(1, S*N/C) (eq. 5), > 0")
-    rho: float = _field(0.1, "posterior weight of the private counts, in (0, 1]")
+    S: Optional[float] = _field(None, "decay S of w = min(1, S*N/C) (eq. 5), > 0; default: chosen privately")
+    rho: Optional[float] = _field(None, "posterior weight of the private counts, in (0, 1]; default: chosen privately")
     sensitivity: str = _field(
         "brute_force",
         "brute_force (exact max over users) or bound (Claim 1, corrected); both data-dependent",
@@ -125,6 +149,14 @@ class BayesianParams:
     rho_grid: Tuple[float, ...] = _field(DEFAULT_RHO_GRID, "rho candidates of tune (comma-separated)")
     tune_epsilon_fraction: float = _field(1.0 / 3.0, "share of epsilon spent on tuning, in (0, 1) (paper: 1/3)")
     validation_fraction: float = _field(0.1, "share of users in the scoring set of Algorithm 2, in (0, 1) (paper: 0.1)")
+    choice_S_grid: Tuple[float, ...] = _field(
+        DEFAULT_CHOICE_S_GRID, "S candidates of the private choice, as multiples of C (comma-separated)"
+    )
+    choice_rho_grid: Tuple[float, ...] = _field(
+        DEFAULT_CHOICE_RHO_GRID, "rho candidates of the private choice (comma-separated)"
+    )
+    choice_epsilon_fraction: float = _field(0.2, "share of epsilon spent on the private choice of S, rho, in (0, 1)")
+    choice_beta: float = _field(0.1, "failure probability beta of the choice's generalized exponential mechanism")
 
     def __post_init__(self):
         s = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass setter)
@@ -135,8 +167,12 @@ class BayesianParams:
         s("W", check_int("W", self.W, 1))
         if self.W < self.C:
             raise ValueError(f"W (total count per user) must be >= C (count per n-gram), got W={self.W}, C={self.C}")
-        s("S", check_range("S", self.S, 0.0, math.inf, lo_open=True))
-        s("rho", check_range("rho", self.rho, 0.0, 1.0, lo_open=True))
+        if self.S is not None:
+            s("S", check_range("S", self.S, 0.0, math.inf, lo_open=True))
+        if self.rho is not None:
+            s("rho", check_range("rho", self.rho, 0.0, 1.0, lo_open=True))
+        if self.tune and (self.S is not None or self.rho is not None):
+            raise ValueError("S and rho are chosen by tune (Algorithm 2): give S_grid and rho_grid instead")
         check_choice("sensitivity", self.sensitivity, SENSITIVITIES)
         if not isinstance(self.tune, bool):
             raise ValueError(f"tune must be True or False, got {self.tune!r}")
@@ -150,6 +186,23 @@ class BayesianParams:
             "validation_fraction",
             check_range("validation_fraction", self.validation_fraction, 0.0, 1.0, lo_open=True, hi_open=True),
         )
+        s("choice_S_grid", _grid("choice_S_grid", self.choice_S_grid, 0.0, math.inf, lo_open=True))
+        s("choice_rho_grid", _grid("choice_rho_grid", self.choice_rho_grid, 0.0, 1.0, lo_open=True))
+        s(
+            "choice_epsilon_fraction",
+            check_range("choice_epsilon_fraction", self.choice_epsilon_fraction, 0.0, 1.0, lo_open=True, hi_open=True),
+        )
+        s("choice_beta", check_range("choice_beta", self.choice_beta, 0.0, 1.0, lo_open=True, hi_open=True))
+
+    @property
+    def choose(self) -> bool:
+        """True when (S, rho) are chosen privately (issue 33): no tune and S or rho not given."""
+        return not self.tune and (self.S is None or self.rho is None)
+
+    @property
+    def epsilon_choice(self) -> float:
+        """Epsilon of the private choice of (S, rho); 0 unless :attr:`choose`."""
+        return self.epsilon * self.choice_epsilon_fraction if self.choose else 0.0
 
     @property
     def epsilon_tune(self) -> float:
@@ -159,19 +212,38 @@ class BayesianParams:
     @property
     def epsilon_release(self) -> float:
         """Epsilon of the final release (Gaussian of Alg. 1 or the Laplace baselines)."""
-        return self.epsilon - self.epsilon_tune
+        return self.epsilon - self.epsilon_tune - self.epsilon_choice
+
+    def budget(self, mechanism: str) -> dict:
+        """How ``epsilon`` is split for ``mechanism``: ``epsilon_choice`` (the private choice of S, rho),
+        ``epsilon_tune`` (Algorithm 2) and ``epsilon_release`` (the release itself). The Laplace
+        baselines have neither S nor rho: all of epsilon goes to their release."""
+        if mechanism != "bayesian":
+            return {"epsilon_choice": 0.0, "epsilon_tune": 0.0, "epsilon_release": self.epsilon}
+        return {
+            "epsilon_choice": self.epsilon_choice,
+            "epsilon_tune": self.epsilon_tune,
+            "epsilon_release": self.epsilon_release,
+        }
 
     @property
     def grid(self) -> Tuple[Tuple[float, float], ...]:
-        """The (S, rho) candidates: the grid with tuning, else the single (S, rho)."""
+        """The (S, rho) candidates: the grid with tuning, the choice's grid (S given or ``choice_S_grid``
+        times C, rho given or ``choice_rho_grid``) when choosing, else the single (S, rho)."""
         if self.tune:
             return tuple((S, r) for S in self.S_grid for r in self.rho_grid)
+        if self.choose:
+            S_values = (self.S,) if self.S is not None else tuple(v * self.C for v in self.choice_S_grid)
+            rhos = (self.rho,) if self.rho is not None else self.choice_rho_grid
+            return tuple((S, r) for S in S_values for r in rhos)
         return ((self.S, self.rho),)
 
     @property
     def S_values(self) -> Tuple[float, ...]:
         """Distinct S values whose sensitivity is needed (the brute force runs once per S)."""
-        return self.S_grid if self.tune else (self.S,)
+        if self.tune:
+            return self.S_grid
+        return tuple(dict.fromkeys(S for S, _ in self.grid))
 
     def replace(self, **changes) -> "BayesianParams":
         return dataclasses.replace(self, **changes)
@@ -180,6 +252,8 @@ class BayesianParams:
         d = dataclasses.asdict(self)
         d["S_grid"] = list(self.S_grid)
         d["rho_grid"] = list(self.rho_grid)
+        d["choice_S_grid"] = list(self.choice_S_grid)
+        d["choice_rho_grid"] = list(self.choice_rho_grid)
         return d
 
 

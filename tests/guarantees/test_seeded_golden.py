@@ -19,6 +19,8 @@ changed output-path checks), before the redesign: they are NOT a known-correct a
 equality tests (tests/transforms/selection/test_select.py, test_mad_sips_beam.py, test_policy_beam.py,
 test_counts_beam.py, test_dpne_*.py, ...) and the audits. A change that is meant to change the
 output (a new randomness contract, a fixed bug) updates the values here in the same commit and says so.
+``bayesian_ngrams/bayesian_choice`` (the private choice of S, rho, the default since issue 33) was
+recorded when it was added; the explicit ``--S 1e-3 --rho 0.1`` case keeps the value of 96d63c8.
 
 The values hold with the newest dependencies (the main suite's .venv). With the oldest supported ones
 (constraints/minimum.txt, numpy 1.23.2, scipy 1.9.2) the selection and DPNE hashes hold too, but the
@@ -71,16 +73,20 @@ DPNE_CASES = {
     "dpne_counts": ["--algorithm", "dpne", "--release_counts"],
 }
 
-BAYES_ARGS = ["--public", PUBLIC, "--n", "3", "--epsilon", "1", "--C", "1", "--W", "100"]
+BAYES_ARGS = ["--public", PUBLIC, "--n", "3", "--C", "1", "--W", "100"]
 BAYES_CASES = {
-    "bayesian": ["--mechanism", "bayesian", "--delta", "1e-5"],
-    "laplace": ["--mechanism", "laplace"],
-    "laplace_public": ["--mechanism", "laplace_public"],
+    # Algorithm 1 with the former default S, rho given explicitly: the same output as before issue 33
+    "bayesian": ["--mechanism", "bayesian", "--delta", "1e-5", "--epsilon", "1", "--S", "1e-3", "--rho", "0.1"],
+    # the default since issue 33: the private choice of S, rho (at epsilon 8 it picks a candidate here)
+    "bayesian_choice": ["--mechanism", "bayesian", "--delta", "1e-5", "--epsilon", "8"],
+    "laplace": ["--mechanism", "laplace", "--epsilon", "1"],
+    "laplace_public": ["--mechanism", "laplace_public", "--epsilon", "1"],
 }
 
 #: sha256 of "\n".join(sorted released lines) and their number, recorded at commit 96d63c8 (see the module docstring)
 GOLDEN = {  # name: (sha256, number of lines)
     "bayesian_ngrams/bayesian": ("abd2f1ab65be4fe5c2052b67aed4c444a07777fd30c676e0acba38b1d6b98612", 5000),
+    "bayesian_ngrams/bayesian_choice": ("06253c44777f0320d2c1c48aee2738d82d2968421edd3d033cb8d15c3b6ec800", 5000),
     "bayesian_ngrams/laplace": ("a316de7fec10fc2fc3369709258c1a028cb40f9d007a0d1fecd5404af5ae8169", 5000),
     "bayesian_ngrams/laplace_public": ("8b05f7429a60766330e33a116608bb36d08d29150c2f78be0e69f3de086e8ef1", 5000),
     "extract_ngrams/dpne": ("ad283e19211bac0a730f4107807292776be2847561245639361c746c7f04a5e1", 254),

@@ -395,7 +395,14 @@ def _example_value(action):
     if isinstance(value, list):
         return ",".join(map(str, value))
     if value is None or isinstance(value, bool):
-        examples = {"budget_split": "0.5,0.5", "c_ub": "2", "cap_quantile": "0.9", "dpsu_single_length": "2"}
+        examples = {
+            "budget_split": "0.5,0.5",
+            "c_ub": "2",
+            "cap_quantile": "0.9",
+            "dpsu_single_length": "2",
+            "S": "0.01",
+            "rho": "0.3",
+        }
         return examples.get(action.dest, {"delta": "1e-5"}.get(action.dest, "true"))
     return str(value)
 

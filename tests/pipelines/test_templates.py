@@ -115,7 +115,14 @@ def launch(spec, values):
 
 
 # a value for the parameters whose default is None (unset: the algorithm's default)
-UNSET_EXAMPLES = {"budget_split": "0.5,0.5", "c_ub": "2", "cap_quantile": "0.9", "dpsu_single_length": "2"}
+UNSET_EXAMPLES = {
+    "budget_split": "0.5,0.5",
+    "c_ub": "2",
+    "cap_quantile": "0.9",
+    "dpsu_single_length": "2",
+    "S": "0.01",
+    "rho": "0.3",
+}
 
 
 @pytest.mark.parametrize("name", NAMES)

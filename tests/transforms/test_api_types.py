@@ -361,6 +361,13 @@ def test_report_fields_match_every_mechanisms_release_info():
     """The launcher's table of sensitivities (for the warning, before the run) agrees with the release."""
     c = pa.array([30, 10]).to_numpy()
     for mechanism in bayesian_ngrams.SENSITIVITY:
-        _, info = BK.finalize(PRIOR, mechanism, BAYES, c, c, [1.0], seed=1, rng=None)
+        _, info = BK.finalize(PRIOR, mechanism, BAYES.replace(S=0.1, rho=0.5), c, c, [1.0], seed=1, rng=None)
         assert info["public"]["sensitivity"] == bayesian_ngrams.SENSITIVITY[mechanism]
+        if mechanism == "bayesian":  # the default: the private choice of S, rho (issue 33)
+            gammas = [1.0] * len(BAYES.S_values)
+            with pytest.raises(ValueError, match="choice_changes"):
+                BK.finalize(PRIOR, mechanism, BAYES, c, c, gammas, seed=1, rng=None)
+            changes = [0.01] * len(BAYES.grid)
+            _, info = BK.finalize(PRIOR, mechanism, BAYES, c, c, gammas, seed=1, rng=None, choice_changes=changes)
+            assert info["public"]["sensitivity"] == bayesian_ngrams.SENSITIVITY[mechanism]
         assert (bayesian_ngrams.data_dependent_warning(mechanism) is None) is (mechanism == "laplace")

@@ -151,6 +151,20 @@ def _log_thetas(stats, prior, params):
     return candidate_log_thetas(prior, stats[0], stats[1], params)
 
 
+class UserChoiceChangeFn(beam.DoFn):
+    """(user, (indices, counts)) -> the private choice's score change per candidate for removing the user
+    (:func:`bayesian_kernels.user_choice_change`); the context is built once per worker from ``(c, N)``."""
+
+    def __init__(self, prior: K.PublicPrior, params: BayesianParams):
+        self._prior, self._params = prior, params
+        self._ctx = None
+
+    def process(self, element, stats):
+        if self._ctx is None:
+            self._ctx = K.ChoiceContext.build(self._prior, stats[0], stats[1], self._params)
+        yield K.user_choice_change(self._ctx, *element[1])
+
+
 def _claim1(stats, S_values, C):
     ctx = _sensitivity_context(stats, S_values, C)
     return K.sensitivities("bound", ctx, None)
@@ -165,7 +179,7 @@ class ReleaseFn(WorkerRngDoFn):
         super().__init__(seed)
         self._algorithm, self._prior, self._params, self._seed = algorithm, prior, params, seed
 
-    def process(self, _, stats, gammas, c1=None, set1_changes=None):
+    def process(self, _, stats, gammas, c1=None, set1_changes=None, choice_changes=None):
         theta, info = finalize(
             self._prior,
             self._algorithm,
@@ -177,6 +191,7 @@ class ReleaseFn(WorkerRngDoFn):
             self._rng,
             c1=c1,
             set1_changes=set1_changes,
+            choice_changes=choice_changes,
         )
         yield beam.pvalue.TaggedOutput(self.INFO, info["public"])
         for g, p in zip(self._prior.vocab, theta.tolist()):
@@ -258,8 +273,15 @@ class BayesianNgrams(beam.PTransform):
         if not p.tune:
             stats = users | "Stats" >> beam.CombineGlobally(CountStatsFn(V))  # (c, N)
             gammas = self._gammas(users, stats, "")
+            choice = None
+            if self.algorithm == "bayesian" and p.choose:
+                choice = side(
+                    users
+                    | "UserChoiceChange" >> beam.ParDo(UserChoiceChangeFn(prior, p), side(stats))  # (K,) per user
+                    | "MaxChoiceChange" >> beam.CombineGlobally(MaxVectorFn(len(p.grid)))  # (K,)
+                )
             out = start | "Release" >> beam.ParDo(
-                ReleaseFn(self.algorithm, prior, p, self._seed), side(stats), gammas
+                ReleaseFn(self.algorithm, prior, p, self._seed), side(stats), gammas, None, None, choice
             ).with_outputs(ReleaseFn.INFO, main="distribution")
         else:
             split = users | "SplitUsers" >> beam.ParDo(SplitUsersFn(p.validation_fraction, self._seed)).with_outputs(

@@ -45,6 +45,7 @@ PURPOSE_SPLIT = "bayes_split"
 PURPOSE_GAUSSIAN = "bayes_gaussian"
 PURPOSE_TUNE = "bayes_tune"
 PURPOSE_LAPLACE = "bayes_laplace"
+PURPOSE_CHOICE = "bayes_choice"
 
 UserCounts = Tuple[np.ndarray, np.ndarray]  # (vocabulary indices, sorted; clamped counts)
 
@@ -373,6 +374,210 @@ def report_noisy_min(
 
 
 # ---------------------------------------------------------------------------------------------
+# The private choice of (S, rho) (issue 33; docs/bayesian_ngrams.md "Choosing the prior's weight")
+# ---------------------------------------------------------------------------------------------
+
+#: Draws of the noise penalty's numerical integration: fixed, public pseudo-random normals (a quadrature
+#: rule, not privacy noise; the same on every worker and run).
+PENALTY_DRAWS = 16
+PENALTY_SEED = 33
+
+
+@dataclasses.dataclass(frozen=True)
+class ChoiceContext:
+    """Everything a per-user score change of the private choice needs, from the totals ``c`` and users per
+    n-gram ``N`` (built once per worker from the ``(c, N)`` side input).
+
+    Candidate k is ``(S_k, rho_k)`` with ``h_k = mu_ps`` (Corollary 1) and ``theta_k = softmax(h_k)``; its
+    score is the cross-entropy of the private distribution ``p_hat = c / T`` under ``theta_k`` *relative to
+    the public prior alone* ``theta_0 = softmax(mu_p)``: ``bias_k = -sum_i p_hat_i log(theta_k,i /
+    theta_0,i)`` (= KL(p_hat || theta_k) - KL(p_hat || theta_0)). ``S_of[k]`` indexes ``S_values``.
+    """
+
+    candidates: Tuple[Tuple[float, float], ...]
+    S_values: Tuple[float, ...]
+    S_of: np.ndarray  # (K,)
+    rho: np.ndarray  # (K,)
+    C: int
+    c: np.ndarray  # (V,) float
+    N: np.ndarray  # (V,)
+    xh: np.ndarray  # (V,)
+    T: float
+    p_hat: np.ndarray  # (V,)
+    p_hat2: float  # sum p_hat^2
+    w: np.ndarray  # (|S|, V)
+    theta: np.ndarray  # (K, V)
+    ell: np.ndarray  # (K, V) log theta_k - log theta_0
+    p_ell: np.ndarray  # (K,) sum p_hat * ell_k
+    theta_w: np.ndarray  # (K,) sum theta_k * w_S(k)
+    theta_w2: np.ndarray  # (K,) sum theta_k * w_S(k)^2
+    c_w: np.ndarray  # (|S|,) sum c * w_S
+    bias: np.ndarray  # (K,) -p_ell
+
+    @staticmethod
+    def build(prior: "PublicPrior", c: np.ndarray, N: np.ndarray, params: BayesianParams) -> "ChoiceContext":
+        cands = tuple(params.grid)
+        S_values = tuple(params.S_values)
+        S_pos = {S: i for i, S in enumerate(S_values)}
+        S_of = np.array([S_pos[S] for S, _ in cands], dtype=np.int64)
+        rho = np.array([r for _, r in cands], dtype=np.float64)
+        cf = np.asarray(c, dtype=np.float64)
+        N = np.asarray(N, dtype=np.int64)
+        T = math.fsum(cf)
+        p_hat = cf / T if T > 0 else np.zeros_like(cf)
+        xh = x_hat(cf)
+        mu_p = mu_prior(prior.alpha)
+        lt0 = log_softmax(mu_p)
+        w = np.stack([decay_weights(N, S, params.C) for S in S_values])
+        log_theta = np.stack([log_softmax(posterior_mean(xh, w[S_of[k]], mu_p, rho[k])) for k in range(len(cands))])
+        theta = np.exp(log_theta)
+        ell = log_theta - lt0
+        p_ell = np.array([math.fsum(p_hat * e) for e in ell])
+        wk = w[S_of]
+        return ChoiceContext(
+            cands,
+            S_values,
+            S_of,
+            rho,
+            int(params.C),
+            cf,
+            N,
+            xh,
+            T,
+            p_hat,
+            math.fsum(p_hat * p_hat),
+            w,
+            theta,
+            ell,
+            p_ell,
+            np.array([math.fsum(r) for r in theta * wk]),
+            np.array([math.fsum(r) for r in theta * wk * wk]),
+            np.array([math.fsum(r) for r in w * cf]),
+            -p_ell,
+        )
+
+
+def user_choice_change(ctx: ChoiceContext, idx: np.ndarray, cnt: np.ndarray) -> np.ndarray:
+    """Per candidate k, a bound on ``|bias_k(D) - bias_k(D - n)|`` for removing this user n (proof in
+    docs/bayesian_ngrams.md, "The score's sensitivity"). Two parts, with ``t = sum(cnt)``:
+
+    * the private distribution changes, ``p' = (c - dc) / (T - t)``, at fixed ``theta``:
+      ``a = -sum_i (p_hat_i - p'_i) ell_k,i = -(sum_{i in n} dc_i ell_k,i - t * p_ell_k) / (T - t)``, exact;
+    * ``h_k`` changes by ``dh = rho_k * (w' x_hat' - w x_hat)`` (exact: on the user's n-grams as in
+      :func:`user_sensitivity`, ``rho_k w_j m`` elsewhere) at fixed ``p'``: the cross-entropy
+      ``-sum p'_i h_i + lse(h)`` moves by ``F + R`` with the exact first-order term
+      ``F = sum_i (theta_i - p'_i) dh_i`` and ``0 <= R <= exp(2 ||dh||_inf) / 2 * sum_i theta_i dh_i^2``
+      (lse's Hessian ``diag(theta) - theta theta^T <= diag(theta)``, theta moves by at most
+      ``exp(2 ||dh||_inf)`` along the segment).
+
+    The change is ``a - F - R``; returned: ``max(|a - F|, |a - F - R_max|)``, inflated by a relative 1e-9 for
+    floating point. ``inf`` for a user holding all the mass (``T == t``: D - n has no distribution).
+    """
+    K = len(ctx.candidates)
+    if idx.size == 0:
+        return np.zeros(K)
+    cntf = np.asarray(cnt, dtype=np.float64)
+    t = math.fsum(cntf)
+    rest = ctx.T - t
+    if not rest > 0:
+        return np.full(K, np.inf)
+    a = -((ctx.ell[:, idx] @ cntf) - t * ctx.p_ell) / rest
+    V = ctx.c.shape[0]
+    c_u = ctx.c[idx]
+    d = np.log1p(c_u) - np.log1p(c_u - cntf)
+    m = math.fsum(d) / V
+    xm = ctx.xh[idx] + m - d
+    n_minus = (ctx.N[idx] - 1).astype(np.float64)
+    S_arr = np.array(ctx.S_values)
+    w_u = ctx.w[:, idx]  # (|S|, u)
+    wm_u = np.minimum(1.0, S_arr[:, None] * n_minus[None, :] / ctx.C)
+    dr = (wm_u * xm[None, :] - w_u * ctx.xh[idx][None, :])[ctx.S_of]  # (K, u): change of r = w x_hat
+    wk_u = w_u[ctx.S_of]
+    th_u = ctx.theta[:, idx]
+    pp_u = (c_u - cntf) / rest
+    off_theta_w = ctx.theta_w - np.sum(th_u * wk_u, axis=1)
+    off_p_w = (ctx.c_w[ctx.S_of] - wk_u @ c_u) / rest
+    F = ctx.rho * (np.sum((th_u - pp_u[None, :]) * dr, axis=1) + m * (off_theta_w - off_p_w))
+    h_inf = ctx.rho * np.maximum(np.max(np.abs(dr), axis=1), m)
+    quad = np.sum(th_u * dr * dr, axis=1) + m * m * np.maximum(0.0, ctx.theta_w2 - np.sum(th_u * wk_u * wk_u, axis=1))
+    R = 0.5 * np.exp(2.0 * h_inf) * ctx.rho**2 * quad
+    base = a - F
+    out = np.maximum(np.abs(base), np.abs(base - R))
+    return out * (1.0 + 1e-9) + 1e-15
+
+
+def noise_penalty(logits: np.ndarray, sigmas: Sequence[float]) -> np.ndarray:
+    """``E[lse(h + sigma Z)] - lse(h)`` per sigma, at public logits ``h`` (the prior's): what Gaussian noise
+    of scale sigma on the logits adds to the expected KL of any distribution to ``softmax(h + sigma Z)``
+    (the linear term has mean 0). A fixed quadrature of :data:`PENALTY_DRAWS` public normal draws."""
+    h = np.asarray(logits, dtype=np.float64)
+    z = np.random.default_rng(PENALTY_SEED).standard_normal((PENALTY_DRAWS, h.size))
+    l0 = special.logsumexp(h)
+    out = []
+    for s in sigmas:
+        if s <= 0.0:
+            out.append(0.0)
+            continue
+        out.append(max(0.0, math.fsum(special.logsumexp(h + s * zz) for zz in z) / PENALTY_DRAWS - l0))
+    return np.array(out)
+
+
+def choice_scores(ctx: ChoiceContext, prior: "PublicPrior", gammas: np.ndarray, params: BayesianParams) -> np.ndarray:
+    """Expected-KL score of every candidate relative to the prior alone: ``bias_k + penalty(sigma_k)``, with
+    ``sigma_k = rho_k gamma(S_k) sigma_1`` the release noise the candidate would get (gamma held at this
+    dataset's value, as the release's own sigma)."""
+    sigma1 = analytic_gaussian_sigma(params.epsilon_release, params.delta, 1.0)
+    sigmas = ctx.rho * np.asarray(gammas, dtype=np.float64)[ctx.S_of] * sigma1
+    return ctx.bias + noise_penalty(mu_prior(prior.alpha), sigmas.tolist())
+
+
+def gem_normalised_scores(q: np.ndarray, sens: np.ndarray, t: float) -> np.ndarray:
+    """The generalized exponential mechanism's normalised scores (Raskhodnikova & Smith 2016), for losses
+    ``q`` (lower is better) with sensitivities ``sens``:
+    ``s_i = max_j ((q_i + t sens_i) - (q_j + t sens_j)) / (sens_i + sens_j)``, 0 for j = i.
+
+    Each ``s_i`` has sensitivity <= 1 when each ``q_j`` changes by at most ``sens_j``. A candidate with
+    infinite sensitivity gets ``inf`` (never chosen)."""
+    q = np.asarray(q, dtype=np.float64)
+    D = np.asarray(sens, dtype=np.float64)
+    finite = np.isfinite(D)
+    a = np.where(finite, q + t * np.where(finite, D, 0.0), np.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        num = a[:, None] - a[None, :]
+        den = D[:, None] + D[None, :]
+        r = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.sign(num) * np.inf)
+    r = np.where(np.isnan(r), 0.0, r)
+    np.fill_diagonal(r, 0.0)
+    r[:, ~finite] = -np.inf  # an infinite-sensitivity candidate constrains nobody
+    r[~finite, :] = np.inf
+    np.fill_diagonal(r, np.where(finite, 0.0, np.inf))
+    return r.max(axis=1)
+
+
+def generalized_exponential_mechanism(
+    q: np.ndarray,
+    sens: np.ndarray,
+    epsilon: float,
+    beta: float,
+    seed: Optional[int],
+    rng: Optional[np.random.Generator],
+) -> Tuple[int, float]:
+    """Chooses a candidate with (pure) ``epsilon``: report-noisy-min of :func:`gem_normalised_scores`
+    (sensitivity 1) with Laplace noise of scale ``2 / epsilon``, ``t = 2 ln(K / beta) / epsilon``.
+    Noise: seeded ``keyed_laplace(seed, "bayes_choice", 0, k)``, else from ``rng``. Returns (k, t)."""
+    K = len(q)
+    t = 2.0 * math.log(K / beta) / epsilon
+    s_norm = gem_normalised_scores(q, sens, t)
+    if seed is not None:
+        z = randomness.keyed_laplace(seed, PURPOSE_CHOICE, 0, list(range(K)))
+    else:
+        if rng is None:
+            raise ValueError("unseeded private choice needs a worker generator (rng)")
+        z = rng.laplace(0.0, 1.0, K)
+    return int(np.argmin(s_norm + (2.0 / epsilon) * z)), t
+
+
+# ---------------------------------------------------------------------------------------------
 # Section 4.2 baselines
 # ---------------------------------------------------------------------------------------------
 
@@ -465,6 +670,7 @@ def finalize(
     rng: Optional[np.random.Generator],
     c1: Optional[np.ndarray] = None,
     set1_changes: Optional[np.ndarray] = None,
+    choice_changes: Optional[np.ndarray] = None,
 ) -> Tuple[np.ndarray, Dict[str, Any]]:
     """The released distribution over ``prior.vocab`` and a report dict.
 
@@ -474,6 +680,8 @@ def finalize(
       gammas: sensitivity of ``r`` per S in ``params.S_values`` (bayesian only).
       c1, set1_changes: Alg. 2's scoring set totals and, for ``brute_force``, the max over its users
         of the score change per candidate (``None`` without tuning).
+      choice_changes: with ``params.choose``, the max over the users of :func:`user_choice_change` per
+        candidate of ``params.grid`` (the private choice's sensitivities).
     Returns:
       (theta, info): ``info["public"]`` holds what may be reported (DP outputs and public
       parameters); ``info["non_private"]`` holds data-dependent values (sensitivities, sigma) for
@@ -482,7 +690,7 @@ def finalize(
     V = prior.size
     public: Dict[str, Any] = {"mechanism": algorithm, "vocabulary_size": V}
     non_private: Dict[str, Any] = {}
-    eps = params.epsilon_release
+    eps = params.budget(algorithm)["epsilon_release"]
     if algorithm == "laplace":
         z = standard_noise("laplace", prior.vocab, PURPOSE_LAPLACE, seed, rng)
         theta, scale = laplace_counts(c, params.W, eps, z)
@@ -513,6 +721,26 @@ def finalize(
         k_star, scale = report_noisy_min(scores, sens, params.epsilon_tune, seed, rng)
         non_private.update(tune_scores=scores.tolist(), tune_sensitivity=sens, tune_laplace_scale=scale)
         public.update(tune_epsilon=params.epsilon_tune, tune_candidates=len(params.grid))
+    if params.choose:
+        if choice_changes is None or len(choice_changes) != len(params.grid):
+            raise ValueError(
+                "the private choice of S, rho needs choice_changes: the max over the users of user_choice_change"
+            )
+        ctx = ChoiceContext.build(prior, c, N, params)
+        q = np.concatenate([[0.0], choice_scores(ctx, prior, gammas, params)])  # index 0: the prior alone
+        sens = np.concatenate([[0.0], np.asarray(choice_changes, dtype=np.float64)])
+        k, t = generalized_exponential_mechanism(q, sens, params.epsilon_choice, params.choice_beta, seed, rng)
+        public.update(
+            choice_epsilon=params.epsilon_choice,
+            choice_candidates=len(q),
+            choice_sensitivity="data-dependent (max over the users of the score change; docs/bayesian_ngrams.md)",
+            prior_alone=k == 0,
+        )
+        non_private.update(choice_scores=q.tolist(), choice_sensitivities=sens.tolist(), choice_t=t)
+        if k == 0:  # the public prior itself: no private data in the release, no noise needed
+            public.update(S=None, rho=None, delta=params.delta, sensitivity="data-dependent")
+            return softmax(mu_p), {"public": public, "non_private": non_private}
+        k_star = k - 1
     S, rho = params.grid[k_star]
     gamma = float(gammas[S_index[S]])
     mu_ps = posterior_mean(xh, decay_weights(N, S, params.C), mu_p, rho)

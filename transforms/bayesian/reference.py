@@ -60,11 +60,16 @@ def release_from_user_counts(
     order = sorted(users, key=lambda u: str(u))
     if not params.tune:
         c, N = K.accumulate((users[u] for u in order), V)
-        gammas = None
+        gammas = choice_changes = None
         if algorithm == "bayesian":
             ctx = K.SensitivityContext.build(c, N, params.S_values, params.C)
             gammas = K.sensitivities(params.sensitivity, ctx, (users[u] for u in order))
-        return finalize(prior, algorithm, params, c, N, gammas, seed, rng)
+            if params.choose:
+                cctx = K.ChoiceContext.build(prior, c, N, params)
+                choice_changes = np.zeros(len(params.grid))
+                for u in order:
+                    choice_changes = np.maximum(choice_changes, K.user_choice_change(cctx, *users[u]))
+        return finalize(prior, algorithm, params, c, N, gammas, seed, rng, choice_changes=choice_changes)
     first = [u for u in order if K.in_validation_set(u, params.validation_fraction, seed, rng)]
     first_set = set(first)
     second = [u for u in order if u not in first_set]

@@ -168,7 +168,9 @@ def test_probabilities_valid_for_extreme_counts(mechanism, tune):
     prior = K.PublicPrior.from_counts({f"g{i}": a for i, a in enumerate([0, 1e15, 0, 3, 1e-300, 7])})
     users = {"heavy": (np.array([0, 1]), np.array([10**6, 10**6])), "one": (np.array([5]), np.array([1]))}
     for eps in (1e-3, 1.0, 100.0):
-        for S, rho in ((1e-3, 1e-3), (1e4, 1.0)):
+        for S, rho in ((1e-3, 1e-3), (1e4, 1.0), (None, None)):  # None: the private choice (issue 33)
+            if tune:
+                S = rho = None  # Algorithm 2 chooses them
             params = BayesianParams(epsilon=eps, C=10**6, W=2 * 10**6, S=S, rho=rho, tune=tune, validation_fraction=0.5)
             for seed in (0, 1, None):
                 theta, _ = release_from_user_counts(users, mechanism, prior, params, seed=seed)
@@ -298,5 +300,16 @@ def test_mechanism_validated_with_its_params(algorithm, kwargs, message):
 def test_budget_split():
     p = BayesianParams(epsilon=0.9, tune=True)
     assert p.epsilon_tune == pytest.approx(0.3) and p.epsilon_release == pytest.approx(0.6)
-    assert BayesianParams(epsilon=0.9).epsilon_release == 0.9
+    assert p.epsilon_choice == 0.0 and not p.choose
+    assert BayesianParams(epsilon=0.9, S=1e-3, rho=0.1).epsilon_release == 0.9  # Algorithm 1 as printed
     assert len(p.grid) == 40 and p.S_values == p.S_grid
+    # the default: the private choice (issue 33) takes choice_epsilon_fraction of epsilon
+    d = BayesianParams(epsilon=0.9, C=2)
+    assert d.choose and d.epsilon_choice == pytest.approx(0.18) and d.epsilon_release == pytest.approx(0.72)
+    assert d.budget("bayesian") == {"epsilon_choice": d.epsilon_choice, "epsilon_tune": 0.0, "epsilon_release": 0.72}
+    assert d.budget("laplace") == {"epsilon_choice": 0.0, "epsilon_tune": 0.0, "epsilon_release": 0.9}
+    assert len(d.grid) == 48 and d.S_values == tuple(2 * S for S in d.choice_S_grid)  # S as multiples of C
+    only_rho = BayesianParams(S=0.05)  # S given: only rho is chosen
+    assert only_rho.choose and only_rho.grid == tuple((0.05, r) for r in only_rho.choice_rho_grid)
+    with pytest.raises(ValueError, match="chosen by tune"):
+        BayesianParams(tune=True, S=0.1)
