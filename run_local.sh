@@ -55,13 +55,12 @@ run_clis() {
     echo "released n-grams: $(cat "$out"/ngrams-?????-of-????? | wc -l) in $out/ngrams-?????-of-?????; report: $out/ngrams_report.json"
   fi
   if [ -f pipelines/bayesian_ngrams.py ] && [ -f data/bayesian_public_trigrams.tsv.gz ]; then
-    echo "== bayesian_ngrams: trigram distribution with a public prior (Algorithm 2), DirectRunner =="
+    echo "== bayesian_ngrams: trigram distribution with a public prior (private choice of its weight), DirectRunner =="
     "$bin/dp-bayesian-ngrams" \
       --private data/debian_text.jsonl.gz --input_format jsonl \
       --public data/bayesian_public_trigrams.tsv.gz \
       --output "$out/trigram_probs" --report "$out/bayesian_report.json" \
-      --n 3 --epsilon 1 --delta 1e-5 --C 1 --W 100 \
-      --tune --S_grid 0.001,0.01 --rho_grid 0.05,0.1,0.3 --overwrite \
+      --n 3 --epsilon 1 --delta 1e-5 --C 1 --W 100 --overwrite \
       --runner DirectRunner --direct_running_mode in_memory
   fi
 }

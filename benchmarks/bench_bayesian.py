@@ -89,7 +89,8 @@ def load_corpus(args) -> SyntheticCorpus:
 def series(args, sc: SyntheticCorpus, epsilons: Sequence[float]) -> Dict[str, Dict[float, float]]:
     base = BayesianParams(C=args.C, W=args.W, sensitivity=args.sensitivity)
     runs = [
-        (f"bayesian (S={base.S:g}, rho={base.rho:g})", base, ["bayesian"]),
+        ("bayesian default (private choice)", base, ["bayesian"]),
+        ("bayesian (S=0.001, rho=0.1) former dflt", base.replace(S=1e-3, rho=0.1), ["bayesian"]),
         ("bayesian tuned (Alg. 2, paper grid)", base.replace(tune=True), ["bayesian"]),
         (
             "bayesian tuned (Alg. 2, small grid)",
