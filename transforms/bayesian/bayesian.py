@@ -157,11 +157,12 @@ class UserChoiceChangeFn(beam.DoFn):
 
     def __init__(self, prior: K.PublicPrior, params: BayesianParams):
         self._prior, self._params = prior, params
-        self._ctx = None
+        self._ctx = self._stats = None
 
     def process(self, element, stats):
-        if self._ctx is None:
+        if self._ctx is None or self._stats is not stats:  # rebuilt if the runner hands over a new side input
             self._ctx = K.ChoiceContext.build(self._prior, stats[0], stats[1], self._params)
+            self._stats = stats
         yield K.user_choice_change(self._ctx, *element[1])
 
 

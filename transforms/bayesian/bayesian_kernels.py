@@ -404,7 +404,6 @@ class ChoiceContext:
     xh: np.ndarray  # (V,)
     T: float
     p_hat: np.ndarray  # (V,)
-    p_hat2: float  # sum p_hat^2
     w: np.ndarray  # (|S|, V)
     theta: np.ndarray  # (K, V)
     ell: np.ndarray  # (K, V) log theta_k - log theta_0
@@ -445,7 +444,6 @@ class ChoiceContext:
             xh,
             T,
             p_hat,
-            math.fsum(p_hat * p_hat),
             w,
             theta,
             ell,

@@ -30,7 +30,8 @@ def test_user_choice_change_bounds_the_true_score_change(data, alpha):
     local sensitivity, docs/bayesian_ngrams.md), recomputed from scratch on D - n."""
     V, C, S, users = data
     prior = _prior(V, alpha)
-    params = BayesianParams(C=C, W=10 * C, choice_S_grid=(S / C, 0.01, 1.0), choice_rho_grid=(0.1, 0.5, 1.0))
+    S_grid = tuple(dict.fromkeys((S / C, 0.01, 1.0)))  # distinct values
+    params = BayesianParams(C=C, W=10 * C, choice_S_grid=S_grid, choice_rho_grid=(0.1, 0.5, 1.0))
     c, N = K.accumulate(users, V)
     ctx = K.ChoiceContext.build(prior, c, N, params)
     for j, (idx, cnt) in enumerate(users):
