@@ -16,7 +16,7 @@ import pytest
 from dp_partition_beam.pipelines import bayesian_eval, bayesian_ngrams, cli, extract_ngrams, registry, select_partitions
 from dp_partition_beam.privacy import bayesian, dpne, selection
 
-from tests.support.pipeline_cases import REPO, cut_sample
+from tests.support.pipeline_cases import REPO, UNSET_FLAG_EXAMPLES, cut_sample
 
 MODULES = {
     "select_partitions": select_partitions,
@@ -395,15 +395,7 @@ def _example_value(action):
     if isinstance(value, list):
         return ",".join(map(str, value))
     if value is None or isinstance(value, bool):
-        examples = {
-            "budget_split": "0.5,0.5",
-            "c_ub": "2",
-            "cap_quantile": "0.9",
-            "dpsu_single_length": "2",
-            "S": "0.01",
-            "rho": "0.3",
-        }
-        return examples.get(action.dest, {"delta": "1e-5"}.get(action.dest, "true"))
+        return UNSET_FLAG_EXAMPLES.get(action.dest, {"delta": "1e-5"}.get(action.dest, "true"))
     return str(value)
 
 

@@ -11,6 +11,8 @@ import pytest
 
 from dp_partition_beam.pipelines import cli, registry
 
+from tests.support.pipeline_cases import UNSET_FLAG_EXAMPLES
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TEMPLATES = os.path.join(REPO, "templates")
 SPECS = {s.name: s for s in registry.PIPELINES}
@@ -115,14 +117,7 @@ def launch(spec, values):
 
 
 # a value for the parameters whose default is None (unset: the algorithm's default)
-UNSET_EXAMPLES = {
-    "budget_split": "0.5,0.5",
-    "c_ub": "2",
-    "cap_quantile": "0.9",
-    "dpsu_single_length": "2",
-    "S": "0.01",
-    "rho": "0.3",
-}
+UNSET_EXAMPLES = UNSET_FLAG_EXAMPLES
 
 
 @pytest.mark.parametrize("name", NAMES)

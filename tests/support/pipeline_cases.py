@@ -69,3 +69,15 @@ def released_lines(out_dir):
 
 PIPELINES = registry.PIPELINES
 IDS = [s.name for s in PIPELINES]
+
+
+#: A value for each CLI flag whose default is None (unset: the algorithm's own default), for tests that
+#: pass every flag once (tests/pipelines/test_cli_strict.py, test_templates.py).
+UNSET_FLAG_EXAMPLES = {
+    "budget_split": "0.5,0.5",
+    "c_ub": "2",
+    "cap_quantile": "0.9",
+    "dpsu_single_length": "2",
+    "S": "0.01",
+    "rho": "0.3",
+}

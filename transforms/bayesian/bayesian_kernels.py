@@ -358,13 +358,19 @@ def score_sensitivity_release_set(rho: float, gamma: float, c1: np.ndarray) -> f
 
 
 def report_noisy_min(
-    scores: np.ndarray, sensitivity: float, epsilon: float, seed: Optional[int], rng: Optional[np.random.Generator]
+    scores: np.ndarray,
+    sensitivity: float,
+    epsilon: float,
+    seed: Optional[int],
+    rng: Optional[np.random.Generator],
+    purpose: str = PURPOSE_TUNE,
 ) -> Tuple[int, float]:
-    """Theorem 2: ``argmin_k q_k + Lap(2 |Delta q| / epsilon)``; returns (k*, Laplace scale)."""
+    """Theorem 2: ``argmin_k q_k + Lap(2 |Delta q| / epsilon)``; returns (k*, Laplace scale). Seeded noise:
+    ``keyed_laplace(seed, purpose, 0, k)``."""
     K = len(scores)
     scale = 2.0 * sensitivity / epsilon
     if seed is not None:
-        z = randomness.keyed_laplace(seed, PURPOSE_TUNE, 0, list(range(K)))
+        z = randomness.keyed_laplace(seed, purpose, 0, list(range(K)))
     else:
         if rng is None:
             raise ValueError("unseeded report-noisy-min needs a worker generator (rng)")
@@ -563,16 +569,9 @@ def generalized_exponential_mechanism(
     """Chooses a candidate with (pure) ``epsilon``: report-noisy-min of :func:`gem_normalised_scores`
     (sensitivity 1) with Laplace noise of scale ``2 / epsilon``, ``t = 2 ln(K / beta) / epsilon``.
     Noise: seeded ``keyed_laplace(seed, "bayes_choice", 0, k)``, else from ``rng``. Returns (k, t)."""
-    K = len(q)
-    t = 2.0 * math.log(K / beta) / epsilon
-    s_norm = gem_normalised_scores(q, sens, t)
-    if seed is not None:
-        z = randomness.keyed_laplace(seed, PURPOSE_CHOICE, 0, list(range(K)))
-    else:
-        if rng is None:
-            raise ValueError("unseeded private choice needs a worker generator (rng)")
-        z = rng.laplace(0.0, 1.0, K)
-    return int(np.argmin(s_norm + (2.0 / epsilon) * z)), t
+    t = 2.0 * math.log(len(q) / beta) / epsilon
+    k, _ = report_noisy_min(gem_normalised_scores(q, sens, t), 1.0, epsilon, seed, rng, purpose=PURPOSE_CHOICE)
+    return k, t
 
 
 # ---------------------------------------------------------------------------------------------
