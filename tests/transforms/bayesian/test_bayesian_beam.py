@@ -86,7 +86,16 @@ def test_seed_changes_output():
     assert run_beam(params, 1) != run_beam(params, 2)
 
 
-@pytest.mark.parametrize("algorithm,params", [CASES[0], CASES[3], CASES[4]], ids=["bayesian", "tuned", "laplace"])
+UNSEEDED_CASES = [
+    # Algorithm 1 with explicit S, rho: its Gaussian noise is always drawn (the default's private choice
+    # may return the public prior itself, which has no noise: see test_unseeded_choice_is_a_distribution)
+    ("bayesian", BayesianParams(n=2, C=2, W=6, S=1e-3, rho=0.1)),
+    CASES[3],
+    CASES[4],
+]
+
+
+@pytest.mark.parametrize("algorithm,params", UNSEEDED_CASES, ids=["bayesian", "tuned", "laplace"])
 def test_unseeded_beam_output_is_a_distribution(algorithm, params):
     got = run_beam(params, None, algorithm=algorithm)
     vals = np.array(list(got.values()))
@@ -94,6 +103,20 @@ def test_unseeded_beam_output_is_a_distribution(algorithm, params):
     assert np.all(np.isfinite(vals)) and np.all(vals >= 0)
     assert math.fsum(vals) == pytest.approx(1.0, abs=1e-12)
     assert got != run_beam(params, None, algorithm=algorithm)  # fresh OS-entropy noise each run
+
+
+def test_unseeded_choice_is_a_distribution():
+    """The default (private choice of S, rho), unseeded: a distribution over the public vocabulary; either
+    the public prior itself or a noisy release (two runs then differ)."""
+    params = BayesianParams(n=2, C=2, W=6, epsilon=60.0)
+    prior_theta = dict(zip(PRIOR.vocab, K.softmax(K.mu_prior(PRIOR.alpha)).tolist()))
+    runs = [run_beam(params, None) for _ in range(2)]
+    for got in runs:
+        vals = np.array(list(got.values()))
+        assert set(got) == set(PRIOR.vocab) and np.all(np.isfinite(vals)) and np.all(vals >= 0)
+        assert math.fsum(vals) == pytest.approx(1.0, abs=1e-12)
+    if runs[0] != prior_theta and runs[1] != prior_theta:
+        assert runs[0] != runs[1]  # fresh OS-entropy noise in each release
 
 
 def test_private_users_without_vocabulary_ngrams_and_empty_input():
