@@ -116,10 +116,6 @@ def launch(spec, values):
     return spec.module().params_from_args(parsed)
 
 
-# a value for the parameters whose default is None (unset: the algorithm's default)
-UNSET_EXAMPLES = UNSET_FLAG_EXAMPLES
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_metadata_parameters_are_the_cli_flags(name):
     """Every parameter is a flag the parser accepts as the launcher passes it (--name=value); every
@@ -151,7 +147,7 @@ def test_metadata_parameters_are_the_cli_flags(name):
         a = acts[p["name"]]
         value = ex.get(p["name"], a.default)
         if value is None or isinstance(value, bool):
-            value = UNSET_EXAMPLES.get(p["name"], "true")
+            value = UNSET_FLAG_EXAMPLES.get(p["name"], "true")  # default None: unset
         values = dict(base)
         use = parser.flag_use.get(p["name"])
         if use is not None:  # an algorithm that reads it, and the settings it needs

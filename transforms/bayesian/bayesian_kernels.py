@@ -216,6 +216,16 @@ class SensitivityContext:
         )
 
 
+def removal_shift(c: np.ndarray, xh: np.ndarray, idx: np.ndarray, cnt: np.ndarray) -> Tuple[float, np.ndarray]:
+    """Removing one user (counts ``cnt`` on n-grams ``idx``) moves eq. 2's ``x_hat`` to ``x_hat + m - d`` on
+    the user's n-grams and to ``x_hat + m`` elsewhere, with ``d_i = log(c_i+1) - log(c_i - dc_i + 1)`` and
+    ``m = sum(d)/V`` (the change of eq. 3's mean). Returns ``(m, x_hat without the user on idx)``."""
+    c_u = c[idx]
+    d = np.log1p(c_u) - np.log1p(c_u - cnt)
+    m = math.fsum(d) / c.shape[0]
+    return m, xh[idx] + m - d
+
+
 def user_sensitivity(ctx: SensitivityContext, idx: np.ndarray, cnt: np.ndarray) -> np.ndarray:
     """``||w * x_hat - w_{-n} * x_hat_{-n}||_2`` for removing one user, for every S (Corollary 1; the
     brute-force term of Alg. 1 computed exactly, in O(|user| * |S|) from the global vectors).
@@ -224,14 +234,10 @@ def user_sensitivity(ctx: SensitivityContext, idx: np.ndarray, cnt: np.ndarray) 
     ``x_hat_{-n} = x_hat + m - d``; off the user's n-grams ``w`` is unchanged, so those coordinates
     contribute ``m^2 * (sum(w^2) - sum_{i in user} w_i^2)``.
     """
-    V = ctx.c.shape[0]
     if idx.size == 0:
         return np.zeros(len(ctx.S_values))
-    c_u = ctx.c[idx]
-    d = np.log1p(c_u) - np.log1p(c_u - cnt)
-    m = math.fsum(d) / V
+    m, xm_u = removal_shift(ctx.c, ctx.xh, idx, cnt)
     x_u = ctx.xh[idx]
-    xm_u = x_u + m - d
     out = np.empty(len(ctx.S_values))
     n_minus = (ctx.N[idx] - 1).astype(np.float64)
     for k, S in enumerate(ctx.S_values):
@@ -434,7 +440,7 @@ class ChoiceContext:
         mu_p = mu_prior(prior.alpha)
         lt0 = log_softmax(mu_p)
         w = np.stack([decay_weights(N, S, params.C) for S in S_values])
-        log_theta = np.stack([log_softmax(posterior_mean(xh, w[S_of[k]], mu_p, rho[k])) for k in range(len(cands))])
+        log_theta = candidate_log_thetas(prior, cf, N, params)  # (K, V), the candidates' log softmax(mu_ps)
         theta = np.exp(log_theta)
         ell = log_theta - lt0
         p_ell = np.array([math.fsum(p_hat * e) for e in ell])
@@ -486,11 +492,8 @@ def user_choice_change(ctx: ChoiceContext, idx: np.ndarray, cnt: np.ndarray) -> 
     if not rest > 0:
         return np.full(K, np.inf)
     a = -((ctx.ell[:, idx] @ cntf) - t * ctx.p_ell) / rest
-    V = ctx.c.shape[0]
     c_u = ctx.c[idx]
-    d = np.log1p(c_u) - np.log1p(c_u - cntf)
-    m = math.fsum(d) / V
-    xm = ctx.xh[idx] + m - d
+    m, xm = removal_shift(ctx.c, ctx.xh, idx, cntf)
     n_minus = (ctx.N[idx] - 1).astype(np.float64)
     S_arr = np.array(ctx.S_values)
     w_u = ctx.w[:, idx]  # (|S|, u)
@@ -544,18 +547,16 @@ def gem_normalised_scores(q: np.ndarray, sens: np.ndarray, t: float) -> np.ndarr
     infinite sensitivity gets ``inf`` (never chosen)."""
     q = np.asarray(q, dtype=np.float64)
     D = np.asarray(sens, dtype=np.float64)
-    finite = np.isfinite(D)
-    a = np.where(finite, q + t * np.where(finite, D, 0.0), np.inf)
+    f = np.isfinite(D)
+    a = q[f] + t * D[f]
+    num = a[:, None] - a[None, :]
+    den = D[f][:, None] + D[f][None, :]
     with np.errstate(divide="ignore", invalid="ignore"):
-        num = a[:, None] - a[None, :]
-        den = D[:, None] + D[None, :]
+        # two zero-sensitivity candidates: the better one wins outright (+-inf), equal ones tie (0)
         r = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.sign(num) * np.inf)
-    r = np.where(np.isnan(r), 0.0, r)
-    np.fill_diagonal(r, 0.0)
-    r[:, ~finite] = -np.inf  # an infinite-sensitivity candidate constrains nobody
-    r[~finite, :] = np.inf
-    np.fill_diagonal(r, np.where(finite, 0.0, np.inf))
-    return r.max(axis=1)
+    out = np.full(q.shape, np.inf)
+    out[f] = np.nan_to_num(r, nan=0.0, posinf=np.inf, neginf=-np.inf).max(axis=1)
+    return out
 
 
 def generalized_exponential_mechanism(
