@@ -40,7 +40,7 @@ from __future__ import annotations
 import abc
 import os
 import zlib
-from typing import Optional
+from typing import Optional, Sequence
 
 import apache_beam as beam
 import numpy as np
@@ -271,8 +271,14 @@ def single_user(table: pa.Table) -> bool:
     return table.num_rows > 0 and users[0] == users[-1]
 
 
+def table_of(piece):
+    """The table of a piece that may arrive packed (:func:`barrier` with ``packed=True``)."""
+    return piece.table() if isinstance(piece, Packed) else piece
+
+
 class PerUserFn(beam.DoFn, metaclass=abc.ABCMeta):
-    """A per-user step over the pieces of :class:`ShardedUsers`: ``(user shard, Table)`` -> outputs.
+    """A per-user step over the pieces of :class:`ShardedUsers`: ``(user shard, Table)`` -> outputs
+    (a piece may arrive packed: it is unpacked here, in the step's own stage).
 
     A piece of two or more users holds every row of each of them: :meth:`whole` runs on it. A piece of
     one user may be a part of a user cut across pieces: :meth:`part` reduces it to rows that :meth:`join`
@@ -283,7 +289,7 @@ class PerUserFn(beam.DoFn, metaclass=abc.ABCMeta):
     """
 
     def process(self, element, *args):
-        shard, table = element
+        shard, table = element[0], table_of(element[1])
         if not single_user(table):
             yield from self.whole(shard, table, *args)
         elif (part := self.part(table, *args)) is not None:
@@ -318,20 +324,52 @@ class JoinPartsFn(beam.DoFn):
         yield from self._fn.join(shard, list(parts), *args)
 
 
-def per_user_step(pieces, label: str, fn: PerUserFn, *args):
+def per_user_step(
+    pieces, label: str, fn: PerUserFn, *args, packed: bool = False, outputs: Sequence[str] = (), tables: bool = True
+):
     """``pieces | label >> ParDo(fn, *args)``, with the users cut across pieces joined: their parts
     grouped by (user shard, user) and joined (``{label}Join``); the outputs flattened together.
 
     The parts are small (a bottom-k per piece), and there are few: a user is cut only when it has more
     rows than a piece (~65k), so the join groups hold at most (the user's rows / a piece's rows) parts.
+
+    ``packed``: table outputs stay packed, (shard, Packed table), for consumers that unpack them in their
+    own DoFn (:func:`table_of`) or materialise them (:func:`barrier` keeps them as they are).
+    ``outputs``: tags of further outputs ``fn`` yields per piece (e.g. MAD-SIPS's candidates); then the
+    result is ``(the step's outputs, {tag: PCollection})``. ``tables=False``: ``fn`` yields no tables
+    (nothing is packed).
     """
-    out = pieces | label >> beam.ParDo(fn, *args).with_outputs(PART_OF_USER, main="whole")  # whole users
+    out = pieces | label >> beam.ParDo(fn, *args).with_outputs(PART_OF_USER, *outputs, main="whole")  # whole users
     joined = (
         out[PART_OF_USER]  # ((user shard, user), part)
         | f"{label}Group" >> beam.GroupByKey()  # ((user shard, user), [part])
         | f"{label}Join" >> beam.ParDo(JoinPartsFn(fn), *args)  # the outputs of fn for the user
     )
-    return (out.whole, joined) | f"{label}All" >> beam.Flatten()
+    whole = out.whole
+    if tables:
+        # The two inputs come from different stages: a runner may keep the Flatten whole (the FnApiRunner
+        # does: it buffered every capped table pickled, then copied the buffer into one bytes object, the
+        # peak memory of a 4M-pair run): tables cross it packed.
+        whole = whole | f"{label}Pack" >> beam.Map(pack_table_value)  # (user shard, Packed)
+        joined = joined | f"{label}JoinPack" >> beam.Map(pack_table_value)  # (user shard, Packed)
+    result = (whole, joined) | f"{label}All" >> beam.Flatten()  # the outputs of fn (tables packed)
+    if tables and not packed:
+        result = result | f"{label}Unpack" >> beam.Map(unpack_table_value)  # the outputs of fn
+    return (result, {tag: out[tag] for tag in outputs}) if outputs else result
+
+
+def pack_table_value(element):
+    """(key, table) -> (key, Packed table); any other element unchanged."""
+    if isinstance(element, tuple) and len(element) == 2 and isinstance(element[1], pa.Table):
+        return element[0], pack_pairs(element[1])
+    return element
+
+
+def unpack_table_value(element):
+    """(key, Packed) -> (key, table); any other element unchanged."""
+    if isinstance(element, tuple) and len(element) == 2 and isinstance(element[1], Packed):
+        return element[0], element[1].table()
+    return element
 
 
 class CapFn(PerUserFn):
@@ -362,28 +400,33 @@ def decode_key_value(element):
     return from_key_bytes(item), value
 
 
-def barrier(pcoll, label: str):
+def barrier(pcoll, label: str, packed: bool = False):
     """(shard, table) pieces materialised (a GroupByKey on the shard keys: one group per shard).
 
     A consumer that reads a side input computed from ``pcoll`` itself must not be fused into the stage
     that produces ``pcoll`` (the FnApiRunner would wait for its own output); this break prevents it.
     Also the checkpoint of noisy tables: a retried consumer reads the same materialised draw.
+
+    ``packed``: give (shard, Packed table) instead, for an output that several stages read (each
+    unpacks it in its own stage, :func:`unpack_piece`): a runner keeps such a PCollection whole, and the
+    FnApiRunner copies it once more for every stage that reads it, so it should stay compressed.
     """
     return (
         pcoll
         | f"{label}Pack" >> beam.MapTuple(keyed_piece)  # ((shard, crc32), Packed table): materialised compressed
         | f"{label}" >> beam.GroupByKey()  # ((shard, crc32), [Packed])
-        | f"{label}Pieces" >> beam.FlatMapTuple(each_keyed_piece)  # (shard, table)
+        | f"{label}Pieces" >> beam.FlatMapTuple(each_packed_piece if packed else each_keyed_piece)
+        # (shard, table), or (shard, Packed table)
     )
 
 
 def keyed_piece(shard, table):
-    """(shard, table) -> ((shard, crc32 of the packed bytes), Packed table): a key per piece, so a barrier's
+    """(shard, table or Packed) -> ((shard, crc32 of the packed bytes), Packed table): a key per piece, so a barrier's
     groups hold one piece each. Beam's Flink batch GroupByKey first concatenates the values of a key into
     one record (a Concatenate combine), which must fit a sort buffer: keyed by shard alone, a barrier's
     record grew with the shard (a 4M-pair MAD-SIPS job failed on the standalone cluster, docs/engines.md).
     The key is a function of the piece (deterministic under retries); equal keys only share a group."""
-    packed = pack_pairs(table)
+    packed = table if isinstance(table, Packed) else pack_pairs(table)
     return (shard, zlib.crc32(packed.data)), packed
 
 
@@ -391,6 +434,12 @@ def each_keyed_piece(key, packed):
     """((shard, crc32), [Packed]) -> (shard, table) per piece."""
     for p in packed:
         yield key[0], p.table()
+
+
+def each_packed_piece(key, packed):
+    """((shard, crc32), [Packed]) -> (shard, Packed) per piece."""
+    for p in packed:
+        yield key[0], p
 
 
 def pack_piece(shard, table):

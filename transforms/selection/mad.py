@@ -32,6 +32,7 @@ from dp_partition_beam.transforms.core.engine import (
     decode_tagged,
     per_user_step,
     run_seed_arg,
+    table_of,
 )
 from dp_partition_beam.transforms.core.tables import merge_partials, noisy_weights
 from dp_partition_beam.transforms.selection.basic import NoisyThresholdFn, _Basic
@@ -55,7 +56,7 @@ class MADInitPartialsFn(beam.DoFn):
         self._b_min, self._d_max = b_min, d_max
 
     def process(self, element, num_shards):
-        partials = mad_init_partials(element[1], self._b_min, self._d_max)
+        partials = mad_init_partials(table_of(element[1]), self._b_min, self._d_max)
         yield from by_item_shard(partials, num_shards)  # packed
 
 
@@ -95,7 +96,7 @@ class MADContributionFn(beam.DoFn):
 
     def process(self, element, hot_tables, num_shards, tau):  # tau: a float or a singleton side input
         hot = self._hot.get(hot_tables, hot_items_table)
-        partials = mad_contribution_partials(element[1], hot, tau, *self._params)
+        partials = mad_contribution_partials(table_of(element[1]), hot, tau, *self._params)
         yield from by_item_shard(partials, num_shards)  # packed
 
 
@@ -296,7 +297,8 @@ class _MAD2R(beam.PTransform):
         seed_arg = run_seed_arg(batches, self._seed, "RunSeed")
         sharded, num_shards = batches | "Users" >> ShardedUsers(seed_arg, k, self._rows_per_shard)
         shards_si = beam.pvalue.AsSingleton(num_shards)
-        capped = per_user_step(sharded, "Cap", CapFn(k, 0), seed_arg)  # (user shard, capped) (line 1)
+        capped = per_user_step(sharded, "Cap", CapFn(k, 0), seed_arg, packed=True)
+        # (user shard, Packed capped) (line 1)
         status = barrier(
             capped
             | "R1MADWeights" >> MADWeights(r1.tau, p.d_max, 1.0, 1.0, shards_si)  # (item shard, [parts])

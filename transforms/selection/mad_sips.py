@@ -19,7 +19,8 @@ Stages of round r (shapes after each step; plans of the run's cap, Delta_0 witho
                                                                 priorities (re-subsampling), biases attached
   MADWeights_r (item shard, [partials])                         MAD (Alg. 3), biased from round 2
   r < R:
-  Candidates_r (item shard, zero partials)                      every item of the full sets minus U_<r,
+  Candidates_r (item shard, zero partials)                      (an output of Sets_r) every item of the
+                                                                full sets minus U_<r,
                                                                 weight 0, holders 0: the items whose
                                                                 next-round status round r must decide
   Status_r    (item shard, Table(item, released, bias, hopeless)) merged weight + noise of round r (one
@@ -69,6 +70,7 @@ from dp_partition_beam.transforms.core.engine import (
     released_through,
     removed_before,
     run_seed_arg,
+    table_of,
 )
 from dp_partition_beam.transforms.core.tables import ItemIndex, cap_pairs, drop_items, merge_partials, noisy_weights
 from dp_partition_beam.transforms.selection.basic import NoisyThresholdFn, holders_in_round0_sets
@@ -104,10 +106,26 @@ class RoundSetsFn(PerUserFn):
     exactly the user's sets (its bottom-k of the other items if it has any, else of the hopeless ones).
     """
 
+    #: the tag of the candidates output (:meth:`process` with ``num_shards``)
+    CANDIDATES = "candidates"
+
     def __init__(self, round_: int):
         self._round = round_
         # (Table(item, bias) of round r's candidates that are not hopeless, an ItemIndex of its items)
         self._hopeful = SideInputCache()
+
+    def process(self, element, seed, cap, released=None, bias_tables=None, num_shards=None):
+        """The sets (:class:`PerUserFn`); with ``num_shards`` (rounds r < R) also, tagged CANDIDATES, (item
+        shard, Packed zero partials) of the piece's items not in U_<r: every item whose next-round status
+        round r must decide, from the same pass over the full sets."""
+        shard, table = element[0], table_of(element[1])
+        if num_shards is not None:
+            remaining = drop_items(table, pa.array(released, type=pa.binary())) if released else table
+            items = pc.unique(remaining.column(ITEM).combine_chunks())
+            if len(items):
+                for key_value in by_item_shard(zero_partials(items), num_shards):  # packed
+                    yield beam.pvalue.TaggedOutput(self.CANDIDATES, key_value)
+        yield from PerUserFn.process(self, (shard, table), seed, cap, released, bias_tables)
 
     def _remaining(self, table, released, bias_tables):
         """(rows minus U_<r, whether each row's item is hopeless (numpy bool) or None in round 1)."""
@@ -115,11 +133,11 @@ class RoundSetsFn(PerUserFn):
             table = drop_items(table, pa.array(released, type=pa.binary()))  # remove U_<r
         if bias_tables is None:
             return table, None
-        # every item left is a candidate of round r - 1's status (CandidatePartialsFn): hopeless unless listed
+        # every item left is a candidate of round r - 1's status (RoundSetsFn.CANDIDATES): hopeless unless listed
         _, index = self._hopeful.get(bias_tables, hopeful_index)
         return table, index.positions(table.column(ITEM)) < 0
 
-    def whole(self, shard, table, seed, cap, released=None, bias_tables=None):
+    def whole(self, shard, table, seed, cap, released=None, bias_tables=None, num_shards=None):
         table, doomed = self._remaining(table, released, bias_tables)
         if doomed is not None:
             table = drop_doomed(table, doomed)  # drop U_low (Alg. 4 line 13)
@@ -130,7 +148,7 @@ class RoundSetsFn(PerUserFn):
         if capped.num_rows:
             yield shard, capped
 
-    def part(self, table, seed, cap, released=None, bias_tables=None):
+    def part(self, table, seed, cap, released=None, bias_tables=None, num_shards=None):
         table, doomed = self._remaining(table, released, bias_tables)
         if table.num_rows == 0:
             return None
@@ -151,18 +169,6 @@ def hopeful_index(bias_tables):
 def empty_hopeful() -> pa.Table:
     """Table(item, bias) of no item (no candidate of the round is hopeful)."""
     return pa.table({ITEM: pa.array([], pa.binary()), "bias": pa.array([], pa.float64())})
-
-
-class CandidatePartialsFn(beam.DoFn):
-    """(user shard, Table(user, item)) -> (item shard, Packed zero partials) of the items not in U_<r."""
-
-    def process(self, element, num_shards, released=None):
-        table = element[1]
-        if released:
-            table = drop_items(table, pa.array(released, type=pa.binary()))
-        items = pc.unique(table.column(ITEM).combine_chunks())
-        if len(items):
-            yield from by_item_shard(zero_partials(items), num_shards)  # packed
 
 
 class RoundStatusFn(WorkerRngDoFn):
@@ -273,7 +279,7 @@ class _AdaptiveCap(beam.PTransform):
         grid = self._plan.grid
         return (
             checkpoint(
-                per_user_step(sharded, "Histograms", DegreeHistogramFn(grid))  # n_j of one piece or user
+                per_user_step(sharded, "Histograms", DegreeHistogramFn(grid), tables=False)  # n_j of one piece or user
                 | "SumHistograms" >> beam.CombineGlobally(SumHistogramsFn(len(grid)))  # n_j
                 | "ChooseCap" >> beam.ParDo(ChooseCapFn(self._plan, self._seed)),  # (0, cap)
                 "CheckpointCap",
@@ -339,18 +345,32 @@ class _MADSIPS(beam.PTransform):
             cap_arg, by_cap = k, {k: tuple(self._plans)}
         plans = by_cap[max(by_cap)]  # the rounds' count and indices (the same for every cap)
         # rounds that read side inputs computed from `full` itself (U_<r, biases, the cap) must not fuse into
-        # its stage, nor round 1 (the cap's reader) into the stage of the later rounds (U_1's readers)
-        first = barrier(full, "FirstRound") if adaptive else full  # (user shard, Table(user, item))
-        later = barrier(full, "LaterRounds") if len(plans) > 1 else None  # (user shard, Table(user, item))
+        # its stage, nor round 1 (the cap's reader) into the stage of the later rounds (U_1's readers): without
+        # these barriers the in-memory runner stops with "watermark-pending bundles did not execute". Their
+        # outputs stay packed: several stages read each (the round's sets and candidates, every later round)
+        # and a runner keeps such a PCollection whole; the reading DoFns unpack them (table_of)
+        first = barrier(full, "FirstRound", packed=True) if adaptive else None  # (user shard, Packed(user, item))
+        later = barrier(full, "LaterRounds", packed=True) if len(plans) > 1 else None  # (user shard, Packed)
         outputs, released_so_far, biases = [], None, None
         last = len(plans)
         for plan in plans:
             r = plan.index
             removed = removed_before(released_so_far, r)  # side input of U_<r, None in round 1
             bias_si = None if biases is None else beam.pvalue.AsList(biases)
-            source = first if r == 1 else later
-            sets = per_user_step(source, f"Sets{r}", RoundSetsFn(r), seed_arg, cap_arg, removed, bias_si)
-            # (user shard, Table(user, item, degree[, bias]))
+            source = (first if r == 1 else later) or full  # (user shard, Packed or Table(user, item))
+            shards_arg = shards_si if r < last else None  # rounds r < R: also the candidates of round r's status
+            sets, extra = per_user_step(
+                source,
+                f"Sets{r}",
+                RoundSetsFn(r),
+                seed_arg,
+                cap_arg,
+                removed,
+                bias_si,
+                shards_arg,
+                packed=True,
+                outputs=(RoundSetsFn.CANDIDATES,),
+            )  # (user shard, Packed(user, item, degree[, bias])); candidates (item shard, Packed zero partials)
             b_min, b_max = (1.0, 1.0) if r == 1 else (p.b_min, p.b_max)
             tau = (
                 beam.pvalue.AsSingleton(self.cap | f"Tau{r}" >> beam.Map(round_tau, by_cap, r))
@@ -364,8 +384,7 @@ class _MADSIPS(beam.PTransform):
                     LastRoundThresholdFn(by_cap, r, self._seed), cap_arg
                 )  # (r, item bytes)
             else:
-                candidates = source | f"Candidates{r}" >> beam.ParDo(CandidatePartialsFn(), shards_si, removed)
-                # (item shard, Packed zero partials)
+                candidates = extra[RoundSetsFn.CANDIDATES]  # (item shard, Packed zero partials)
                 status = barrier(
                     (weights | f"Parts{r}" >> beam.FlatMapTuple(each_partial), candidates)
                     | f"AllParts{r}" >> beam.Flatten()  # (item shard, Packed partials)

@@ -205,13 +205,20 @@ def test_counts_with_heavy_users_equal_the_reference(algorithm, small_thresholds
     st.lists(st.binary(max_size=12), unique=True, max_size=60),
     st.lists(st.binary(max_size=12), max_size=80),
     st.booleans(),
+    st.sampled_from([1, 2, None]),
 )
-def test_item_index_positions_equal_arrows_index_in(items, column, fallback):
+def test_item_index_positions_equal_arrows_index_in(items, column, fallback, bucket_bits):
+    """Also with 2 or 4 buckets in all (bucket_bits): long runs of fingerprints share a bucket."""
     from dp_partition_beam.transforms.core.tables import ItemIndex
 
     values = pa.array(items, pa.binary())
     queries = pa.array(column + items[:5], pa.binary())  # some hits for sure
-    index = ItemIndex(values)
+    if bucket_bits is None:
+        index = ItemIndex(values)
+    else:
+        few = type("FewBuckets", (ItemIndex,), {"MAX_BUCKET_BITS": bucket_bits})
+        index = few(values)
+        assert len(index._starts) == (1 << min(bucket_bits, max(1, len(items).bit_length() + 1))) + 1
     if fallback:
         index._exact = False  # the path taken when two items share a fingerprint
     want = pc.index_in(queries, value_set=values).fill_null(-1).to_numpy(zero_copy_only=False)
@@ -225,8 +232,8 @@ def test_item_index_checks_the_bytes_of_a_fingerprint_hit():
     from dp_partition_beam.transforms.core.tables import ItemIndex
 
     query = pa.array([b"zz"], pa.binary())
-    index = ItemIndex(pa.array([b"a"], pa.binary()))
-    index._sorted = fingerprint64(query)  # b"zz" now lands on the slot of b"a"
+    index = ItemIndex(pa.array([b"a"], pa.binary()), fingerprints=fingerprint64(query))  # b"a" with b"zz"'s
     assert list(index.positions(query)) == [-1]
+    assert list(ItemIndex(pa.array([b"zz"], pa.binary())).positions(query)) == [0]
     assert list(index.positions(pa.array([b"a"], pa.binary()))) == [-1]  # b"a" no longer on its slot
     assert list(ItemIndex(pa.array([b"a"], pa.binary())).positions(pa.array([b"a", b"zz"], pa.binary()))) == [0, -1]

@@ -174,18 +174,21 @@ def test_mad_weight_stage_equals_the_reference_weights(biased, num_shards):
 #: without Beam's own lambda line numbers (_BEAM_LAMBDA_LINE) in issue 32, at a commit where the recorded
 #: hashes still held: the same labels. Issue 29 added stages (heavy users grouped apart, the parts of a
 #: user cut across pieces joined: HeavyUsers/..., Cap*Group/Join/All, Sets*..., Histograms...) and kept every
-#: earlier label (checked against the labels of f873b0d). Dataflow's update compatibility matches stages by
-#: these names: a refactoring must not change them.
+#: earlier label (checked against the labels of f873b0d). Issue 31 added the packing steps of every
+#: per-user step's outputs ({label}Pack, {label}JoinPack, {label}Unpack: tables cross its Flatten packed) and
+#: removed MAD-SIPS's Candidates{r} (the candidates are now an output of Sets{r}, from the same pass); every
+#: other label of f32f39f is kept (checked by diffing the label sets of both commits). Dataflow's update
+#: compatibility matches stages by these names: a refactoring must not change them.
 STAGE_LABELS = {
-    "basic": ("da737b93e678a5f7", "72793fcefde21308"),
-    "weighted_laplace": ("457262064387b1e1", "b03b26c3c181f924"),
-    "count_gaussian": ("aecf2c061af3c357", "a5bd2a65caecd890"),
-    "count_laplace": ("89e02c6afc4d90be", "efd62983a52afc42"),
-    "mad": ("2022d21981cb9b3f", "d35b9aee2edcf72c"),
-    "mad2r": ("3f254014e1e9a434", "1b13b16f4b57d1c1"),
-    "dp_sips": ("14ee139ab5eda6ce", "88b9c82f79a3f589"),
-    "mad_sips": ("6ac2183ef19e995f", "9f4ef47552a36ca7"),  # adaptive cap on (its default)
-    "mad_sips/cap1": ("877d96aa2ce068fb", "cefc4b56742cd93b"),  # cap_quantile=1: no Cap stage
+    "basic": ("9cb6731cc0eb0ad2", "f954e80b5f273180"),
+    "weighted_laplace": ("06833365cac787b3", "ccb6c149d9f723ba"),
+    "count_gaussian": ("1f40459b6fecdd2c", "868b14c141f5b2df"),
+    "count_laplace": ("7f4a08100584c9e3", "8146a97185de71a4"),
+    "mad": ("657e46806f0b4738", "5ba687b6c18ad455"),
+    "mad2r": ("a76f455095bc2fd6", "be6a9ddb1938ed7d"),
+    "dp_sips": ("0d2782f2d6c60491", "368330abe449e540"),
+    "mad_sips": ("48206a5de68208d9", "58207e60c1e24850"),  # adaptive cap on (its default)
+    "mad_sips/cap1": ("6e0e5fd2ae432ba3", "48179b175f769933"),  # cap_quantile=1: no Cap stage
     "policy_gaussian": ("0a45ade62247d818", "f133509b3fd1d38b"),
     "policy_laplace": ("e31fe0369f4ec192", "bf8af60df7afedb1"),
 }
