@@ -750,7 +750,7 @@ def run_pipeline_main(
     try:
         progress = observability.ProgressDisplay(args.progress_interval if wait else 0, bool(args.diagnostics))
         with progress:
-            last_result = pipeline.run()
+            last_result = runner.run(pipeline)
             if wait:
                 last_result.wait_until_finish()
     except (Exception, KeyboardInterrupt, Interrupted) as e:  # Beam wraps worker exceptions: the root cause

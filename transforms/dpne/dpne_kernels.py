@@ -39,7 +39,6 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from scipy import stats
 
 from dp_partition_beam.transforms.core import randomness
 from dp_partition_beam.transforms.core import text as tx
@@ -206,6 +205,8 @@ def spurious_oversample(n_spurious: int, n_avail: int, v_size: int) -> int:
     p = (n_avail - n_spurious + 1) / v_size
     if p <= 0:
         raise ValueError("cannot draw more spurious k-grams than V_k minus supp(H_k) holds")
+
+    from scipy import stats  # here, not at import: scipy.stats costs ~0.3 s and ~25 MB at every CLI start
 
     def ok(m: int) -> bool:
         return stats.binom.cdf(n_spurious - 1, m, p) <= OVERSAMPLE_FAILURE_PROB
