@@ -31,7 +31,7 @@ import threading
 import typing
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
-from dp_partition_beam.pipelines import observability, outputs, runner
+from dp_partition_beam.pipelines import observability, outputs, profiling, runner
 from dp_partition_beam.pipelines.io import (
     DEFAULT_MAX_ITEM_LENGTH,
     DEFAULT_MAX_TEXT_LENGTH,
@@ -126,8 +126,8 @@ def new_parser(prog: str, description: str, beam_options: bool = True) -> Strict
 
 def add_input_args(parser: argparse.ArgumentParser, value_column: str, input_flag: str = "input") -> None:
     """--<input_flag>, --input_format, --user_column, --<value>_column, --skip_bad_records,
-    --max_<value>_length, --seed and the observability flags (--diagnostics, --progress_interval,
-    --log_level, --no_wait, --plots, --evaluate_against; see :mod:`pipelines.observability`)."""
+    --max_<value>_length, --seed and the observability flags (--diagnostics, --profile, --progress_interval,
+    --log_level, --no_wait, --plots, --evaluate_against, --overwrite; see :mod:`pipelines.observability`)."""
     what = "private user-level text" if value_column == "text" else "(user, item) records"
     parser.add_argument(f"--{input_flag}", required=True, help=f"{what}: file path or glob (local, gs://, ...)")
     parser.add_argument("--input_format", required=True, choices=INPUT_FORMATS)
@@ -662,6 +662,7 @@ PATH_FLAGS = (
     "output",
     "report",
     "diagnostics",
+    "profile",
     "plots",
     "evaluate_against",
     "allowlist",
@@ -703,9 +704,11 @@ def run_pipeline_main(
     code 3, and prints ``summarize(report, args, params)`` (or the output locations if the job was
     submitted without waiting or the report cannot be read yet). Then, if asked, NON-PRIVATE
     evaluation (``evaluation``: a :class:`pipelines.reporting.Evaluation`, None if the pipeline has
-    none) and plots.
+    none) and plots. With ``--profile PATH``, last, the run's NON-PRIVATE timing
+    (:mod:`pipelines.profiling`): a JSON file and a table on stderr.
     """
     global last_result
+    clock = profiling.RunClock()
     if "--diagnostics" not in parser._option_string_actions:  # noqa: SLF001 (a pipeline without add_input_args)
         observability.add_args(parser)
     args, beam_args = parser.parse_known_args(argv)
@@ -722,6 +725,7 @@ def run_pipeline_main(
         options = runner.pipeline_options(beam_args)
         pipeline = runner.make_pipeline(options)
         build_pipeline(pipeline, args, params)
+        clock.mark("built")
     except ValueError as e:
         message = error_message(e)  # a documented error met while building (e.g. a bad --public file)
         if message is not None:
@@ -747,12 +751,15 @@ def run_pipeline_main(
     # (and listing gs:// paths from a Flex launcher or offline would need credentials).
     before = outputs.snapshot_outputs(written) if wait else {}
     release = outputs.shard_pattern(args.output)
+    clock.mark("prepared")
     try:
         progress = observability.ProgressDisplay(args.progress_interval if wait else 0, bool(args.diagnostics))
         with progress:
             last_result = runner.run(pipeline)
+            clock.mark("submitted")
             if wait:
                 last_result.wait_until_finish()
+                clock.mark("finished")
     except (Exception, KeyboardInterrupt, Interrupted) as e:  # Beam wraps worker exceptions: the root cause
         removed = outputs.remove_new_outputs(written, before) if wait else []  # a failed run leaves no partial output
         outputs.remove_created_dirs(created if wait else [])
@@ -769,14 +776,20 @@ def run_pipeline_main(
             raise
         print(f"error: {message}", file=sys.stderr)
         return 3
+
+    def finish(code: int) -> int:
+        if getattr(args, "profile", None):
+            write_profile(args.profile, clock, parser.prog, pipeline, options, last_result, wait)
+        return code
+
     if not wait:
         print(f"submitted without waiting; release: {release}  report: {args.report} (complete once it exists)")
-        return 0
+        return finish(0)
     try:
         report = json.loads(outputs.read_text(args.report))
     except Exception:  # a remote runner may not have finished writing yet (templates, async jobs)
         print(f"release: {release}  report: {args.report}")
-        return 0
+        return finish(0)
     print(summarize(report, args, params))
     if args.diagnostics:
         print(f"NON-PRIVATE diagnostics (exact input counts, not DP; keep private): {args.diagnostics}")
@@ -785,7 +798,22 @@ def run_pipeline_main(
 
         for path in reporting.produce(report, args, options, evaluation, parser.prog):
             print(f"wrote {path}")
-    return 0
+    return finish(0)
+
+
+def write_profile(path: str, clock, command: str, pipeline, options, result, waited: bool) -> None:
+    """``--profile PATH`` after a finished (or submitted) run: the NON-PRIVATE timing JSON at ``path`` and a
+    table on stderr. Never fails the run: a profile that cannot be built or written is one warning line."""
+    clock.mark("end")
+    try:
+        name, parallel = profiling.describe_runner(pipeline, options)
+        profile = profiling.build_profile(clock, command, result, waited, name, parallel)
+        profiling.write_profile(path, profile)
+    except Exception as e:  # noqa: BLE001 - the release is complete; the profile is best effort
+        print(f"warning: --profile: no profile written to {path}: {type(e).__name__}: {e}", file=sys.stderr)
+        return
+    print(profiling.format_table(profile), file=sys.stderr)
+    print(f"NON-PRIVATE timing profile (keep with the operator): {path}", file=sys.stderr)
 
 
 class Interrupted(BaseException):

@@ -13,6 +13,16 @@ pairs, in logs, Beam metrics, progress lines or the report.
   * a JSON file at PATH with those exact counts, top-level ``"NON_PRIVATE_DIAGNOSTICS": true`` and a
     warning. These numbers are exact functions of the private input: they are NOT differentially
     private and must stay with the operator (never publish them next to the released items).
+
+``--profile PATH`` (an explicit operator choice, :mod:`pipelines.profiling`) writes, after a run, only then:
+  * a JSON file at PATH with the run's wall times: start-up (process start, parse/validate/build), the
+    run, and seconds per stage group from Beam's per-transform execution-time counters, with top-level
+    ``"NON_PRIVATE_TIMING": true`` and a warning; the slowest groups as a table on stderr.
+    Stage names and the total elapsed time already leave every run (above); per-stage times only with
+    --profile. Wall times depend on the private data (its size, what each round releases): they are
+    not part of the private release and must stay with the operator (never publish them next to it).
+    No item and no count is in it; the Beam counters it reads exist on every FnApiRunner run anyway
+    (Beam's own ``beam`` namespace, in the runner's result), --profile only writes them down.
 """
 
 from __future__ import annotations
@@ -43,13 +53,14 @@ _PROGRESS_LOCK = threading.Lock()
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    """--diagnostics, --progress_interval, --log_level, --no_wait, --plots, --evaluate_against, --overwrite."""
+    """--diagnostics, --profile, --progress_interval, --log_level, --no_wait, --plots, --evaluate_against,
+    --overwrite."""
     g = parser.add_argument_group("observability and evaluation")
     g.add_argument(
         "--overwrite",
         action="store_true",
         help="delete the files of an earlier run at the output paths (release shards PREFIX-SSSSS-of-NNNNN, "
-        "report, diagnostics, plots) before running; without it such files stop the run (exit 2). Other "
+        "report, diagnostics, profile, plots) before running; without it such files stop the run (exit 2). Other "
         "files starting with the --output prefix are never deleted",
     )
     g.add_argument(
@@ -59,6 +70,14 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         help="write NON-PRIVATE diagnostics (exact records read, malformed records, users, "
         "pairs after bounding, elements per stage) as JSON to PATH and enable the "
         "matching Beam counters. Not differentially private: for the operator only",
+    )
+    g.add_argument(
+        "--profile",
+        default=None,
+        metavar="PATH",
+        help="after the run, write NON-PRIVATE wall times as JSON to PATH (start-up, the run, seconds per "
+        "stage group from Beam's execution-time counters, the runner's overhead) and print the slowest "
+        "stages to stderr. Times depend on the data's size: for the operator only, never published",
     )
     g.add_argument(
         "--progress_interval",

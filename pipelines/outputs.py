@@ -133,7 +133,7 @@ class RunPaths:
     """Every path a run reads or writes, by role: what the output contract is checked on.
 
     ``inputs``: {flag: path or glob} of what the run reads; ``prefix``: (flag, prefix) of the sharded
-    release; ``files``: {flag: path} of single-file outputs (report, diagnostics, evaluation);
+    release; ``files``: {flag: path} of single-file outputs (report, diagnostics, profile, evaluation);
     ``plots``: a directory the charts go to (or None) and ``plot_files`` the names written there.
     """
 
@@ -154,6 +154,8 @@ class RunPaths:
         files = {"--report": args.report}
         if getattr(args, "diagnostics", None) is not None:
             files["--diagnostics"] = args.diagnostics
+        if getattr(args, "profile", None) is not None:
+            files["--profile"] = args.profile
         if getattr(args, "evaluate_against", None) and args.report:
             files["evaluation"] = args.report + ".evaluation.json"
         return cls(inputs, ("--output", args.output), files, getattr(args, "plots", None))
@@ -205,7 +207,7 @@ def check_contract(paths: RunPaths, overwrite: bool = False) -> List[str]:
     """Checks the output contract before anything runs; returns the files ``overwrite`` removes.
 
     Raises :class:`OutputContractError` (one line, naming the flag and the path) when:
-      * a single-file output (``--report``, ``--diagnostics``) is empty, ends in ``/`` or is an
+      * a single-file output (``--report``, ``--diagnostics``, ``--profile``) is empty, ends in ``/`` or is an
         existing directory (Beam's file sink would delete the directory, recursively);
       * ``--output`` is empty or ends in ``/`` (it is a file-name prefix: ``out/items``);
       * an output equals or overlaps an input: a single-file output is an input file or matches an
@@ -214,8 +216,8 @@ def check_contract(paths: RunPaths, overwrite: bool = False) -> List[str]:
       * two outputs overlap: equal single-file outputs, or one named like a shard of the release
         (``PREFIX-SSSSS-of-NNNNN``: it would be read as part of the release);
       * files are in the way (local paths): a file starting with the ``--output`` prefix, or an
-        existing report/diagnostics/plot file. With ``overwrite`` the run's own kinds of file (shards
-        ``PREFIX-SSSSS-of-NNNNN``, the report, diagnostics, evaluation and plot files) are returned to
+        existing report/diagnostics/profile/plot file. With ``overwrite`` the run's own kinds of file (shards
+        ``PREFIX-SSSSS-of-NNNNN``, the report, diagnostics, profile, evaluation and plot files) are returned to
         be removed; any other file starting with the prefix stays an error.
 
     Remote paths (``gs://``, ...) get the string checks only: listing them from the launcher would

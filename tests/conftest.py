@@ -51,6 +51,7 @@ SLOW_FILES = frozenset(
         "pipelines/test_io_batches.py",
         "pipelines/test_observability.py",
         "pipelines/test_output_contract.py",
+        "pipelines/test_profile.py",
         "pipelines/test_readers_verified.py",
         "pipelines/test_submission.py",
         "pipelines/test_templates.py",
@@ -66,8 +67,10 @@ SLOW_FILES = frozenset(
         "transforms/dpne/test_dpne_counts.py",
         "transforms/dpne/test_dpne_reference.py",
         "transforms/bayesian/test_bayesian_beam.py",
-        # benchmark smoke runs, the bundled data's rebuild, the portable job service
+        # benchmark smoke runs (and the bench extra's peers, absent from the minimum-versions lane), the
+        # bundled data's rebuild, the portable job service
         "benchmarks/test_benchmarks_quick.py",
+        "benchmarks/test_peer_opendp.py",
         "data/test_bundled_data.py",
         "engines/test_portable_runner.py",
     ]
@@ -78,6 +81,13 @@ QUICK_TESTS = frozenset(
         "pipelines/test_output_contract.py::test_contract_violations_stop_before_anything_runs",
         "pipelines/test_output_contract.py::test_contract_units",
         "pipelines/test_output_contract.py::test_report_lists_the_shards_of_its_release",
+        # --profile: its grouping and its writing on fabricated counters (the CLI runs are slow)
+        "pipelines/test_profile.py::test_stage_group_cuts_at_the_depth_and_after_numbered_steps",
+        "pipelines/test_profile.py::test_counters_are_read_summed_grouped_and_sorted",
+        "pipelines/test_profile.py::test_overhead_is_clamped_and_explained_when_workers_overlap",
+        "pipelines/test_profile.py::test_a_runner_without_counters_gives_empty_stages_and_a_note",
+        "pipelines/test_profile.py::test_a_profile_that_cannot_be_written_only_warns",
+        "pipelines/test_profile.py::test_profile_path_is_checked_like_the_other_outputs",
     ]
 )
 SLOW_TESTS = frozenset(
