@@ -60,7 +60,9 @@ setuptools.setup(
         ],
         "gcp": ["apache-beam[gcp]>=2.51.0"],
         "plots": ["matplotlib>=3.7"],
-        # Peers for benchmarks/run_all.py (PipelineDP's select_partitions on the same Beam runner).
-        "bench": ["pipeline-dp>=0.3.1", "python-dp>=1.1.5,<2", "matplotlib>=3.7"],
+        # Peers for benchmarks/run_all.py: PipelineDP's select_partitions on the same Beam runner, and
+        # OpenDP's Polars key release in one process (benchmarks/peer_opendp.py; 0.16.0 is the tested one,
+        # its polars extra pins Polars).
+        "bench": ["pipeline-dp>=0.3.1", "python-dp>=1.1.5,<2", "opendp[polars]>=0.16.0", "matplotlib>=3.7"],
     },
 )

@@ -1,4 +1,4 @@
-"""All benchmarks in one command: utility, speed and scaling of every algorithm vs PipelineDP.
+"""All benchmarks in one command: utility, speed and scaling of every algorithm vs PipelineDP and OpenDP.
 
     .venv/bin/python -m benchmarks.run_all            # full run (see BENCHMARKS.md for its wall time)
     .venv/bin/python -m benchmarks.run_all --quick    # reduced sizes and seeds, a few minutes
@@ -13,12 +13,18 @@ speed and scaling tables of the last full run, read back from speed.csv and scal
 and labelled with that run's date and command (run_info.json).
 
 Every tool runs at the same (epsilon, delta) and per-user cap (our Delta_0 = PipelineDP's
-max_partitions_contributed), on the same Beam DirectRunner with a pinned running mode.
+max_partitions_contributed = the items the OpenDP peer keeps per user), on the same input. Ours and
+PipelineDP run on the same Beam DirectRunner with a pinned running mode. The second peer,
+``opendp_gaussian`` (benchmarks/peer_opendp.py), is OpenDP's Polars key release (Context API, user as
+privacy unit, integer Gaussian noise and threshold, zCDP converted to (epsilon, delta)-DP): a fast
+single process, no Beam (its mode column reads ``polars``). The peers need the ``bench`` extra
+(``--no-peers`` runs without them).
 
 Utility (released items, mean and std over seeds; coverage of items held by >= K users, the MAD
 paper's Figure 1): our algorithms on the in-memory reference (transforms/reference.py releases
 exactly what the Beam transforms release under the same seed: tests/transforms/*/test_*_beam.py), PipelineDP on
-its LocalBackend (the same DPEngine code as on Beam; its noise is unseeded). Datasets: the bundled
+its LocalBackend (the same DPEngine code as on Beam; its noise is unseeded), OpenDP on the same pairs
+as a Polars DataFrame (unseeded too). Datasets: the bundled
 sample (debian_words: data/debian_words.tsv.gz, Debian changelogs), the full commits corpus
 (commits_full: --corpus, default commits.user_words.tsv.gz of the shared data folder,
 benchmarks/shared_data.py; 1.5M (user, word) pairs, read at run time, never bundled; the run fails
@@ -27,7 +33,10 @@ up front with a message naming the file if it is absent), the MAD paper's sectio
 Speed (wall time, pairs/s, peak RSS): Zipf data generated inside the pipeline (bench_select), one
 fresh subprocess per run so the peak RSS is that run's (max over the process and its children,
 i.e. the largest single process for multi_processing). Ours run seeded so every mode's output is
-checked against the reference ("== ref").
+checked against the reference ("== ref"). The OpenDP peer gets the same rows (zipf_table_of_chunk of
+the same chunks), generated in its own subprocess (``python -m benchmarks.peer_opendp``, which imports
+no Beam); its wall time covers generating them, OpenDP's parameter search and the query
+(peer_opendp.zipf_run), like the Beam tools' covers generating their input and selecting.
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ import time
 import numpy as np
 
 from benchmarks import bench_mad, bench_select
+from benchmarks.peer_opendp import OPENDP_MODE, OPENDP_TOOL, own_peak_rss_kb  # (its runs import no Beam)
 from benchmarks.peers import PEER_STRATEGIES
 from benchmarks.shared_data import read_user_sets, shared_data_path
 from dp_partition_beam.privacy.selection import ALGORITHMS, SelectionParams
@@ -65,6 +75,8 @@ PARALLEL = ("basic", "mad", "mad2r", "dp_sips")
 # PipelineDP's weighted Gaussian calibrates per partition (~20 ms/item, benchmarks/peers.py): it
 # runs only on datasets with few items.
 SLOW_PEERS = {"pdp_weighted_gaussian": 5_000}
+# The peers: PipelineDP's strategies (on our runner) and OpenDP's Polars key release (its own process).
+PEERS = (*PEER_STRATEGIES, OPENDP_TOOL)
 # Speed-only baseline: the same pipeline that only generates and counts the pairs (bench_select.ReadInputOnly),
 # i.e. the per-element floor of the runner that every tool pays before doing anything.
 READ_INPUT = "read_input"
@@ -78,15 +90,16 @@ FULL = dict(
         ("commits_full", (20, 100)),
         ("zipf_1M", (100,)),
     ],
-    # (pairs, tools, modes): 16M only for the scaling of basic, mad, mad2r and PipelineDP Gaussian.
+    # (pairs, tools, modes): 16M only for the scaling of basic, mad, mad2r and the peers' Gaussians. The
+    # OpenDP peer runs once per size in its own mode (polars) whatever the Beam modes listed (tool_modes).
     speed=[
         (1e6, "all", ("reference", "in_memory")),
         (1e6, (READ_INPUT,), ("in_memory",)),
         (1e6, ("basic", "mad", "pdp_gaussian"), ("multi_processing",)),
-        (4e6, ("basic", "mad", "mad2r", "pdp_gaussian"), ("reference", "in_memory")),
+        (4e6, ("basic", "mad", "mad2r", "pdp_gaussian", OPENDP_TOOL), ("reference", "in_memory")),
         (4e6, (READ_INPUT,), ("in_memory",)),
         (4e6, ("basic", "mad", "pdp_gaussian"), ("multi_processing",)),
-        (16e6, ("basic", "mad", "mad2r", "pdp_gaussian", READ_INPUT), ("in_memory",)),
+        (16e6, ("basic", "mad", "mad2r", "pdp_gaussian", OPENDP_TOOL, READ_INPUT), ("in_memory",)),
     ],
     users_per_chunk=10_000,
     slow_peers=True,
@@ -98,8 +111,8 @@ QUICK = dict(
     speed=[
         (1e5, "all", ("reference", "in_memory")),
         (1e5, ("basic", "pdp_gaussian"), ("multi_processing",)),
-        (2e5, ("basic", "mad", "mad2r", "pdp_gaussian", READ_INPUT), ("in_memory",)),
-        (4e5, ("basic", "pdp_gaussian", READ_INPUT), ("in_memory",)),
+        (2e5, ("basic", "mad", "mad2r", "pdp_gaussian", OPENDP_TOOL, READ_INPUT), ("in_memory",)),
+        (4e5, ("basic", "pdp_gaussian", OPENDP_TOOL, READ_INPUT), ("in_memory",)),
     ],
     users_per_chunk=2_000,
     slow_peers=False,  # PipelineDP's weighted Gaussian alone takes ~30 s per seed on section62
@@ -112,6 +125,10 @@ def our_algorithms():
 
 def is_parallel(algorithm):
     return algorithm in PARALLEL
+
+
+def is_peer(tool):
+    return tool in PEERS
 
 
 # ----------------------------------------------------------------------------------------- datasets
@@ -149,6 +166,10 @@ def coverage(released, counts, k):
 
 # ------------------------------------------------------------------------------------------ utility
 def released_items(tool, sets, pairs, k, seed):
+    if tool == OPENDP_TOOL:
+        from benchmarks.peer_opendp import release_keys
+
+        return release_keys(pairs, EPSILON, DELTA, k)
     if tool.startswith("pdp_"):
         from benchmarks.peers import select_local
 
@@ -195,18 +216,6 @@ def run_utility(cfg, corpus, tools, log):
 
 
 # -------------------------------------------------------------------------------------------- speed
-def own_peak_rss_kb():
-    """This process's own peak resident set size in KiB (VmHWM; ru_maxrss where /proc is absent)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
 def _one_run(spec):
     """Runs one speed measurement in this (fresh) process; returns a JSON-able dict."""
     import logging
@@ -245,9 +254,36 @@ def _one_run(spec):
     return dict(wall_s=elapsed, cpu_s=cpu, released=len(items), peak_rss_mb=peak / 1024.0, digest=digest)
 
 
+def tool_modes(tool, modes):
+    """The modes ``tool`` is timed in for a speed entry listing ``modes``: ours in all of them; PipelineDP
+    and read_input in the Beam ones (no in-memory reference); the OpenDP peer once, in its own process
+    (OPENDP_MODE), whatever Beam modes are listed."""
+    if tool == OPENDP_TOOL:
+        return (OPENDP_MODE,)
+    if is_peer(tool) or tool == READ_INPUT:
+        return tuple(m for m in modes if m != "reference")
+    return tuple(modes)
+
+
+def speed_command(spec):
+    """The command line of one speed run in a fresh process: ``run_all --one``, or for the OpenDP peer its
+    own entry (benchmarks.peer_opendp imports no Beam, so the run's peak RSS is OpenDP's and Polars')."""
+    if spec["tool"] == OPENDP_TOOL:
+        peer = dict(
+            n_chunks=spec["n_chunks"],
+            users_per_chunk=spec["users_per_chunk"],
+            epsilon=EPSILON,
+            delta=DELTA,
+            max_contributions=spec["max_contributions"],
+        )
+        return [sys.executable, "-m", "benchmarks.peer_opendp", "--zipf", json.dumps(peer)]
+    return [sys.executable, "-m", "benchmarks.run_all", "--one", json.dumps(spec)]
+
+
 def run_speed(cfg, tools, log, seed=1, max_contributions=100):
     upc = cfg["users_per_chunk"]
     rows = []
+    timed = set()  # (tool, pairs, mode): the OpenDP peer's one mode may come up in several entries of a size
     for size, which, modes in cfg["speed"]:
         n_chunks = max(1, int(round(size / (upc * 10))))
         n_pairs = zipf_pair_count(n_chunks, upc)
@@ -256,9 +292,10 @@ def run_speed(cfg, tools, log, seed=1, max_contributions=100):
             if tool in SLOW_PEERS:
                 continue
             ref_digest = None
-            for mode in modes:
-                if mode == "reference" and (tool.startswith("pdp_") or tool == READ_INPUT):
+            for mode in tool_modes(tool, modes):
+                if (tool, n_pairs, mode) in timed:
                     continue
+                timed.add((tool, n_pairs, mode))
                 spec = dict(
                     tool=tool,
                     n_chunks=n_chunks,
@@ -270,7 +307,7 @@ def run_speed(cfg, tools, log, seed=1, max_contributions=100):
                 results = []
                 for _ in range(1 if mode == "reference" else cfg.get("reps", 1)):
                     proc = subprocess.run(
-                        [sys.executable, "-m", "benchmarks.run_all", "--one", json.dumps(spec)],
+                        speed_command(spec),
                         capture_output=True,
                         text=True,
                         cwd=REPO,
@@ -291,7 +328,7 @@ def run_speed(cfg, tools, log, seed=1, max_contributions=100):
                     ref_digest = res["digest"]
                 same = (
                     ""
-                    if tool.startswith("pdp_") or tool == READ_INPUT or ref_digest is None
+                    if is_peer(tool) or tool == READ_INPUT or ref_digest is None
                     else ("yes" if res["digest"] == ref_digest else "NO")
                 )
                 rows.append(
@@ -312,14 +349,21 @@ def run_speed(cfg, tools, log, seed=1, max_contributions=100):
                     f"speed {tool:24s} {n_pairs:>11,d} {mode:17s} {res['wall_s']:8.1f} s "
                     f"{n_pairs / res['wall_s']:>10,.0f} pairs/s {res['peak_rss_mb']:8.0f} MB {same}"
                 )
-    # ratios measured in this run: time / basic's time, and pairs/s of ours / PipelineDP Gaussian's
+    add_ratios(rows)
+    return rows
+
+
+def add_ratios(rows):
+    """Ratios measured in one run: time / basic's time and pairs/s / PipelineDP Gaussian's (same size and
+    mode), pairs/s / the OpenDP peer's (same size; it has one mode, its own process)."""
     index = {(r["tool"], r["pairs"], r["mode"]): r for r in rows}
     for r in rows:
         base = index.get(("basic", r["pairs"], r["mode"]))
         peer = index.get(("pdp_gaussian", r["pairs"], r["mode"]))
+        opendp = index.get((OPENDP_TOOL, r["pairs"], OPENDP_MODE))
         r["time_vs_basic"] = r["wall_s"] / base["wall_s"] if base else float("nan")
         r["speed_vs_pdp_gaussian"] = r["pairs_per_s"] / peer["pairs_per_s"] if peer else float("nan")
-    return rows
+        r["speed_vs_opendp_gaussian"] = r["pairs_per_s"] / opendp["pairs_per_s"] if opendp else float("nan")
 
 
 def fit_scaling(rows):
@@ -393,6 +437,18 @@ def targets(utility, speed, scaling):
                     ratio >= 5,
                 )
             )
+        for size in sorted({n, max(sizes)}):
+            bs, o = idx.get(("basic", size, "in_memory")), idx.get((OPENDP_TOOL, size, OPENDP_MODE))
+            if bs and o:
+                out.append(
+                    (
+                        f"(context) basic (in_memory) vs the OpenDP peer's pairs/s ({size:,} pairs; "
+                        "OpenDP in one Polars process)",
+                        f"{bs['pairs_per_s']:,.0f} vs {o['pairs_per_s']:,.0f} pairs/s = "
+                        f"{bs['pairs_per_s'] / o['pairs_per_s']:.2f}x",
+                        None,
+                    )
+                )
         floor = idx.get((READ_INPUT, n, "in_memory"))
         if b and g and floor:
             ours, theirs = b["wall_s"] - floor["wall_s"], g["wall_s"] - floor["wall_s"]
@@ -445,7 +501,7 @@ def targets(utility, speed, scaling):
                     )
                 )
     for s in scaling:
-        if s["mode"] == "in_memory" and not s["tool"].startswith("pdp_"):
+        if s["mode"] == "in_memory" and not is_peer(s["tool"]):
             largest = max(r["pairs"] for r in speed if r["tool"] == s["tool"] and r["mode"] == s["mode"])
             if largest < 1_000_000:  # below ~1M pairs the runner's fixed start-up cost dominates
                 out.append(
@@ -522,7 +578,8 @@ def summary_markdown(args, cfg, utility, speed, scaling, wall, started, speed_ru
         "",
         f"Mean +- std over {cfg['seeds']} seeds. coverage_kK = fraction of the items held by >= K users "
         "that were released (the MAD paper's Figure 1). Ours: in-memory reference (identical to Beam "
-        "under a seed); PipelineDP: its LocalBackend, unseeded.",
+        "under a seed); PipelineDP: its LocalBackend, unseeded; opendp_gaussian: OpenDP's Polars key "
+        "release (benchmarks/peer_opendp.py), unseeded.",
         "",
     ]
     ucols = [
@@ -549,7 +606,10 @@ def summary_markdown(args, cfg, utility, speed, scaling, wall, started, speed_ru
         "## Speed",
         "",
         "Zipf(1.1) pairs generated inside the pipeline (10 per user on average), Delta_0 = 100. "
-        "time_vs_basic and vs_pdp_gauss (pairs/s ratio) are within the same size and mode of this run. "
+        "time / basic and pairs/s / pdp_gaussian are within the same size and mode of this run; "
+        "pairs/s / opendp_gaussian is against the OpenDP peer at the same size: the same rows, generated "
+        f"and released in one process by OpenDP's Polars API (mode {OPENDP_MODE}, no Beam; its time "
+        "includes generating the rows and OpenDP's parameter search, a few seconds at any size). "
         "Peak RSS: the run's subprocess (its own VmHWM, or its largest child's peak if larger, e.g. a "
         "multi_processing worker). CPU s: user + sys time of "
         "that subprocess and its children, including ~3 s of imports (less sensitive than wall time "
@@ -568,6 +628,7 @@ def summary_markdown(args, cfg, utility, speed, scaling, wall, started, speed_ru
         ("== ref", "equals_reference"),
         ("time / basic", "time_vs_basic"),
         ("pairs/s / pdp_gaussian", "speed_vs_pdp_gaussian"),
+        ("pairs/s / opendp_gaussian", "speed_vs_opendp_gaussian"),
     ]
     sfmt = {
         "wall_s": _f(1),
@@ -576,6 +637,7 @@ def summary_markdown(args, cfg, utility, speed, scaling, wall, started, speed_ru
         "peak_rss_mb": _f(0),
         "time_vs_basic": _f(2),
         "speed_vs_pdp_gaussian": _f(2),
+        "speed_vs_opendp_gaussian": _f(2),
     }
     lines += [md_table(speed, scols, sfmt), ""]
     lines += [
@@ -638,7 +700,7 @@ def plot_coverage(utility, out):
                     COVERAGE_K,
                     ys,
                     marker="o",
-                    linestyle="--" if r["tool"].startswith("pdp_") else "-",
+                    linestyle="--" if is_peer(r["tool"]) else "-",
                     color=colors[r["tool"]],
                     label=r["tool"],
                 )
@@ -668,7 +730,7 @@ def plot_scaling(scaling_rows, speed, out):
             [r["pairs"] for r in rs],
             [r["wall_s"] for r in rs],
             marker="o",
-            linestyle="--" if s["tool"].startswith("pdp_") else "-",
+            linestyle="--" if is_peer(s["tool"]) else "-",
             color=plt.cm.tab20(j % 20),
             label=f"{s['tool']} {s['mode']} (b={s['exponent']:.2f})",
         )
@@ -697,10 +759,12 @@ def main(argv=None):
     ap.add_argument(
         "--modes", nargs="+", default=["in_memory"], help="modes for --sizes (reference, in_memory, multi_processing)"
     )
-    ap.add_argument("--tools", nargs="+", help="override the tools (our algorithm names and pdp_* peers)")
+    ap.add_argument(
+        "--tools", nargs="+", help=f"override the tools (our algorithm names, pdp_* peers and {OPENDP_TOOL})"
+    )
     ap.add_argument("--reps", type=int, help="runs per (tool, size, Beam mode); the median is reported (default 1)")
     ap.add_argument("--utility", nargs="+", help="override the utility datasets (name:k1,k2 ...)")
-    ap.add_argument("--no-peers", action="store_true", help="skip PipelineDP (bench extra not installed)")
+    ap.add_argument("--no-peers", action="store_true", help="skip PipelineDP and OpenDP (bench extra not installed)")
     ap.add_argument("--docs", action="store_true", help="also rewrite BENCHMARKS.md from this run")
     ap.add_argument(
         "--utility_only",
@@ -722,7 +786,7 @@ def main(argv=None):
         cfg["speed"] = [(s, "all", tuple(args.modes)) for s in args.sizes]
     if args.utility:
         cfg["utility"] = [(u.split(":")[0], tuple(int(k) for k in u.split(":")[1].split(","))) for u in args.utility]
-    tools = our_algorithms() + ([] if args.no_peers else list(PEER_STRATEGIES))
+    tools = our_algorithms() + ([] if args.no_peers else list(PEERS))
     if args.tools:
         unknown = [t for t in args.tools if t not in tools]
         if unknown:
@@ -789,6 +853,8 @@ def read_speed_results(out):
             return [{k: _cell(v) for k, v in r.items()} for r in csv.DictReader(f)]
 
     speed, scaling = rows("speed.csv"), rows("scaling.csv")
+    for r in speed:  # a run from before the OpenDP peer joined has no column for it
+        r.setdefault("speed_vs_opendp_gaussian", float("nan"))
     info = os.path.join(out, RUN_INFO)
     if os.path.exists(info):
         with open(info) as f:
