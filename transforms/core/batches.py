@@ -142,6 +142,10 @@ def concat(tables: Iterable[pa.Table]) -> pa.Table:
 #: Arrow IPC compression of :class:`Packed` tables. zstd level 1 on Zipf (user, item) rows: ~6.6 bytes per
 #: row (4.1 with dictionary keys) against ~17.6 pickled, ~40 ns/row to pack and ~17 to unpack; levels 3
 #: and 6 gain < 2% for 1.4x and 4x the time; lz4 packs to ~11.7 bytes (measured 2026-11-23, 2 cores).
+#: User-sorted 65k-row pieces of the 4M-pair Zipf TSV (issue 31, 2026-11-27): both key columns
+#: dictionary-encoded 3.5 bytes/row, 99 + 31 ns/row to pack + unpack; the user column alone 4.6 bytes/row,
+#: 39 + 16 ns/row (an item repeats little within a piece: its dictionary costs a hash per row for 1.1 bytes);
+#: none 7.3 bytes/row, 26 + 10 ns/row. pack_pairs encodes the user column only.
 PACK_CODEC = "zstd"
 PACK_LEVEL = 1
 
@@ -165,15 +169,21 @@ class Packed:
         self.data, self.num_rows = data, num_rows
 
     @classmethod
-    def of(cls, table: pa.Table, dictionary: bool = False) -> "Packed":
+    def of(cls, table: pa.Table, dictionary=False) -> "Packed":
         """``table`` packed (only its rows' buffers: a slice packs as a copy).
 
         ``dictionary``: dictionary-encode the binary key columns first (each distinct key once per
         table: ~4 instead of ~7 bytes per (user, item) row on Zipf data); :meth:`table` decodes them.
+        True for every binary column, or a collection of column names (the binary ones among them).
         """
         if dictionary:
+            names = table.column_names if dictionary is True else set(dictionary)
             table = pa.table(
-                [pc.dictionary_encode(c) if c.type == _BINARY else c for c in table.columns], names=table.column_names
+                [
+                    pc.dictionary_encode(c) if c.type == _BINARY and name in names else c
+                    for name, c in zip(table.column_names, table.columns)
+                ],
+                names=table.column_names,
             )
         sink = pa.BufferOutputStream()
         options = ipc.IpcWriteOptions(compression=_pack_codec())
@@ -202,14 +212,15 @@ def _pack_codec():
     return None  # a pyarrow built without zstd: uncompressed IPC (still one bytes object)
 
 
-def pack(table: pa.Table, dictionary: bool = False) -> Packed:
+def pack(table: pa.Table, dictionary=False) -> Packed:
     """``Packed.of(table, dictionary)``."""
     return Packed.of(table, dictionary)
 
 
 def pack_pairs(table: pa.Table) -> Packed:
-    """A Table(user, item, ...) packed with its key columns dictionary-encoded."""
-    return Packed.of(table, dictionary=True)
+    """A Table(user, item, ...) packed with its user column dictionary-encoded (the pieces are sorted or
+    grouped by user: a few distinct users per piece; see PACK_CODEC's measurements)."""
+    return Packed.of(table, dictionary=(USER,))
 
 
 def split_packed(table: pa.Table, shards: np.ndarray, num_shards: int) -> Iterator[Tuple[int, Packed]]:

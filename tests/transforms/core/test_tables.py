@@ -166,7 +166,7 @@ def test_emitted_tables_own_their_buffers():
 @given(
     rows=st.lists(st.tuples(st.binary(max_size=6), st.binary(max_size=6), st.integers(-(2**62), 2**62)), max_size=60),
     lo=st.integers(0, 30),
-    dictionary=st.booleans(),
+    dictionary=st.sampled_from([False, True, ("user",), ("item", "x")]),
 )
 def test_packed_tables_round_trip_exactly(rows, lo, dictionary):
     users, items, xs = (list(c) for c in zip(*rows)) if rows else ([], [], [])
