@@ -70,6 +70,7 @@ SLOW_FILES = frozenset(
         # benchmark smoke runs (and the bench extra's peers, absent from the minimum-versions lane), the
         # bundled data's rebuild, the portable job service
         "benchmarks/test_benchmarks_quick.py",
+        "benchmarks/test_bench_cli.py",
         "benchmarks/test_peer_opendp.py",
         "data/test_bundled_data.py",
         "engines/test_portable_runner.py",
