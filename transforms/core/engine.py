@@ -407,8 +407,8 @@ def barrier(pcoll, label: str, packed: bool = False):
     that produces ``pcoll`` (the FnApiRunner would wait for its own output); this break prevents it.
     Also the checkpoint of noisy tables: a retried consumer reads the same materialised draw.
 
-    ``packed``: give (shard, Packed table) instead, for an output that several stages read (each
-    unpacks it in its own stage, :func:`unpack_piece`): a runner keeps such a PCollection whole, and the
+    ``packed``: give (shard, Packed table) instead, for an output that several stages read (each DoFn
+    unpacks it in its own stage, :func:`table_of`): a runner keeps such a PCollection whole, and the
     FnApiRunner copies it once more for every stage that reads it, so it should stay compressed.
     """
     return (
@@ -443,7 +443,7 @@ def each_packed_piece(key, packed):
 
 
 def pack_piece(shard, table):
-    """(shard, table) -> (shard, Packed table), key columns dictionary-encoded (user-sorted pieces)."""
+    """(shard, table) -> (shard, Packed table) (:func:`pack_pairs`: the user column dictionary-encoded)."""
     return shard, pack_pairs(table)
 
 

@@ -357,7 +357,8 @@ class _MADSIPS(beam.PTransform):
             r = plan.index
             removed = removed_before(released_so_far, r)  # side input of U_<r, None in round 1
             bias_si = None if biases is None else beam.pvalue.AsList(biases)
-            source = (first if r == 1 else later) or full  # (user shard, Packed or Table(user, item))
+            source = first if r == 1 else later
+            source = full if source is None else source  # (user shard, Packed or Table(user, item))
             shards_arg = shards_si if r < last else None  # rounds r < R: also the candidates of round r's status
             sets, extra = per_user_step(
                 source,
