@@ -19,20 +19,9 @@ import pytest
 
 from dp_partition_beam.pipelines import bayesian_ngrams, extract_ngrams, outputs, select_partitions
 
+from tests.support.files import snapshot
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-
-
-def snapshot(root):
-    """path -> 'dir' or the sha256 of the file, for everything under ``root``."""
-    out = {}
-    for base, dirs, files in os.walk(root):
-        for d in dirs:
-            out[os.path.relpath(os.path.join(base, d), root)] = "dir"
-        for f in files:
-            path = os.path.join(base, f)
-            with open(path, "rb") as fh:
-                out[os.path.relpath(path, root)] = hashlib.sha256(fh.read()).hexdigest()
-    return out
 
 
 def pairs_tsv(path, users=60, items=("a", "b", "c")):

@@ -6,7 +6,6 @@ fabricated counters as well.
 """
 
 import glob
-import hashlib
 import json
 import os
 import re
@@ -18,6 +17,8 @@ from apache_beam.metrics.execution import MetricKey, MetricResult
 from apache_beam.metrics.metricbase import MetricName
 
 from dp_partition_beam.pipelines import cli, profiling, select_partitions
+
+from tests.support.files import snapshot
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 ROUND_GROUP = r"^Select/[A-Z_]+/\*1\*$"  # round 1 of the selection (its numbered steps: Sets1, Status1, ...)
@@ -32,29 +33,19 @@ def write_input(path):
 
 
 def argv(tmp, out, *extra):
-    return [
-        "--input",
-        str(tmp / "in.tsv"),
-        "--input_format",
-        "tsv",
-        "--output",
-        str(out / "items"),
-        "--report",
-        str(out / "report.json"),
-        "--epsilon",
-        "4",
-        "--delta",
-        "1e-5",
-        "--max_contributions",
-        "4",
-        "--seed",
-        "3",
-        "--direct_running_mode",
-        "in_memory",
-        "--progress_interval",
-        "0",
-        *extra,
-    ]
+    flags = {
+        "--input": tmp / "in.tsv",
+        "--input_format": "tsv",
+        "--output": out / "items",
+        "--report": out / "report.json",
+        "--epsilon": 4,
+        "--delta": "1e-5",
+        "--max_contributions": 4,
+        "--seed": 3,
+        "--direct_running_mode": "in_memory",
+        "--progress_interval": 0,
+    }
+    return [str(x) for flag_value in flags.items() for x in flag_value] + list(extra)
 
 
 def run(args):
@@ -71,17 +62,6 @@ def release(out):
     report = json.loads((out / "report.json").read_text())
     shards = [(s["bytes"], s["sha256"]) for s in report.pop("outputs")["shards"]]
     return lines, report, shards
-
-
-def snapshot(root):
-    out = {}
-    for base, dirs, files in os.walk(root):
-        for d in dirs:
-            out[os.path.relpath(os.path.join(base, d), root)] = "dir"
-        for f in files:
-            with open(os.path.join(base, f), "rb") as fh:
-                out[os.path.relpath(os.path.join(base, f), root)] = hashlib.sha256(fh.read()).hexdigest()
-    return out
 
 
 def times(value, key=""):
