@@ -67,7 +67,7 @@ def command(tool: str, tsv: str, out: str, epsilon: float, delta: float, k: int)
     raise ValueError(f"tool must be one of {', '.join(TOOLS)}, got {tool!r}")
 
 
-def released(tool: str, out: str) -> int:
+def released(out: str) -> int:
     names = [n for n in os.listdir(out) if n.startswith("items")]
     return sum(sum(1 for _ in open(os.path.join(out, n))) for n in names)
 
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
                     print(f"{tool}: exit {code}", flush=True)
                     return 1
                 runs[tool].append((wall, rss))
-                items[tool] = released(tool, out)
+                items[tool] = released(out)
                 print(f"  {tool:16s} rep {rep + 1}: {wall:7.2f} s  {rss:6.0f} MB  {items[tool]:,} items", flush=True)
         med = {t: (statistics.median(w for w, _ in r), statistics.median(m for _, m in r)) for t, r in runs.items()}
         base = med.get("basic", (None,))[0]

@@ -336,8 +336,8 @@ def per_user_step(
     ``packed``: table outputs stay packed, (shard, Packed table), for consumers that unpack them in their
     own DoFn (:func:`table_of`) or materialise them (:func:`barrier` keeps them as they are).
     ``outputs``: tags of further outputs ``fn`` yields per piece (e.g. MAD-SIPS's candidates); then the
-    result is ``(the step's outputs, {tag: PCollection})``. ``tables=False``: ``fn`` yields no tables
-    (nothing is packed).
+    result is ``(the step's outputs, {tag: PCollection})``. ``tables``: ``fn`` yields (shard, table)
+    (packed across the Flatten); False for other values (e.g. histograms: nothing is packed).
     """
     out = pieces | label >> beam.ParDo(fn, *args).with_outputs(PART_OF_USER, *outputs, main="whole")  # whole users
     joined = (
@@ -350,26 +350,12 @@ def per_user_step(
         # The two inputs come from different stages: a runner may keep the Flatten whole (the FnApiRunner
         # does: it buffered every capped table pickled, then copied the buffer into one bytes object, the
         # peak memory of a 4M-pair run): tables cross it packed.
-        whole = whole | f"{label}Pack" >> beam.Map(pack_table_value)  # (user shard, Packed)
-        joined = joined | f"{label}JoinPack" >> beam.Map(pack_table_value)  # (user shard, Packed)
+        whole = whole | f"{label}Pack" >> beam.MapTuple(pack_piece)  # (user shard, Packed)
+        joined = joined | f"{label}JoinPack" >> beam.MapTuple(pack_piece)  # (user shard, Packed)
     result = (whole, joined) | f"{label}All" >> beam.Flatten()  # the outputs of fn (tables packed)
     if tables and not packed:
-        result = result | f"{label}Unpack" >> beam.Map(unpack_table_value)  # the outputs of fn
+        result = result | f"{label}Unpack" >> beam.MapTuple(unpack_piece)  # the outputs of fn
     return (result, {tag: out[tag] for tag in outputs}) if outputs else result
-
-
-def pack_table_value(element):
-    """(key, table) -> (key, Packed table); any other element unchanged."""
-    if isinstance(element, tuple) and len(element) == 2 and isinstance(element[1], pa.Table):
-        return element[0], pack_pairs(element[1])
-    return element
-
-
-def unpack_table_value(element):
-    """(key, Packed) -> (key, table); any other element unchanged."""
-    if isinstance(element, tuple) and len(element) == 2 and isinstance(element[1], Packed):
-        return element[0], element[1].table()
-    return element
 
 
 class CapFn(PerUserFn):

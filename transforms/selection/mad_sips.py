@@ -119,13 +119,14 @@ class RoundSetsFn(PerUserFn):
         shard, Packed zero partials) of the piece's items not in U_<r: every item whose next-round status
         round r must decide, from the same pass over the full sets."""
         shard, table = element[0], table_of(element[1])
+        if released:
+            table = drop_items(table, pa.array(released, type=pa.binary()))  # U_<r, once for sets and candidates
         if num_shards is not None:
-            remaining = drop_items(table, pa.array(released, type=pa.binary())) if released else table
-            items = pc.unique(remaining.column(ITEM).combine_chunks())
+            items = pc.unique(table.column(ITEM).combine_chunks())
             if len(items):
                 for key_value in by_item_shard(zero_partials(items), num_shards):  # packed
                     yield beam.pvalue.TaggedOutput(self.CANDIDATES, key_value)
-        yield from PerUserFn.process(self, (shard, table), seed, cap, released, bias_tables)
+        yield from PerUserFn.process(self, (shard, table), seed, cap, None, bias_tables)  # U_<r already dropped
 
     def _remaining(self, table, released, bias_tables):
         """(rows minus U_<r, whether each row's item is hopeless (numpy bool) or None in round 1)."""

@@ -94,19 +94,15 @@ def test_user_pieces_are_bounded_but_never_cut_a_user():
 
 def test_per_user_step_outputs_cross_its_flatten_packed_and_come_back_equal():
     """per_user_step's tables cross its Flatten packed (a runner keeps that PCollection whole): the packing
-    steps give the same table back and pass every other element (a histogram, a tagged value) unchanged;
-    a barrier keeps an already packed table as it is (no second packing)."""
+    steps give the same table back; a barrier keeps an already packed table as it is (no second packing)."""
     from dp_partition_beam.transforms.core.batches import Packed
-    from dp_partition_beam.transforms.core.engine import keyed_piece, pack_table_value, table_of, unpack_table_value
+    from dp_partition_beam.transforms.core.engine import keyed_piece, pack_piece, table_of, unpack_piece
 
     table = pa.table({"user": pa.array([b"u1", b"u1", b"u2"]), ITEM: pa.array([b"a", b"b", b"a"]), "degree": [2, 2, 1]})
-    key, packed = pack_table_value((7, table))
+    key, packed = pack_piece(7, table)
     assert key == 7 and isinstance(packed, Packed) and packed.num_rows == 3
-    assert unpack_table_value((key, packed))[1].equals(table) and table_of(packed).equals(table)
+    assert unpack_piece(key, packed)[1].equals(table) and table_of(packed).equals(table)
     assert table_of(table) is table
-    histogram = np.arange(4)
-    assert pack_table_value(histogram) is histogram and unpack_table_value(histogram) is histogram
-    assert pack_table_value((1, 2, table))[2] is table  # only (key, table) pairs are packed
     (shard, crc), kept = keyed_piece(3, packed)
     assert shard == 3 and kept is packed
     assert keyed_piece(3, table)[0] == (shard, crc)  # the same key whether it arrived packed or not
