@@ -175,18 +175,10 @@ SPARK_WORKERS=2
 
 cluster_ports() {  # ports.env: free ports, chosen at the first `up` and kept (a restarted worker reuses them)
   mkdir -p "$CLUSTER/pids" "$CLUSTER/logs"
-  [ -s "$CLUSTER/ports.env" ] || "$PY" - > "$CLUSTER/ports.env" <<'PYEOF'
-import socket
-names = ["FLINK_RPC_PORT", "FLINK_REST_PORT", "FLINK_BLOB_PORT", "FLINK_JOB_PORT", "SPARK_MASTER_PORT",
-         "SPARK_MASTER_UI_PORT", "SPARK_WORKER_UI_PORT_1", "SPARK_WORKER_UI_PORT_2", "SPARK_JOB_PORT",
-         "SPARK_DRIVER_UI_PORT", "POOL_PORT"]
-socks = []
-for name in names:
-    s = socket.socket()
-    s.bind(("localhost", 0))
-    socks.append(s)  # held until all are chosen: distinct ports
-    print(f"{name}={s.getsockname()[1]}")
-PYEOF
+  # below the ephemeral range, so no socket the kernel numbers can take one first (tests/support/ports.py)
+  [ -s "$CLUSTER/ports.env" ] || "$PY" -m tests.support.ports FLINK_RPC_PORT FLINK_REST_PORT FLINK_BLOB_PORT \
+    FLINK_JOB_PORT SPARK_MASTER_PORT SPARK_MASTER_UI_PORT SPARK_WORKER_UI_PORT_1 SPARK_WORKER_UI_PORT_2 \
+    SPARK_JOB_PORT SPARK_DRIVER_UI_PORT POOL_PORT > "$CLUSTER/ports.env"
   # shellcheck disable=SC1091
   . "$CLUSTER/ports.env"
 }

@@ -64,6 +64,7 @@ from tests.support import engines
 
 # --- The only imports of modules below the pipelines' CLIs (their paths move in refactors) -----------
 from tests.support.pipeline_cases import PIPELINES  # the registry's PipelineSpecs (bundled sample + demo arguments)
+from tests.support.ports import free_port
 
 DOFN_PACKAGES = (
     "dp_partition_beam.transforms",
@@ -385,7 +386,7 @@ def check_seeded_case(engine, name, inputs, direct, tmp_path):
 @pytest.fixture
 def worker_pool(tmp_path):
     """Beam's SDK worker pool (``worker_pool_main``): every worker it starts is its own Python process."""
-    port = engines.free_port()
+    port = free_port()
     log = open(tmp_path / "worker-pool.log", "w", encoding="utf-8")
     # The pool starts each worker as `python -c ...`: this interpreter's directory goes first on PATH.
     # Its workers import tests/support/engines.py (RecordDrawsFn): the repo root goes on their PYTHONPATH.

@@ -8,12 +8,7 @@ import time
 import pytest
 
 from tests.support.pipeline_cases import IDS, PIPELINES, cli_args, cut_sample, released_lines, run_cli
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
+from tests.support.ports import free_port
 
 
 def _wait_for_port(port, proc, timeout=60):
@@ -30,7 +25,7 @@ def _wait_for_port(port, proc, timeout=60):
 
 @pytest.fixture(scope="module")
 def job_endpoint():
-    port = _free_port()
+    port = free_port()
     service = subprocess.Popen(
         [sys.executable, "-m", "apache_beam.runners.portability.local_job_service_main", "--port", str(port)],
         stdout=subprocess.DEVNULL,

@@ -19,6 +19,8 @@ import time
 
 import apache_beam as beam
 
+from tests.support.ports import free_port
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(REPO, ".ci", "engines.sh")
 ENGINES = ("flink", "spark")
@@ -56,12 +58,6 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 def flink_config(restart_attempts: int) -> str:
