@@ -236,3 +236,33 @@ def test_multi_round_validation():
         multi_round_calibration(1.0, 1e-5, [0.5, 0.5], "gdp", 0)
     with pytest.raises(ValueError, match="epsilon"):
         multi_round_calibration(-1.0, 1e-5, [0.5, 0.5], "basic", 10)
+
+
+@pytest.mark.parametrize("algorithm", ["mad2r", "mad_sips"])
+def test_biased_rounds_bound_a_novel_item_by_one(algorithm):
+    """Privacy review L3: a biased round's novel item is <= min(b_max/sqrt(t), 1) (Lemma 5.3, and a coordinate
+    of a change of l2 norm <= 1, Lemma 5.6). The threshold keeps P[one of t novel items passes] <= delta_r/2
+    for every t under that bound, and the last round's is lower where small t decide it (epsilon 4) and the
+    same where t = Delta_0 does (the MAD paper's epsilon 1, Delta_0 100)."""
+    from scipy import stats
+
+    from dp_partition_beam.privacy.selection import SelectionParams, plan_rounds
+
+    for eps, d0, lower in [(4.0, 4, True), (4.0, 100, True), (1.0, 100, False)]:
+        params = SelectionParams(eps, 1e-6, max_contributions=d0, cap_quantile=1.0)
+        rounds = plan_rounds(algorithm, params)
+        assert [r.h for r in rounds[1:]] == ["min(2/sqrt(t), 1)"] * (len(rounds) - 1)
+        for r in rounds[1:]:
+            t = np.arange(1, d0 + 1, dtype=float)
+            h = np.minimum(2.0 / np.sqrt(t), 1.0)
+            tail = stats.norm.sf((r.threshold - h) / r.noise_scale)
+            p_pass = -np.expm1(t * np.log1p(-tail))  # one of t novel items of weight h passes
+            assert p_pass.max() <= r.delta / 2 * (1 + 1e-9)
+            loose = gaussian_threshold(r.noise_scale, r.delta, d0, h=lambda t: 2.0 / np.sqrt(t))
+            assert r.threshold <= loose
+        last = rounds[-1]  # most of the budget: sigma small enough that t = 1 decides
+        loose = gaussian_threshold(last.noise_scale, last.delta, d0, h=lambda t: 2.0 / np.sqrt(t))
+        if lower:
+            assert last.threshold < 0.93 * loose, (eps, d0, last.threshold, loose)
+        else:
+            assert last.threshold == loose

@@ -30,7 +30,7 @@ def test_registry_entry_and_plan():
     assert spec.shape == "mad_sips" and spec.weighting == "mad"
     plans = plan_rounds("mad_sips", PARAMS)
     assert [p.index for p in plans] == [1, 2, 3]
-    assert [p.h for p in plans] == ["1/sqrt(t)", "2/sqrt(t)", "2/sqrt(t)"]
+    assert [p.h for p in plans] == ["1/sqrt(t)", "min(2/sqrt(t), 1)", "min(2/sqrt(t), 1)"]
     assert all(p.weighting == "mad" and p.tau >= 1.0 and p.tau >= p.threshold for p in plans)
     # GDP: the rounds and the adaptive cap's histogram compose to one Gaussian of noise AGM(epsilon, delta/2);
     # thresholds split delta/2
