@@ -62,6 +62,7 @@ __all__ = [
     "default_gaussian_h",
     "default_laplace_h",
     "MAX_EPSILON",
+    "passes_threshold",
 ]
 
 # Largest epsilon accepted by the calibration functions (the product itself caps epsilon at 100).
@@ -72,6 +73,19 @@ _CHUNK = 1 << 20
 _SIGMA_MARGIN = 1e-10
 
 HFunction = Callable[[np.ndarray], np.ndarray]
+
+
+def passes_threshold(noisy, rho):
+    """The release rule of every weight-and-threshold step: an item is kept iff ``noisy >= rho``.
+
+    Every threshold here is calibrated on the upper tail that INCLUDES rho: :func:`gaussian_threshold`
+    bounds ``1 - P[w + Z < rho]^t``, :func:`laplace_threshold` likewise, and DPNE's ``rho_k`` solves
+    ``P[N(0, sigma_k^2) >= rho_k] = q_k`` (privacy/dpne.py). Releasing at ``>`` against such a bound is
+    safe but a mismatch in the other direction is not: a release at ``>=`` against a bound of the tail
+    ``> rho`` misses the mass at rho when the noise is discrete (OpenDP issue 2922). Every release
+    step calls this one function (tests/guarantees/test_threshold_invariants.py checks that no other
+    comparison with a threshold exists). Works on floats and numpy arrays."""
+    return noisy >= rho
 
 
 # --------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from typing import Optional
 
 import apache_beam as beam
 
+from dp_partition_beam.privacy.calibration import passes_threshold
 from dp_partition_beam.transforms.core import randomness
 from dp_partition_beam.transforms.core.dofns import WorkerRngDoFn
 
@@ -77,7 +78,7 @@ class AddNoise(beam.PTransform):
 def released_item(element, threshold):
     """(item, noisy weight) -> item if the noisy weight is >= the threshold rho (MAD paper Alg. 1 line 8)."""
     item, noisy_weight = element
-    if noisy_weight >= threshold:
+    if passes_threshold(noisy_weight, threshold):
         yield item
 
 

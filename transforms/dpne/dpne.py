@@ -61,6 +61,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
+from dp_partition_beam.privacy.calibration import passes_threshold
 from dp_partition_beam.privacy.dpne import (
     DPNEParams,
     RunPlan,
@@ -290,7 +291,7 @@ class NoisyKeepFn(WorkerRngDoFn):
         noisy = noisy_weights(
             w.column(ITEM), w.column("weight").to_numpy(), "gaussian", self._sigma, self._seed, self._round, self._rng
         )
-        idx = pa.array(np.flatnonzero(noisy >= rho))
+        idx = pa.array(np.flatnonzero(passes_threshold(noisy, rho)))
         yield from zip(w.column(ITEM).take(idx).to_pylist(), w.column("holders").take(idx).to_pylist())
 
 
@@ -353,7 +354,7 @@ def product(a, b):
 
 def keep_at_or_above_rho(element, level):
     rho = level["rho"]
-    return rho is not None and element[1] >= rho
+    return rho is not None and passes_threshold(element[1], rho)
 
 
 def first(element):

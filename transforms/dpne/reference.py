@@ -24,7 +24,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Uni
 
 import numpy as np
 
-from dp_partition_beam.privacy.calibration import mad_tau
+from dp_partition_beam.privacy.calibration import mad_tau, passes_threshold
 from dp_partition_beam.privacy.counts import CountPlan
 from dp_partition_beam.privacy.dpne import (
     DPNEParams,
@@ -119,7 +119,7 @@ def noisy_release(hist: Mapping[str, float], sigma: float, rho: float, round_: i
     (selection's in-memory noise: :func:`transforms.selection.reference.add_noise`)."""
     if not hist or not math.isfinite(rho):
         return set()
-    return {g for g, w in add_noise(hist, "gaussian", sigma, seed, round_, rng).items() if w >= rho}
+    return {g for g, w in add_noise(hist, "gaussian", sigma, seed, round_, rng).items() if passes_threshold(w, rho)}
 
 
 def sample_spurious(sampler: dpne_kernels.ValidSampler, supp: Set[str], q: float, k: int, seed, rng) -> List[str]:

@@ -14,6 +14,7 @@ from typing import Optional
 import apache_beam as beam
 import numpy as np
 
+from dp_partition_beam.privacy.calibration import passes_threshold
 from dp_partition_beam.transforms.core.batches import DEFAULT_ROWS_PER_SHARD, ITEM, by_item_shard, unpacked
 from dp_partition_beam.transforms.core.dofns import WorkerRngDoFn
 from dp_partition_beam.transforms.core.engine import (
@@ -72,7 +73,7 @@ class NoisyThresholdFn(WorkerRngDoFn):
         noisy = noisy_weights(
             w.column(ITEM), w.column("weight").to_numpy(), p.noise, p.noise_scale, self._seed, p.index, self._rng
         )
-        idx = np.flatnonzero(noisy >= p.threshold)  # Alg. 1 line 8
+        idx = np.flatnonzero(passes_threshold(noisy, p.threshold))  # Alg. 1 line 8
         items = w.column(ITEM).take(idx).to_pylist()
         for item in items:
             yield p.index, item

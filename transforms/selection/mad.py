@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dp_partition_beam.privacy.calibration import passes_threshold
 from dp_partition_beam.transforms.core.batches import (
     DEFAULT_ROWS_PER_SHARD,
     ITEM,
@@ -227,7 +228,7 @@ class Round1StatusFn(WorkerRngDoFn):
         noisy = noisy_weights(
             w.column(ITEM), w.column("weight").to_numpy(), r1.noise, r1.noise_scale, self._seed, r1.index, self._rng
         )  # Alg. 4 line 6
-        released = noisy >= r1.threshold  # line 7
+        released = passes_threshold(noisy, r1.threshold)  # line 7
         kept, b = round2_biases(noisy, r2.threshold, r1.noise_scale, p.c_lb, p.c_ub)  # lines 10-14
         rows = np.flatnonzero(released | kept)
         status = pa.table(

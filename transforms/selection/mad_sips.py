@@ -50,6 +50,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dp_partition_beam.privacy import cap as cap_plans
+from dp_partition_beam.privacy.calibration import passes_threshold
 from dp_partition_beam.transforms.core.batches import (
     DEFAULT_ROWS_PER_SHARD,
     ITEM,
@@ -195,7 +196,7 @@ class RoundStatusFn(WorkerRngDoFn):
             w.column(ITEM), w.column("weight").to_numpy(), p.noise, p.noise_scale, self._seed, p.index, self._rng
         )  # w~_r on round r's union and the candidates
         holders = w.column("holders").to_numpy()
-        released = (holders > 0) & (noisy >= p.threshold)  # U_r
+        released = (holders > 0) & passes_threshold(noisy, p.threshold)  # U_r
         c_lb, c_ub = self._params.c_lb, self._params.c_ub
         _, b = round2_biases(noisy, q.threshold, p.noise_scale, c_lb, c_ub)  # Alg. 4 lines 10, 14 (rho_{r+1})
         hopeless = noisy + c_ub * p.noise_scale < rho_drop(plans, self._round)  # lines 11-13, least remaining rho

@@ -18,6 +18,7 @@ from typing import Dict, Hashable, Iterable, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 
+from dp_partition_beam.privacy.calibration import passes_threshold
 from dp_partition_beam.privacy.cap import CapPlan, choose_cap, degree_histogram
 from dp_partition_beam.privacy.counts import CountPlan
 from dp_partition_beam.privacy.selection import RoundPlan, SelectionParams
@@ -98,7 +99,7 @@ def noisy_threshold(
 ) -> Set[Hashable]:
     """Items whose noisy weight is >= rho (NoisyThreshold)."""
     noisy = add_noise(weights, plan.noise, plan.noise_scale, seed, plan.index, rng)
-    return {item for item, w in noisy.items() if w >= plan.threshold}
+    return {item for item, w in noisy.items() if passes_threshold(w, plan.threshold)}
 
 
 def _single_round(user_sets, spec, params, plans, seed, rng, cap=None):
@@ -144,7 +145,7 @@ def _mad2r(user_sets, spec, params, plans, seed, rng, cap=None):
     capped = bound_contributions(user_sets, params.max_contributions, seed, 0, rng)  # Alg. 4 line 1
     w1 = K.mad_weights(capped, r1.tau, params.d_max)  # line 5
     noisy1 = add_noise(w1, r1.noise, r1.noise_scale, seed, r1.index, rng)  # line 6
-    u1 = {i for i, w in noisy1.items() if w >= r1.threshold}  # line 7
+    u1 = {i for i, w in noisy1.items() if passes_threshold(w, r1.threshold)}  # line 7
     biases = {}
     for item, w in noisy1.items():  # lines 10-14
         if item in u1:
@@ -156,7 +157,7 @@ def _mad2r(user_sets, spec, params, plans, seed, rng, cap=None):
     sets2 = {u: items for u, items in sets2.items() if items}
     w2 = K.mad_weights(sets2, r2.tau, params.d_max, biases, params.b_min, params.b_max)  # line 15
     noisy2 = add_noise(w2, r2.noise, r2.noise_scale, seed, r2.index, rng)  # line 16
-    u2 = {i for i, w in noisy2.items() if w >= r2.threshold}  # line 17
+    u2 = {i for i, w in noisy2.items() if passes_threshold(w, r2.threshold)}  # line 17
     return {1: u1, 2: u2}, capped
 
 
@@ -248,7 +249,7 @@ def _mad_sips(user_sets, spec, params, plans, seed, rng, cap=None):
         rho_drop = min(p.threshold for p in plans[k:])  # hopeless: below every remaining round's threshold
         _, _, w = mad_sips_round(full, released, prev, plan, params, seed, rng, rho_drop, cap)
         noisy = add_noise(w, plan.noise, plan.noise_scale, seed, plan.index, rng)
-        per_round[plan.index] = {i for i, x in noisy.items() if x >= plan.threshold}
+        per_round[plan.index] = {i for i, x in noisy.items() if passes_threshold(x, plan.threshold)}
         released |= per_round[plan.index]
         prev = (plan, noisy)
     # The rounds re-subsample per round; the counts use one subsample of the full sets (round 0).

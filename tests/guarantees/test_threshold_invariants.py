@@ -1,0 +1,207 @@
+"""Two invariants that peers got wrong (issue 30 cites OpenDP 2949 and 2835; the comparison bug is OpenDP 2922).
+
+1. **The comparison a release applies is the one its calibration assumed, at every threshold step.**
+   Every threshold here is calibrated on the upper tail that includes rho (``P[w + noise >= rho]``), so
+   every release step must keep an item exactly at rho and drop one just below it. OpenDP released at
+   ``>=`` against a delta of the tail ``> rho`` (issue 2922): with discrete noise that misses the mass at
+   rho. Checked three ways: the one release rule (``privacy.calibration.passes_threshold``) on ties, the
+   calibrations' tail probabilities against that rule, and a scan of the package's source for any other
+   comparison with a threshold (a new release step that compares on its own fails here).
+2. **Normalisation happens before per-user bounding**: a user whose raw items normalise to one item
+   contributes it once. What the package normalises: a ``(user, item)`` element, a string column and a
+   binary column of an Arrow batch give the same key bytes (selection); DPNE's tokenizer NFKC-normalises
+   and lowercases; the TSV reader drops a CR before LF and a UTF-8 BOM. Each is run twice with the same
+   seed, once with every user's item in several raw forms and once in one form: the releases (with
+   their counts of distinct holders, which would count a duplicate) must be identical.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import os
+import pathlib
+import re
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pytest
+from scipy import stats
+
+from dp_partition_beam.privacy import calibration, dpne
+from dp_partition_beam.privacy.calibration import passes_threshold
+from dp_partition_beam.privacy.selection import SelectionParams
+from dp_partition_beam.transforms.dpne.dpne import DPNE
+from dp_partition_beam.transforms.selection.select import SelectPartitions
+
+from tests.support.beam_helpers import collect
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SEED = 5
+
+# --- 1. the comparison -----------------------------------------------------------------------------------
+
+
+def test_the_release_rule_keeps_ties_and_drops_anything_below():
+    for rho in (0.0, 1.0, 22.087, -3.5, 1e-300, 7.0 / 3.0):
+        assert passes_threshold(rho, rho)
+        assert not passes_threshold(math.nextafter(rho, -math.inf), rho)
+        assert passes_threshold(math.nextafter(rho, math.inf), rho)
+    noisy = np.array([2.0, math.nextafter(2.0, 0.0), 3.0, -1.0])
+    assert passes_threshold(noisy, 2.0).tolist() == [True, False, True, False]
+
+
+def test_the_calibrations_bound_the_tail_the_rule_releases():
+    """gaussian_threshold bounds P[one of t novel items of weight h(t) is released] by delta/2 and
+    laplace_threshold by delta (pure noise), with the release event {w + Z >= rho}; DPNE's rho_k gives
+    P[Z_k >= rho_k] = q_k. Computed here on the inclusive tail (the noise is continuous, so the mass at
+    rho is 0 and the bound is tight)."""
+    sigma, delta, d0 = 3.7, 1e-5, 50
+    t = np.arange(1, d0 + 1, dtype=float)
+    rho = calibration.gaussian_threshold(sigma, delta, d0)
+    tail = stats.norm.sf((rho - 1 / np.sqrt(t)) / sigma)  # P[h + sigma Z >= rho]
+    worst = (-np.expm1(t * np.log1p(-tail))).max()
+    assert worst == pytest.approx(delta / 2, rel=1e-6)
+    b = 2.5
+    rho_l = calibration.laplace_threshold(1.0 / b, delta, d0)
+    tail_l = stats.laplace.sf(rho_l - 1 / t, scale=b)  # P[h + Lap(b) >= rho]
+    assert (-np.expm1(t * np.log1p(-tail_l))).max() == pytest.approx(delta, rel=1e-6)  # Laplace: the full delta
+    for s_prev, v in ((10, 1000), (500, 2000), (3000, 2000)):  # DPNE's level k: P[N(0, sigma^2) >= rho] = q
+        sigma_k = 2.5
+        q = dpne.spurious_probability(0.3, s_prev, v)
+        assert stats.norm.sf(dpne.dpne_rho_k(sigma_k, 0.3, s_prev, v) / sigma_k) == pytest.approx(q, rel=1e-9)
+
+
+#: Comparisons with a threshold that are not release steps: MAD2R's / MAD-SIPS's hopeless test and bias
+#: (Alg. 4 lines 10-14) read already released noisy weights (post-processing), any comparison is fine.
+NOT_RELEASE_STEPS = {
+    ("transforms/selection/mad_kernels.py", "noisy_w1 + c_ub * sigma1 < (rho2 if rho_drop is None else rho_drop)"),
+    ("transforms/selection/mad_kernels.py", "w_lb <= rho2"),
+    ("transforms/selection/mad_kernels.py", "w1 + c_ub * sigma1 < rho2"),
+    ("transforms/selection/mad_sips.py", "noisy + c_ub * p.noise_scale < rho_drop(plans, self._round)"),
+}
+#: The release steps (Beam and the in-memory references): each calls passes_threshold.
+RELEASE_STEPS = {
+    "transforms/selection/basic.py": 1,  # NoisyThresholdFn: single rounds, DP-SIPS
+    "transforms/selection/mad.py": 1,  # MAD2R's Round1StatusFn (round 2 and MAD: basic's NoisyThresholdFn)
+    "transforms/selection/mad_sips.py": 1,  # MAD-SIPS's RoundStatusFn
+    "transforms/core/noise.py": 1,  # the sequential policies' NoisyThreshold
+    "transforms/dpne/dpne.py": 2,  # NoisyKeepFn, DPNE's baselines
+    "transforms/selection/reference.py": 4,
+    "transforms/dpne/reference.py": 1,
+}
+_THRESHOLD_NAME = re.compile(r"threshold|rho", re.I)
+
+
+def _comparisons_with_a_threshold(repo=REPO):
+    for root in ("transforms", "pipelines", "privacy"):
+        for path in sorted((repo / root).rglob("*.py")):
+            src = path.read_text(encoding="utf-8")
+            for node in ast.walk(ast.parse(src)):
+                if isinstance(node, ast.Compare) and any(
+                    isinstance(op, (ast.Gt, ast.GtE, ast.Lt, ast.LtE)) for op in node.ops
+                ):
+                    operands = [ast.get_source_segment(src, x) or "" for x in (node.left, *node.comparators)]
+                    if any(_THRESHOLD_NAME.search(o) for o in operands):
+                        yield str(path.relative_to(repo)), ast.get_source_segment(src, node), node.lineno
+
+
+def test_every_release_step_uses_the_one_rule():
+    found = list(_comparisons_with_a_threshold())
+    own = [(p, s) for p, s, _ in found if p == "privacy/calibration.py" and s == "noisy >= rho"]
+    assert len(own) == 1, "passes_threshold itself"
+    others = [(p, s, line) for p, s, line in found if (p, s) not in NOT_RELEASE_STEPS and (p, s) not in own]
+    assert not others, f"a comparison with a threshold outside passes_threshold: {others}"
+    for rel, n in RELEASE_STEPS.items():
+        calls = [
+            node
+            for node in ast.walk(ast.parse((REPO / rel).read_text(encoding="utf-8")))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "passes_threshold"
+        ]
+        assert len(calls) == n, (rel, len(calls))
+
+
+def test_the_scan_finds_a_comparison_of_its_own(tmp_path):
+    """The source scan is not vacuous: a release written as ``noisy > p.threshold`` is found."""
+    fake = tmp_path / "transforms" / "selection"
+    fake.mkdir(parents=True)
+    (fake / "x.py").write_text("def f(noisy, p):\n    return noisy > p.threshold\n")
+    assert list(_comparisons_with_a_threshold(tmp_path)) == [("transforms/selection/x.py", "noisy > p.threshold", 2)]
+
+
+# --- 2. normalisation before per-user bounding -----------------------------------------------------------
+
+USERS = [f"u{i:02d}" for i in range(60)]
+
+
+def _select(inputs, algorithm):
+    params = SelectionParams(4.0, 1e-5, max_contributions=2, release_counts=True)
+
+    def build(p):
+        pcolls = [p | f"In{i}" >> beam.Create(x) for i, x in enumerate(inputs)]
+        merged = pcolls[0] if len(pcolls) == 1 else pcolls | beam.Flatten()
+        return merged | SelectPartitions(algorithm, params, seed=SEED, output_rounds=True)
+
+    return sorted(collect(build, fmt=repr))
+
+
+@pytest.mark.parametrize("algorithm", ["basic", "mad2r", "mad_sips", "policy_gaussian"])
+def test_a_selection_item_in_several_forms_counts_once(algorithm):
+    """Every user holds "x" as an element, as a string batch row and as a binary batch row (one item
+    after normalisation to key bytes) and one item of its own group: the release (items, rounds, noisy
+    counts of distinct holders) equals that of the data with "x" once per user. Delta_0 = 2: a raw
+    duplicate that survived to the bounding would also crowd out the user's other item."""
+    once = [(u, "x") for u in USERS] + [(u, f"y{i % 6}") for i, u in enumerate(USERS)]
+    as_string = pa.table({"user": USERS, "item": ["x"] * len(USERS)})
+    as_binary = pa.table({"user": USERS, "item": pa.array([b"x"] * len(USERS), pa.binary())})
+    want = _select([once], algorithm)
+    assert any("'x'" in line for line in want), want  # "x" (60 holders) is released
+    assert _select([once + [(u, "x") for u in USERS], [as_string, as_binary]], algorithm) == want
+
+
+def _dpne(records):
+    params = dpne.DPNEParams(epsilon=4, delta=1e-5, max_n=2, max_contributions=(2, 2), eta=0.3, release_counts=True)
+
+    def build(p):
+        return (p | beam.Create(records) | DPNE("dpne", params, seed=SEED, num_shards=2))["counts"]
+
+    return sorted(collect(build, fmt=lambda kgc: f"{kgc[0]}\t{kgc[1][0]}\t{kgc[1][1]}"))
+
+
+def test_a_dpne_token_in_several_forms_counts_once():
+    """The tokenizer NFKC-normalises and lowercases: "Hello", "HELLO" and fullwidth "ＨＥＬＬＯ" are the
+    word "hello". Each user writing all three (and "world") releases exactly what users writing "hello
+    world" once release, counts included (Delta_1 = 2 would also let raw forms crowd out "world")."""
+    plain = [(u, "hello world") for u in USERS]
+    forms = [(u, t) for u in USERS for t in ("Hello world", "HELLO WORLD", "\uff28\uff25\uff2c\uff2c\uff2f world")]
+    want = _dpne(plain)
+    assert any("\thello\t" in line for line in want) and any("\thello world\t" in line for line in want), want
+    assert _dpne(forms) == want
+
+
+def test_a_tsv_line_in_several_forms_counts_once(tmp_path):
+    """The TSV reader drops a CR before LF and a UTF-8 BOM: a file where every user's item "x" comes
+    as "x\\r\\n" and as "x\\n" (after a BOM) releases what the clean file releases."""
+    from dp_partition_beam.pipelines import select_partitions
+
+    def run(name, data: bytes):
+        path = tmp_path / f"{name}.tsv"
+        path.write_bytes(data)
+        out = tmp_path / name
+        argv = ["--input", str(path), "--input_format", "tsv", "--epsilon", "4", "--delta", "1e-5"]
+        argv += ["--max_contributions", "2", "--release_counts", "--seed", str(SEED)]
+        argv += ["--output", str(out / "released"), "--report", str(out / "report.json")]
+        assert select_partitions.run(argv + ["--direct_running_mode", "in_memory"]) == 0
+        return sorted(
+            line
+            for f in sorted(os.listdir(out))
+            if f.startswith("released")
+            for line in open(out / f, encoding="utf-8")
+        )
+
+    clean = "user\titem\n" + "".join(f"{u}\tx\n{u}\ty{i % 6}\n" for i, u in enumerate(USERS))
+    messy = "\ufeffuser\titem\r\n" + "".join(f"{u}\tx\r\n{u}\tx\n{u}\ty{i % 6}\r\n" for i, u in enumerate(USERS))
+    want = run("clean", clean.encode())
+    assert any(line.startswith("x\t") for line in want), want
+    assert run("messy", messy.encode()) == want
