@@ -1,0 +1,74 @@
+"""Expected items of one Basic round: Gaussian noise + threshold against a keep-probability table (issue 30).
+
+For each corpus and epsilon (delta 1e-5, Delta_0 100, the MAD paper's Table 2 setting): users are capped
+to Delta_0 items (uniform subsample, seed 0, the reference's bound_contributions), every item gets its
+Basic weight W = sum over its holders of 1/sqrt(d_u), and the EXPECTED number of released items is
+computed exactly under both rules on that one capped dataset:
+
+* weighted Gaussian (DPSU / MAD paper Alg. 1): sum_i P[W_i + N(0, sigma^2) >= rho];
+* keep table (privacy/thresholding.py, docs/thresholding.md): sum_i F(W_i).
+
+No noise is drawn, so the comparison has no sampling error. Also printed: W50, the weight kept with
+probability 1/2 (rho for the Gaussian). The shared corpora are read from ../shared/data (never copied).
+
+    python -m benchmarks.bench_thresholding [--data imdb,higgs] [--epsilons 0.5,1,2,4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from scipy import special
+
+from benchmarks.shared_data import read_user_sets, shared_data_path
+from dp_partition_beam.privacy import calibration
+from dp_partition_beam.privacy import thresholding as T
+from dp_partition_beam.transforms.selection.reference import bound_contributions
+
+DATASETS = ("imdb", "higgs", "retail", "commits", "debian_b")  # msnbc: 17 items, all released by both
+DELTA, DELTA_0 = 1e-5, 100
+
+
+def basic_weights(user_sets, max_contributions: int) -> np.ndarray:
+    capped = bound_contributions(user_sets, max_contributions, 0, 0, None)
+    totals = {}
+    for items in capped.values():
+        w = 1.0 / np.sqrt(len(items))
+        for i in items:
+            totals[i] = totals.get(i, 0.0) + w
+    return np.fromiter(totals.values(), dtype=np.float64, count=len(totals))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=",".join(DATASETS))
+    ap.add_argument("--epsilons", default="0.5,1,2,4")
+    args = ap.parse_args(argv)
+    epsilons = [float(e) for e in args.epsilons.split(",")]
+    contributions = T.basic_contributions(DELTA_0)
+    tables = {}
+    for eps in epsilons:
+        t0 = time.time()
+        tables[eps] = T.calibrate_keep_table(eps, DELTA, contributions)[0]
+        print(f"# table at epsilon {eps:g}: alpha {tables[eps].alpha:.1f}, {time.time() - t0:.1f} s to calibrate")
+    print(f"\ndelta {DELTA:g}, Delta_0 {DELTA_0}; expected released items of one Basic round (exact expectations)\n")
+    print("| data | epsilon | items | Gaussian W50 (rho) | table W50 | Gaussian E[released] ", end="")
+    print("| table E[released] | gain |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in args.data.split(","):
+        weights = basic_weights(read_user_sets(shared_data_path(f"{name}.user_words.tsv.gz")), DELTA_0)
+        for eps in epsilons:
+            c = calibration.calibrate_weighted_gaussian(eps, DELTA, DELTA_0)
+            gauss = float(np.sum(special.ndtr((weights - c.threshold) / c.noise_scale)))
+            table = tables[eps]
+            kept = float(np.sum(table.keep_probability(weights)))
+            print(
+                f"| {name} | {eps:g} | {weights.size:,} | {c.threshold:.2f} | {table.weight_for(0.5):.2f} | "
+                f"{gauss:,.1f} | {kept:,.1f} | {kept / gauss - 1:+.1%} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,303 @@
+"""Keep-probability tables: an optimal-thresholding replacement for "Gaussian noise + threshold" (issue 30).
+
+Pure math, fixed before any data is read (no Beam). A weight-and-threshold round releases item i with
+total weight W_i when ``W_i + N(0, sigma^2) >= rho``. When the weight itself is never released, any
+rule "keep i with probability f(W_i)" does the same job, and the largest f that a privacy budget
+allows keeps items with fewer users. This module computes such an f as a table, in the spirit of the
+truncated-geometric rule of Desfontaines et al. (PoPETs 2022), generalised to approximate Renyi DP and
+to weighted contributions (Harrison & Manurangsi, arXiv 2603.09167, announce this; their paper body
+and code are not available, so the construction and its proof are ours: docs/thresholding.md).
+
+**Approximate RDP (mixture form).** A pair of output distributions (M, M') is delta-approximately
+(alpha, eps)-RDP if M = (1 - delta) P + delta Q and M' = (1 - delta) P' + delta Q' with
+D_alpha(P || P') <= eps and D_alpha(P' || P) <= eps. Products of independent such pairs compose:
+the eps add, and the mixture weight of the product is 1 - prod(1 - delta_i) <= sum delta_i.
+
+**The contributions.** A user adds ``c`` to the total of each of its items, with c from a finite set
+``C`` in (0, 1] and sum c^2 <= 1 over its items (Basic: c = 1/sqrt(d) on each of d <= Delta_0 items;
+the count weighting: 1/sqrt(Delta_0)). Other users' contributions do not depend on the user (this is
+what excludes MAD and the sequential policies, whose weights are rerouted by other users).
+
+**The table.** Totals are read on a grid of step H = 2^-k: index j = floor(W / H). For a shift c the
+index moves by floor(c/H) or ceil(c/H) =: m_c. The table F (F[j] = keep probability at index j) is
+
+    F[0] = 0,    F[j] = min_{c in C} g_c(F[max(0, j - m_c)])                        (j >= 1)
+
+where g_c(p) is the largest keep probability one more user of contribution c may cause from p at
+budget (eps c^2, delta c^2) (:func:`one_step`). F is nondecreasing, and every pair of indices
+(j, j + m) with m <= m_c satisfies F[j] <= F[j + m] <= g_c(F[j]); hence for every real W and c in
+C the pair (Bern F(W), Bern F(W + c)) is (delta c^2)-approximately (alpha, eps c^2)-RDP in both
+directions, and a user with sum c^2 <= 1 changes the whole release by a delta-approximately
+(alpha, eps)-RDP pair. :func:`to_dp` converts that to (epsilon, delta)-DP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Iterable, Sequence, Tuple
+
+import numpy as np
+
+from dp_partition_beam.privacy.validation import PrivacyBudget, check_int, check_range
+
+__all__ = [
+    "DEFAULT_GRID_BITS",
+    "bernoulli_renyi",
+    "one_step",
+    "KeepTable",
+    "keep_table",
+    "table_violations",
+    "rdp_to_dp_epsilon",
+    "calibrate_keep_table",
+    "to_dp",
+    "basic_contributions",
+]
+
+#: H = 2^-8: a shift c moves the index by ceil(c/H), at most 1/256 more than c (1.6% at c = 0.1)
+DEFAULT_GRID_BITS = 8
+_BISECTIONS = 48  # q' to 2^-48 below the largest feasible value: far below any probability that matters
+_TINY = 1e-300
+_ALMOST_ONE = 1.0 - 1e-11  # a table ends at its first entry this close to 1 (entries are shaved by 1e-12)
+_BUILD_MARGIN = 1e-9  # tables are built for eps (1 - 1e-9): float error in the divergences stays below it
+
+
+def bernoulli_renyi(alpha: float, a, b) -> np.ndarray:
+    """``D_alpha(Bern(a) || Bern(b)) = log(a^alpha b^(1-alpha) + (1-a)^alpha (1-b)^(1-alpha)) / (alpha-1)``,
+    elementwise (``inf`` where a puts mass where b has none), alpha > 1."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        one = np.where(
+            a > 0, alpha * np.log(np.maximum(a, _TINY)) + (1 - alpha) * np.log(np.maximum(b, _TINY)), -np.inf
+        )
+        one = np.where((a > 0) & (b <= 0), np.inf, one)
+        zero = np.where(
+            a < 1,
+            alpha * np.log1p(-np.minimum(a, 1.0)) + (1 - alpha) * np.log(np.maximum(1.0 - b, _TINY)),
+            -np.inf,
+        )
+        zero = np.where((a < 1) & (b >= 1), np.inf, zero)
+        return np.logaddexp(one, zero) / (alpha - 1.0)
+
+
+def one_step(p, alpha: float, eps, delta, margin: float = 0.0) -> np.ndarray:
+    """The largest keep probability a neighbour may have when one dataset keeps with probability ``p``.
+
+    With ``p' = min(1, p/(1 - delta))``, Bern(p) = (1 - delta) Bern(p') + delta Bern(0) (or, for p' = 1,
+    + delta Bern(x)); the largest q' >= p' with D_alpha(Bern q' || Bern p') <= eps and D_alpha(Bern p' ||
+    Bern q') <= eps (both divergences grow with q' - p', so bisection finds it; it returns the feasible
+    end) gives ``g = min(1, (1 - delta) q' + delta)``, i.e. Bern(g) = (1 - delta) Bern(q') + delta Bern(1).
+    Any r in [p, g] is then delta-approximately (alpha, eps)-RDP with p (docs/thresholding.md, Lemma 1).
+    Elementwise over ``p``, ``eps`` and ``delta`` (arrays broadcast). ``margin``: q' is feasible for the
+    budget ``eps (1 - margin)`` (:func:`keep_table` builds with a margin of 1e-9 so that the float error
+    of the divergences cannot put an entry above the exact bound; :func:`table_violations` checks
+    against the exact budget)."""
+    p, eps, delta = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (p, eps, delta)))
+    core = np.minimum(1.0, p / (1.0 - delta))
+    inner = (core > 0.0) & (core < 1.0)  # core 0: D(q || 0) = inf for q > 0, so q' = 0; core 1: q' = 1
+    with np.errstate(divide="ignore"):
+        lp, lq = np.log(np.where(inner, core, 0.5)), np.log1p(-np.where(inner, core, 0.5))
+    a1, bound = alpha - 1.0, eps * (alpha - 1.0) * (1.0 - margin)
+
+    def ok(q):  # both divergences <= eps, in log space: log(sum) <= eps (alpha - 1)
+        with np.errstate(divide="ignore"):
+            lx, ly = np.log(q), np.log1p(-q)
+        forward = np.logaddexp(alpha * lx - a1 * lp, alpha * ly - a1 * lq)  # D(q || core)
+        backward = np.logaddexp(alpha * lp - a1 * lx, alpha * lq - a1 * ly)  # D(core || q)
+        return (forward <= bound) & (backward <= bound)
+
+    lo = np.where(inner, core, 0.0)
+    hi = np.where(inner, 1.0, 0.0)
+    full = inner & ok(np.full_like(core, 1.0 - 2.0**-53))
+    for _ in range(_BISECTIONS):
+        mid = 0.5 * (lo + hi)
+        good = ok(mid)
+        lo = np.where(good, mid, lo)
+        hi = np.where(good, hi, mid)
+    q = np.where(core >= 1.0, 1.0, np.where(full, 1.0 - 2.0**-53, np.where(inner, lo, 0.0)))
+    return np.minimum(1.0, (1.0 - delta) * q + delta)
+
+
+def basic_contributions(max_contributions: int) -> Tuple[float, ...]:
+    """Basic's contributions C = {1/sqrt(d) : d = 1..Delta_0} (as floats, the weights the kernels add)."""
+    d0 = check_int("max_contributions", max_contributions, 1)
+    return tuple(sorted({float(1.0 / math.sqrt(d)) for d in range(1, d0 + 1)}))
+
+
+@dataclasses.dataclass(frozen=True)
+class KeepTable:
+    """A keep-probability table: item with total weight W kept with probability ``probs[floor(W/H)]``.
+
+    Attributes:
+      grid_bits: H = 2^-grid_bits.
+      probs: F[0..n-1], nondecreasing, F[0] = 0; indices past the end keep with probability probs[-1]
+        (the table runs until it is within 1e-11 of 1, or to its length limit).
+      alpha, epsilon_rdp, delta_rdp: the approximate-RDP guarantee of one release (per user).
+      contributions: the contribution set C it was built for.
+    """
+
+    grid_bits: int
+    probs: Tuple[float, ...]
+    alpha: float
+    epsilon_rdp: float
+    delta_rdp: float
+    contributions: Tuple[float, ...]
+
+    @property
+    def grid(self) -> float:
+        return math.ldexp(1.0, -self.grid_bits)
+
+    def index(self, weights) -> np.ndarray:
+        """floor(W / H) per weight (exact: H is a power of two), clipped to the table."""
+        w = np.asarray(weights, dtype=np.float64)
+        j = np.floor(np.ldexp(w, self.grid_bits))
+        return np.clip(j, 0, len(self.probs) - 1).astype(np.int64)
+
+    def keep_probability(self, weights) -> np.ndarray:
+        return np.asarray(self.probs, dtype=np.float64)[self.index(weights)]
+
+    def weight_for(self, probability: float) -> float:
+        """The smallest total weight kept with at least ``probability`` (``inf`` if none): W50 for 1/2."""
+        probs = np.asarray(self.probs)
+        hits = np.flatnonzero(probs >= probability)
+        return math.inf if hits.size == 0 else float(hits[0]) * self.grid
+
+
+def _shift_budgets(contributions: Iterable[float], grid_bits: int) -> Tuple[np.ndarray, np.ndarray]:
+    """(m, c): for each distinct index shift m = ceil(c/H) the smallest c giving it (the binding budget)."""
+    best = {}
+    for c in contributions:
+        c = check_range("contribution", float(c), 0.0, 1.0)
+        if c <= 0.0:
+            raise ValueError("contributions must be > 0")
+        m = max(1, math.ceil(math.ldexp(c, grid_bits)))
+        best[m] = min(best.get(m, c), c)
+    ms = np.array(sorted(best), dtype=np.int64)
+    return ms, np.array([best[m] for m in ms], dtype=np.float64)
+
+
+def keep_table(
+    alpha: float,
+    epsilon_rdp: float,
+    delta_rdp: float,
+    contributions: Sequence[float],
+    grid_bits: int = DEFAULT_GRID_BITS,
+    max_entries: int = 1 << 16,
+) -> KeepTable:
+    """The pointwise-largest table of the module docstring for one release at (alpha, eps, delta)."""
+    check_range("alpha", alpha, 1.0, math.inf)
+    if alpha <= 1.0:
+        raise ValueError(f"alpha must be > 1, got {alpha}")
+    check_range("epsilon_rdp", epsilon_rdp, 0.0, math.inf)
+    check_range("delta_rdp", delta_rdp, 0.0, 1.0)
+    check_int("grid_bits", grid_bits, 0, 30)
+    ms, cs = _shift_budgets(contributions, grid_bits)
+    eps_c, delta_c = (epsilon_rdp * cs**2)[None, :], (delta_rdp * cs**2)[None, :]
+    probs = np.zeros(max_entries, dtype=np.float64)
+    n = 1
+    # F[j] reads F[j - m] for m >= ms[0] only: a block of ms[0] entries is computed at once
+    while n < max_entries and probs[n - 1] < _ALMOST_ONE:
+        js = np.arange(n, min(n + int(ms[0]), max_entries))
+        prev = probs[np.maximum(0, js[:, None] - ms[None, :])]
+        # a margin on eps, and a relative 1e-12 off the result: the float error of the divergences (and
+        # last-bit differences of numpy's vectorised log between array positions) cannot lift an entry
+        # above the exact bound that table_violations checks
+        probs[js] = np.min(one_step(prev, alpha, eps_c, delta_c, _BUILD_MARGIN), axis=1) * (1.0 - 1e-12)
+        n = int(js[-1]) + 1
+    full = np.flatnonzero(probs[:n] >= _ALMOST_ONE)
+    n = int(full[0]) + 1 if full.size else n
+    return KeepTable(
+        grid_bits, tuple(probs[:n].tolist()), float(alpha), float(epsilon_rdp), float(delta_rdp), tuple(cs.tolist())
+    )
+
+
+def table_violations(table: KeepTable) -> dict:
+    """Checks a table against the conditions of the proof; every entry is 0 for a sound table.
+
+    ``decreasing``: pairs F[j] > F[j + 1]; ``above_step``: pairs (j, j + m), m <= m_c, with F[j + m] above
+    g_c(F[j]) at the exact budget; ``unseen``: F[0] != 0.
+    """
+    probs = np.asarray(table.probs, dtype=np.float64)
+    ms, cs = _shift_budgets(table.contributions, table.grid_bits)
+    above = 0
+    for m, c in zip(ms.tolist(), cs.tolist()):
+        g = one_step(probs, table.alpha, table.epsilon_rdp * c * c, table.delta_rdp * c * c)
+        # the index past the table end reads probs[-1]: pad with it
+        padded = np.concatenate([probs, np.full(m, probs[-1])])
+        for k in range(1, m + 1):
+            above += int(np.count_nonzero(padded[k : k + len(probs)] > g))
+    return {
+        "decreasing": int(np.count_nonzero(np.diff(probs) < 0)),
+        "above_step": above,
+        "unseen": int(probs[0] != 0.0),
+    }
+
+
+def rdp_to_dp_epsilon(epsilon_rdp: float, alpha: float, delta: float) -> float:
+    """(alpha, eps_R)-RDP -> (eps, delta)-DP: ``eps_R + log(1 - 1/alpha) - (log delta + log alpha)/(alpha - 1)``
+    (Balle et al. 2020, Theorem 21; the conversion of dp-accounting's RdpAccountant)."""
+    return epsilon_rdp + math.log1p(-1.0 / alpha) - (math.log(delta) + math.log(alpha)) / (alpha - 1.0)
+
+
+def to_dp(table: KeepTable, delta_conversion: float) -> Tuple[float, float]:
+    """The (epsilon, delta)-DP of one release with ``table``: the mixture's delta plus the conversion's."""
+    return rdp_to_dp_epsilon(table.epsilon_rdp, table.alpha, delta_conversion), table.delta_rdp + delta_conversion
+
+
+def _search_subset(contributions: Sequence[float]) -> Tuple[float, ...]:
+    """A few contributions spread geometrically over C: enough to rank orders alpha (the search only)."""
+    cs = sorted(set(float(c) for c in contributions))
+    if len(cs) <= 16:
+        return tuple(cs)
+    picks = np.unique(np.round(np.geomspace(1, len(cs), 16)).astype(int) - 1)
+    return tuple(cs[i] for i in picks)
+
+
+@functools.lru_cache(maxsize=64)
+def calibrate_keep_table(
+    epsilon: float,
+    delta: float,
+    contributions: Tuple[float, ...],
+    grid_bits: int = DEFAULT_GRID_BITS,
+    delta_fractions: Tuple[float, ...] = (0.25, 0.5, 0.75),
+    probability: float = 0.5,
+) -> Tuple[KeepTable, float]:
+    """The table for one (epsilon, delta)-DP release whose weight kept with ``probability`` (W50) is
+    smallest, over the order alpha (golden-section search on log alpha) and the split of delta between
+    the mixture (``delta_rdp``) and the RDP conversion.
+
+    Returns ``(table, delta_conversion)``; ``to_dp(table, delta_conversion)`` is (epsilon, delta) (the
+    epsilon to rounding). The search ranks candidates on a coarse grid (H = 2^-5) with a subset of C
+    (:func:`_search_subset`); the winner is rebuilt with all of C at ``grid_bits``. Cached per arguments."""
+    budget = PrivacyBudget(epsilon, delta)
+    sub = _search_subset(contributions)
+
+    def w50(alpha: float, f: float) -> float:
+        eps_r = budget.epsilon - rdp_to_dp_epsilon(0.0, alpha, budget.delta * (1.0 - f))
+        if eps_r <= 0:
+            return math.inf
+        return keep_table(alpha, eps_r, budget.delta * f, sub, 5).weight_for(probability)
+
+    def best_alpha(f: float) -> Tuple[float, float]:
+        lo, hi = math.log(1.5), math.log(512.0)  # golden section on log alpha (W50 is unimodal in alpha)
+        g = (math.sqrt(5.0) - 1.0) / 2.0
+        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+        wa, wb = w50(math.exp(a), f), w50(math.exp(b), f)
+        for _ in range(10):
+            if wa <= wb:
+                hi, b, wb = b, a, wa
+                a = hi - g * (hi - lo)
+                wa = w50(math.exp(a), f)
+            else:
+                lo, a, wa = a, b, wb
+                b = lo + g * (hi - lo)
+                wb = w50(math.exp(b), f)
+        return (wa, math.exp(a)) if wa <= wb else (wb, math.exp(b))
+
+    w, alpha, f = min((*best_alpha(f), f) for f in delta_fractions)
+    if not math.isfinite(w):
+        raise ValueError(f"no keep table reaches probability {probability} at ({epsilon}, {delta})")
+    eps_r = budget.epsilon - rdp_to_dp_epsilon(0.0, alpha, budget.delta * (1.0 - f))
+    return keep_table(alpha, eps_r, budget.delta * f, contributions, grid_bits), budget.delta * (1.0 - f)
