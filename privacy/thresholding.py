@@ -19,7 +19,9 @@ the count weighting: 1/sqrt(Delta_0)). Other users' contributions do not depend 
 what excludes MAD and the sequential policies, whose weights are rerouted by other users).
 
 **The table.** Totals are read on a grid of step H = 2^-k: index j = floor(W / H). For a shift c the
-index moves by floor(c/H) or ceil(c/H) =: m_c. The table F (F[j] = keep probability at index j) is
+index moves by floor(c/H) or ceil(c/H); with totals that are floats rounded from the exact sums, one more
+(a total within half an ulp below a grid line may round onto it), so m_c = ceil(c/H) + 1. The table F
+(F[j] = keep probability at index j) is
 
     F[0] = 0,    F[j] = min_{c in C} g_c(F[max(0, j - m_c)])                        (j >= 1)
 
@@ -55,11 +57,15 @@ __all__ = [
     "basic_contributions",
 ]
 
-#: H = 2^-8: a shift c moves the index by ceil(c/H), at most 1/256 more than c (1.6% at c = 0.1)
-DEFAULT_GRID_BITS = 8
+#: H = 2^-10: a shift c moves the index by ceil(c/H) + 1 (float totals), at most 2/1024 more than c
+#: (2% at c = 0.1, Delta_0 = 100)
+DEFAULT_GRID_BITS = 10
+#: entries are multiples of 2^-64, so "keep iff 64 random bits < F * 2^64" keeps with probability exactly F
+KEEP_BITS = 64
 _BISECTIONS = 48  # q' to 2^-48 below the largest feasible value: far below any probability that matters
 _TINY = 1e-300
-_ALMOST_ONE = 1.0 - 1e-11  # a table ends at its first entry this close to 1 (entries are shaved by 1e-12)
+_SHAVE = 1e-9  # entries are built 1e-9 (relative) below the bound
+_ALMOST_ONE = 1.0 - 1e-8  # a table ends at its first entry this close to 1
 _BUILD_MARGIN = 1e-9  # tables are built for eps (1 - 1e-9): float error in the divergences stays below it
 
 
@@ -133,7 +139,8 @@ class KeepTable:
     Attributes:
       grid_bits: H = 2^-grid_bits.
       probs: F[0..n-1], nondecreasing, F[0] = 0; indices past the end keep with probability probs[-1]
-        (the table runs until it is within 1e-11 of 1, or to its length limit).
+        (the table runs until it is within 1e-8 of 1, or to its length limit). Every entry is a multiple
+        of 2^-64: :meth:`keep` realises it exactly from 64 random bits.
       alpha, epsilon_rdp, delta_rdp: the approximate-RDP guarantee of one release (per user).
       contributions: the contribution set C it was built for.
     """
@@ -158,6 +165,12 @@ class KeepTable:
     def keep_probability(self, weights) -> np.ndarray:
         return np.asarray(self.probs, dtype=np.float64)[self.index(weights)]
 
+    def keep(self, weights, bits: np.ndarray) -> np.ndarray:
+        """Keep decisions: ``bits < F * 2^64`` for uint64 random ``bits`` (one per weight), so each item is
+        kept with probability exactly F(W) (an entry times 2^64 is an integer below 2^64)."""
+        limits = np.ldexp(self.keep_probability(weights), KEEP_BITS).astype(np.uint64)  # exact: integers < 2^64
+        return np.asarray(bits, dtype=np.uint64) < limits
+
     def weight_for(self, probability: float) -> float:
         """The smallest total weight kept with at least ``probability`` (``inf`` if none): W50 for 1/2."""
         probs = np.asarray(self.probs)
@@ -166,13 +179,13 @@ class KeepTable:
 
 
 def _shift_budgets(contributions: Iterable[float], grid_bits: int) -> Tuple[np.ndarray, np.ndarray]:
-    """(m, c): for each distinct index shift m = ceil(c/H) the smallest c giving it (the binding budget)."""
+    """(m, c): for each distinct index shift m = ceil(c/H) + 1 the smallest c giving it (the binding budget)."""
     best = {}
     for c in contributions:
         c = check_range("contribution", float(c), 0.0, 1.0)
         if c <= 0.0:
             raise ValueError("contributions must be > 0")
-        m = max(1, math.ceil(math.ldexp(c, grid_bits)))
+        m = math.ceil(math.ldexp(c, grid_bits)) + 1  # + 1: float totals (module docstring)
         best[m] = min(best.get(m, c), c)
     ms = np.array(sorted(best), dtype=np.int64)
     return ms, np.array([best[m] for m in ms], dtype=np.float64)
@@ -201,10 +214,11 @@ def keep_table(
     while n < max_entries and probs[n - 1] < _ALMOST_ONE:
         js = np.arange(n, min(n + int(ms[0]), max_entries))
         prev = probs[np.maximum(0, js[:, None] - ms[None, :])]
-        # a margin on eps, and a relative 1e-12 off the result: the float error of the divergences (and
-        # last-bit differences of numpy's vectorised log between array positions) cannot lift an entry
-        # above the exact bound that table_violations checks
-        probs[js] = np.min(one_step(prev, alpha, eps_c, delta_c, _BUILD_MARGIN), axis=1) * (1.0 - 1e-12)
+        # a margin on eps, and a relative 1e-9 off the result: the float error of the divergences (and
+        # last-bit differences of numpy's vectorised log between array positions) and the rounding down
+        # to 2^-64 cannot lift an entry above the exact bound that table_violations checks
+        step = np.min(one_step(prev, alpha, eps_c, delta_c, _BUILD_MARGIN), axis=1) * (1.0 - _SHAVE)
+        probs[js] = np.floor(np.ldexp(step, KEEP_BITS)) / 2.0**KEEP_BITS  # a multiple of 2^-64 (exact in float)
         n = int(js[-1]) + 1
     full = np.flatnonzero(probs[:n] >= _ALMOST_ONE)
     n = int(full[0]) + 1 if full.size else n
@@ -265,8 +279,8 @@ def calibrate_keep_table(
     probability: float = 0.5,
 ) -> Tuple[KeepTable, float]:
     """The table for one (epsilon, delta)-DP release whose weight kept with ``probability`` (W50) is
-    smallest, over the order alpha (golden-section search on log alpha) and the split of delta between
-    the mixture (``delta_rdp``) and the RDP conversion.
+    smallest, over the order alpha (golden-section search on log alpha at an even split of delta) and
+    then the split of delta between the mixture (``delta_rdp``) and the RDP conversion at that order.
 
     Returns ``(table, delta_conversion)``; ``to_dp(table, delta_conversion)`` is (epsilon, delta) (the
     epsilon to rounding). The search ranks candidates on a coarse grid (H = 2^-5) with a subset of C
@@ -296,7 +310,8 @@ def calibrate_keep_table(
                 wb = w50(math.exp(b), f)
         return (wa, math.exp(a)) if wa <= wb else (wb, math.exp(b))
 
-    w, alpha, f = min((*best_alpha(f), f) for f in delta_fractions)
+    w, alpha = best_alpha(0.5)  # the order at an even split, then the split at that order
+    w, f = min((w50(alpha, f), f) for f in sorted(set(delta_fractions) | {0.5}))
     if not math.isfinite(w):
         raise ValueError(f"no keep table reaches probability {probability} at ({epsilon}, {delta})")
     eps_r = budget.epsilon - rdp_to_dp_epsilon(0.0, alpha, budget.delta * (1.0 - f))

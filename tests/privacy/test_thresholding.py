@@ -150,3 +150,18 @@ def test_bad_parameters():
         T.keep_table(4.0, 0.5, 1e-6, (0.0,))
     with pytest.raises(ValueError, match="delta"):
         T.calibrate_keep_table(1.0, 0.0, (1.0,))
+
+
+def test_keep_realises_each_entry_exactly():
+    """Entries are multiples of 2^-64 and ``keep`` compares 64 random bits with F * 2^64: the bits just below
+    the limit keep, the limit itself does not, so P[keep] is exactly F (no float rounding of a uniform)."""
+    table = T.keep_table(8.0, 0.5, 1e-6, T.basic_contributions(4), 4)
+    probs = np.asarray(table.probs)
+    assert np.all(np.ldexp(probs, 64) == np.floor(np.ldexp(probs, 64)))  # integers: multiples of 2^-64
+    weights = (np.arange(len(probs)) + 0.5) / 16.0  # one weight inside every cell of the grid (H = 1/16)
+    limits = np.array([int(x) for x in np.ldexp(probs, 64)], dtype=object)
+    below = np.array([max(int(lim) - 1, 0) for lim in limits], dtype=np.uint64)
+    at = np.array([min(int(lim), 2**64 - 1) for lim in limits], dtype=np.uint64)
+    assert np.array_equal(table.keep(weights, below), probs > 0)
+    assert not table.keep(weights, at).any()
+    assert table.keep([0.0], np.zeros(1, dtype=np.uint64)).tolist() == [False]  # unseen: never, whatever the bits
