@@ -162,7 +162,12 @@ def released_series(report: dict) -> Tuple[str, List[str], List[int], str]:
     """(x label, x tick labels, released counts, title) of the report's per-round/per-level releases."""
     if "rounds" in report:
         rounds = report["rounds"]
-        labels = [f"round {r['round']}\nrho={r['threshold']:.3g}\nsigma={r['noise_scale']:.3g}" for r in rounds]
+        labels = [
+            f"round {r['round']}\nrho={r['threshold']:.3g}\nsigma={r['noise_scale']:.3g}"
+            if r.get("noise_scale") is not None
+            else f"round {r['round']}\nW50={r['threshold']:.3g}\nkeep table"  # threshold 'optimal'
+            for r in rounds
+        ]
         return (
             "round",
             labels,

@@ -43,7 +43,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from dp_partition_beam.privacy import accounting, calibration, counts
+from dp_partition_beam.privacy import accounting, calibration, counts, thresholding
 from dp_partition_beam.privacy import cap as cap_plans
 from dp_partition_beam.privacy.validation import (
     Condition,
@@ -67,6 +67,7 @@ __all__ = [
     "SelectionPlan",
     "plan",
     "ACCOUNTINGS",
+    "THRESHOLDS",
     "DEFAULT_MAX_SEQUENTIAL_PAIRS",
     "SelectionParams",
     "RoundPlan",
@@ -146,6 +147,7 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             "1/sqrt(t)",
             "weighted Gaussian: each user adds 1/sqrt(d) to its d items",
             "MAD paper Alg. 1; DPSU B.2",
+            ("threshold",),
         ),
         AlgorithmSpec(
             "weighted_laplace",
@@ -286,6 +288,10 @@ FIELD_USE = use_table(
 
 ACCOUNTINGS = accounting.ACCOUNTINGS
 
+#: How a single Basic round decides: Gaussian noise against rho, or a keep-probability table
+#: (privacy/thresholding.py, docs/thresholding.md)
+THRESHOLDS = ("gaussian", "optimal")
+
 #: Default limit on the (user, item) pairs, after contribution bounding, that the sequential policy
 #: algorithms gather on one worker. benchmarks/bench_policy.py measures the Python heap of that worker
 #: (decoded user sets + order keys + histogram) at ~110 bytes per pair with short synthetic items
@@ -355,6 +361,15 @@ class SelectionParams:
             "choices": ACCOUNTINGS,
         },
     )
+    threshold: str = dataclasses.field(
+        default="gaussian",
+        metadata={
+            "help": "basic's release rule: gaussian (noise + threshold rho) or optimal (a keep-probability table "
+            "under approximate Renyi DP: fewer users per released item, no noisy weight; calibrating it takes "
+            "seconds; docs/thresholding.md)",
+            "choices": THRESHOLDS,
+        },
+    )
     alpha: float = _field(
         5.0, "policy algorithms' cutoff Gamma = rho + alpha*noise_scale (DPSU paper Table 2; it finds 2-6 best)"
     )
@@ -398,6 +413,7 @@ class SelectionParams:
             cap_quantile=None if self.cap_quantile is None else cap_plans.check_cap_quantile(self.cap_quantile),
             cap_budget=cap_plans.check_cap_budget(self.cap_budget),
             accounting=check_choice("accounting", self.accounting, ACCOUNTINGS),
+            threshold=check_choice("threshold", self.threshold, THRESHOLDS),
             alpha=check_range("alpha", self.alpha, 0.0, math.inf),
             passes=check_int("passes", self.passes, 1, 100),
             max_sequential_pairs=check_int("max_sequential_pairs", self.max_sequential_pairs, 1),
@@ -439,6 +455,8 @@ class RoundPlan:
     tau: Optional[float] = None  # MAD adaptive threshold (calibration.mad_tau)
     h: str = "1/sqrt(t)"  # novel-item sensitivity bound used for the threshold
     cutoff: Optional[float] = None  # policy algorithms' Gamma = rho + alpha * noise_scale
+    keep_table: Optional[thresholding.KeepTable] = None  # threshold 'optimal': noise is 'keep_table'
+    delta_conversion: Optional[float] = None  # its RDP -> DP conversion's delta
 
     def as_report(self) -> dict:
         d = {
@@ -455,6 +473,18 @@ class RoundPlan:
             d["tau"] = self.tau
         if self.cutoff is not None:
             d["cutoff"] = self.cutoff
+        if self.keep_table is not None:  # no noise scale; "threshold" is W50, the weight kept half the time
+            t = self.keep_table
+            d["noise_scale"] = None
+            d["keep_table"] = {
+                "alpha": t.alpha,
+                "epsilon_rdp": t.epsilon_rdp,
+                "delta_rdp": t.delta_rdp,
+                "delta_conversion": self.delta_conversion,
+                "grid": t.grid,
+                "entries": len(t.probs),
+                "weight_kept_10_50_90": [t.weight_for(0.1), t.weight_for(0.5), t.weight_for(0.9)],
+            }
         return d
 
 
@@ -467,6 +497,8 @@ def selection_share(spec: AlgorithmSpec, params: SelectionParams) -> Optional[co
     if not params.release_counts:
         return None
     args = (params.epsilon, params.delta, params.count_budget, params.max_contributions)
+    if params.threshold == "optimal":  # the table is approximate-RDP: basic composition with the counts
+        return counts.split_basic(*args)
     if spec.shape in MULTI_ROUND_SHAPES:
         return (counts.split_gdp if params.accounting == "gdp" else counts.split_basic)(*args)
     if spec.calibration in ("weighted_gaussian", "count_gaussian"):
@@ -491,7 +523,21 @@ def _one_round_calibration(spec: AlgorithmSpec, params: SelectionParams) -> cali
     return calibration.Calibration("gaussian", sigma, rho, share.epsilon, share.delta_threshold)
 
 
+def _keep_table_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan, ...]:
+    """Basic's round with the keep-probability table (docs/thresholding.md) at the selection's (eps, delta)."""
+    share = selection_share(spec, params)
+    eps, delta = (params.epsilon, params.delta) if share is None else (share.epsilon, share.delta_threshold)
+    contributions = thresholding.basic_contributions(params.max_contributions)
+    table, delta_conversion = thresholding.calibrate_keep_table(eps, delta, contributions)
+    w50 = table.weight_for(0.5)
+    return (
+        RoundPlan(1, eps, delta, "keep_table", 0.0, w50, spec.weighting, None, "table", None, table, delta_conversion),
+    )
+
+
 def _one_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan, ...]:
+    if params.threshold == "optimal":
+        return _keep_table_round(spec, params)
     c = _one_round_calibration(spec, params)
     tau = calibration.mad_tau(c.threshold, c.noise_scale, params.beta) if spec.weighting == "mad" else None
     # Policy algorithms: Theorem 5.1's sigma and rho_Gauss (h(t) = 1/sqrt(t)) are those of weighted
@@ -596,6 +642,11 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
         defaults["cap_quantile"] = 1.0  # the histogram composes by Gaussian DP only
     unset = {name: value for name, value in defaults.items() if getattr(params, name) is None}
     params = params.replace(**unset) if unset else params
+    if params.threshold != "gaussian" and "threshold" not in spec.options:
+        raise ValueError(
+            f"threshold={params.threshold!r} is a basic option for now ({algorithm}'s weights are not proven for a "
+            "keep table: docs/thresholding.md); use threshold='gaussian'"
+        )
     if params.cap_quantile < 1.0:
         if spec.shape != "mad_sips":
             raise ValueError(

@@ -146,6 +146,14 @@ def test_single_user_items_never_released(algorithm):
     assert (e0, e1) == (0, 0), f"{case.name}: an item held by one user was released in {e1} of {runs} runs"
 
 
+def test_single_user_items_never_released_by_the_keep_table():
+    """basic with threshold 'optimal' (docs/thresholding.md): an item of one user is kept with probability
+    F(its weight) <= delta_rdp c^2 <= 1e-12 per run."""
+    (case,) = audit.unique_item_cases(["basic"], threshold="optimal")
+    e0, e1 = audit.run_counts(case, UNIQUE_RUNS)
+    assert (e0, e1) == (0, 0), f"{case.name}: an item held by one user was released in {e1} of {UNIQUE_RUNS} runs"
+
+
 def test_audit_cases_cover_every_algorithm():
     from dp_partition_beam.privacy.selection import ALGORITHMS
 

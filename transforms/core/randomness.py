@@ -58,6 +58,7 @@ __all__ = [
     "KeyedNoise",
     "worker_rng",
     "standard_noise",
+    "random_bits",
     "sort_key",
     "subsample",
     "pair_priorities",
@@ -241,6 +242,18 @@ def standard_noise(
     if kind == "gaussian":
         return rng.standard_normal(len(keys))
     return rng.laplace(0.0, 1.0, len(keys))
+
+
+def random_bits(keys: Sequence[Any], purpose: str, round_: int, seed: Optional[int], rng) -> np.ndarray:
+    """64 random bits (uint64) per key: seeded, ``draw64`` of (seed, purpose, round, key), the bits whose top
+    53 make :func:`keyed_uniform`; unseeded, from ``rng`` (OS entropy). The keep tables' draws
+    (privacy/thresholding.py: keep iff bits < F * 2^64)."""
+    if seed is not None:
+        k = draw_key(seed, purpose, round_)
+        return np.array([draw64_of(k, key_fingerprint(key)) for key in keys], dtype=np.uint64)
+    if rng is None:
+        raise ValueError("unseeded draws need a worker generator (rng)")
+    return rng.integers(0, _M64, size=len(keys), dtype=np.uint64, endpoint=True)
 
 
 def sort_key(item: Any) -> bytes:

@@ -183,6 +183,19 @@ def noisy_weights(
     return np.asarray(weights, dtype=np.float64) + float(scale) * z
 
 
+def item_bits(
+    items: pa.Array, seed: Optional[int], round_: int, rng: Optional[np.random.Generator], purpose: str = "noise"
+) -> np.ndarray:
+    """64 random bits per item (uint64): seeded, ``draw64`` of ``(seed, purpose, round, item)``, the bits of
+    :func:`noisy_weights`'s uniforms (equal to :func:`transforms.core.randomness.random_bits` on the items);
+    unseeded, from ``rng``. The draws of a keep-probability table (privacy/thresholding.py)."""
+    if seed is not None:
+        return randomness.draw64(randomness.draw_key(seed, purpose, round_), fingerprint64(items))
+    if rng is None:
+        raise ValueError("unseeded draws need a worker generator (rng)")
+    return rng.integers(0, np.iinfo(np.uint64).max, size=len(items), dtype=np.uint64, endpoint=True)
+
+
 def drop_items(table: pa.Table, items: Optional[pa.Array]) -> pa.Table:
     """The rows of ``table`` whose item is not in ``items`` (DP-SIPS: items released in earlier rounds)."""
     if items is None or len(items) == 0 or table.num_rows == 0:

@@ -34,7 +34,7 @@ from dp_partition_beam.transforms.core.engine import (
     unpack_piece,
     zero_holders_of_tagged,
 )
-from dp_partition_beam.transforms.core.tables import merge_partials, noisy_weights
+from dp_partition_beam.transforms.core.tables import item_bits, merge_partials, noisy_weights
 from dp_partition_beam.transforms.selection.basic_kernels import basic_partials
 from dp_partition_beam.transforms.selection.counts import noisy_counts_of_holders
 
@@ -70,10 +70,14 @@ class NoisyThresholdFn(WorkerRngDoFn):
         """The released items (and holders) of ``element`` under round plan ``p``."""
         _, partials = element
         w = merge_partials(unpacked(partials))
-        noisy = noisy_weights(
-            w.column(ITEM), w.column("weight").to_numpy(), p.noise, p.noise_scale, self._seed, p.index, self._rng
-        )
-        idx = np.flatnonzero(passes_threshold(noisy, p.threshold))  # Alg. 1 line 8
+        if p.keep_table is not None:  # keep iff 64 random bits < F(W) * 2^64 (docs/thresholding.md)
+            bits = item_bits(w.column(ITEM), self._seed, p.index, self._rng)
+            idx = np.flatnonzero(p.keep_table.keep(w.column("weight").to_numpy(), bits))
+        else:
+            noisy = noisy_weights(
+                w.column(ITEM), w.column("weight").to_numpy(), p.noise, p.noise_scale, self._seed, p.index, self._rng
+            )
+            idx = np.flatnonzero(passes_threshold(noisy, p.threshold))  # Alg. 1 line 8
         items = w.column(ITEM).take(idx).to_pylist()
         for item in items:
             yield p.index, item

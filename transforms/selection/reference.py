@@ -97,7 +97,15 @@ def noisy_threshold(
     seed: Optional[int] = None,
     rng: Optional[np.random.Generator] = None,
 ) -> Set[Hashable]:
-    """Items whose noisy weight is >= rho (NoisyThreshold)."""
+    """Items whose noisy weight is >= rho (NoisyThreshold); with a keep table, items kept with probability
+    F(W) (64 random bits per item, keyed as the noise: docs/thresholding.md)."""
+    if plan.keep_table is not None:
+        if seed is None and rng is None:
+            rng = randomness.worker_rng()
+        items = list(weights)
+        bits = randomness.random_bits(items, "noise", plan.index, seed, rng)
+        kept = plan.keep_table.keep(np.array([float(weights[i]) for i in items], dtype=np.float64), bits)
+        return {item for item, k in zip(items, kept) if k}
     noisy = add_noise(weights, plan.noise, plan.noise_scale, seed, plan.index, rng)
     return {item for item, w in noisy.items() if passes_threshold(w, plan.threshold)}
 

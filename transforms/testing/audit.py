@@ -232,17 +232,21 @@ def standard_cases() -> List[AuditCase]:
             "basic/counts", "basic", _sel(1, release_counts=True, count_budget=0.5), "tip", holders=7, min_count=9
         ),
         AuditCase("dpne/tip", "dpne", _dpne_params(), "tip", holders=6),
+        # basic's keep-probability table (threshold 'optimal', docs/thresholding.md)
+        AuditCase("basic/optimal_tip", "basic", _sel(4, threshold="optimal"), "tip", holders=5),
     ]
 
 
-def unique_item_cases(algorithms: Sequence[str]) -> List[AuditCase]:
-    """'unique' cases at delta = 1e-12 (<= 1e-6): a single-user item must never be released."""
+def unique_item_cases(algorithms: Sequence[str], **selection) -> List[AuditCase]:
+    """'unique' cases at delta = 1e-12 (<= 1e-6): a single-user item must never be released. ``selection``:
+    more :class:`SelectionParams` fields (``threshold='optimal'``: basic's keep table, ``basic/optimal_unique``)."""
     cases = []
     for a in algorithms:
         if a == "dpne":
             params = _dpne_params(_UNIQUE_DELTA)
         else:
-            params = _sel(4, delta=_UNIQUE_DELTA)
+            params = _sel(4, delta=_UNIQUE_DELTA, **selection)
         per_call = 1 if a.startswith("policy_") else 500
-        cases.append(AuditCase(f"{a}/unique", a, params, "unique", holders=1, targets=4, copies_per_call=per_call))
+        name = f"{a}/{'optimal_' if selection.get('threshold') == 'optimal' else ''}unique"
+        cases.append(AuditCase(name, a, params, "unique", holders=1, targets=4, copies_per_call=per_call))
     return cases

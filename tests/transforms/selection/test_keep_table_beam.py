@@ -1,0 +1,116 @@
+"""basic with ``threshold='optimal'``: the keep-probability table (privacy/thresholding.py) as Basic's release
+step. Seeded Beam == the reference (with and without counts), the draws' contract, the keep rate against
+F(W), the plan, the report and the flags."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from dp_partition_beam.pipelines import select_partitions
+from dp_partition_beam.privacy import thresholding
+from dp_partition_beam.privacy.selection import SelectionParams, plan
+from dp_partition_beam.transforms import reference
+from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.core.fingerprint import key_bytes_array
+from dp_partition_beam.transforms.core.tables import item_bits
+from dp_partition_beam.transforms.selection.select import SelectPartitions
+
+from tests.support.beam_helpers import collect
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+WORDS = os.path.join(REPO, "data", "debian_words.tsv.gz")
+SEED = 7
+PARAMS = SelectionParams(1.0, 1e-5, max_contributions=20, threshold="optimal")
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    with gzip.open(WORDS, "rt", encoding="utf-8") as f:
+        next(f)
+        return [tuple(line.rstrip("\n").split("\t")) for line in f]
+
+
+@pytest.mark.parametrize("release_counts", [False, True], ids=["items", "counts"])
+def test_seeded_beam_equals_the_reference(pairs, release_counts):
+    params = PARAMS.replace(release_counts=release_counts)
+    want = reference.release(reference.user_sets_from_pairs(pairs), "basic", params, SEED)
+    got = collect(lambda p: p | beam.Create(pairs) | SelectPartitions("basic", params, seed=SEED), fmt=repr)
+    expected = [repr(x) for x in want.items] if not release_counts else [repr(x) for x in want.counts.items()]
+    assert sorted(got) == sorted(expected)
+    assert len(got) > 20
+
+
+def test_the_draws_are_the_rounds_noise_bits():
+    """Reference and Beam draw the same 64 bits per item: the round's noise key (seed, 'noise', round, item)."""
+    items = ["a", "b", "x" * 40, "é", "0"]
+    want = randomness.random_bits(items, "noise", 1, SEED, None)
+    assert np.array_equal(item_bits(key_bytes_array(items), SEED, 1, None), want)
+    # and their top 53 bits are the Gaussian rounds' uniforms of the same key
+    u = randomness.keyed_uniform(SEED, "noise", 1, items)
+    assert np.array_equal(randomness.uniform_of_bits(want), u)
+
+
+def test_the_keep_rate_is_the_table_entry():
+    """Unseeded bits from a seeded generator: 200,000 decisions per weight; the rate is within 5 binomial
+    standard deviations of F(W) (false-failure rate < 6e-7 per weight, 3 weights)."""
+    table = plan("basic", PARAMS).rounds[0].keep_table
+    rng = np.random.default_rng(0)
+    n = 200_000
+    for p_target in (0.05, 0.5, 0.95):
+        w = table.weight_for(p_target)
+        f = float(table.keep_probability(w))
+        bits = rng.integers(0, np.iinfo(np.uint64).max, size=n, dtype=np.uint64, endpoint=True)
+        rate = table.keep(np.full(n, w), bits).mean()
+        assert abs(rate - f) <= 5 * math.sqrt(f * (1 - f) / n), (w, f, rate)
+
+
+def test_plan_and_report():
+    p = plan("basic", PARAMS)
+    (r,) = p.rounds
+    assert r.noise == "keep_table" and r.keep_table is not None and r.h == "table"
+    assert thresholding.to_dp(r.keep_table, r.delta_conversion) == pytest.approx((1.0, 1e-5), rel=1e-9)
+    rep = r.as_report()
+    assert rep["noise_scale"] is None and rep["threshold"] == r.keep_table.weight_for(0.5)
+    assert rep["keep_table"]["weight_kept_10_50_90"][1] == rep["threshold"]
+    gaussian = plan("basic", PARAMS.replace(threshold="gaussian")).rounds[0].threshold
+    assert rep["threshold"] < 0.9 * gaussian  # fewer users per released item (docs/thresholding.md)
+    # with counts: basic composition, the table gets (1 - count_budget) of epsilon and delta
+    pc = plan("basic", PARAMS.replace(release_counts=True, count_budget=0.25))
+    assert pc.rounds[0].epsilon == pytest.approx(0.75) and pc.rounds[0].delta == pytest.approx(0.75e-5)
+    json.dumps(p.as_report())  # the report is JSON (no NaN)
+
+
+@pytest.mark.parametrize("algorithm", ["mad", "mad_sips", "dp_sips", "policy_gaussian", "weighted_laplace"])
+def test_other_algorithms_refuse_the_table(algorithm):
+    with pytest.raises(ValueError, match="basic option"):
+        plan(algorithm, PARAMS)
+
+
+def test_cli(tmp_path):
+    out = tmp_path / "out"
+    argv = ["--input", WORDS, "--input_format", "tsv", "--epsilon", "1", "--delta", "1e-5"]
+    argv += ["--max_contributions", "20", "--output", str(out / "released"), "--report", str(out / "report.json")]
+    argv += ["--direct_running_mode", "in_memory"]
+    assert select_partitions.run(argv + ["--algorithm", "basic", "--threshold", "optimal"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["threshold"] == "optimal" and report["rounds"][0]["noise"] == "keep_table"
+    assert report["released"] > 20
+    with pytest.raises(SystemExit) as exit_:  # a flag mad does not read: exit 2 before anything runs
+        select_partitions.run([*argv, "--algorithm", "mad", "--threshold", "optimal", "--overwrite"])
+    assert exit_.value.code == 2
+
+
+def test_a_table_of_arrow_batches(pairs):
+    """Batched input gives the release of the same pairs as elements (the weights, hence the indices, agree)."""
+    table = pa.table({"user": [u for u, _ in pairs], "item": [i for _, i in pairs]})
+    elements = collect(lambda p: p | beam.Create(pairs) | SelectPartitions("basic", PARAMS, seed=SEED), fmt=repr)
+    batches = collect(lambda p: p | beam.Create([table]) | SelectPartitions("basic", PARAMS, seed=SEED), fmt=repr)
+    assert sorted(batches) == sorted(elements)
