@@ -58,7 +58,7 @@ __all__ = [
 ]
 
 #: H = 2^-10: a shift c moves the index by ceil(c/H) + 1 (float totals), at most 2/1024 more than c
-#: (2% at c = 0.1, Delta_0 = 100)
+#: (1.6% at c = 0.1, Delta_0 = 100)
 DEFAULT_GRID_BITS = 10
 #: entries are multiples of 2^-64, so "keep iff 64 random bits < F * 2^64" keeps with probability exactly F
 KEEP_BITS = 64
@@ -66,6 +66,7 @@ _BISECTIONS = 48  # q' to 2^-48 below the largest feasible value: far below any 
 _TINY = 1e-300
 _SHAVE = 1e-9  # entries are built 1e-9 (relative) below the bound
 _ALMOST_ONE = 1.0 - 1e-8  # a table ends at its first entry this close to 1
+_MAX_FINAL_ENTRIES = 1 << 18  # a calibrated table's length limit (2 MB of floats)
 _BUILD_MARGIN = 1e-9  # tables are built for eps (1 - 1e-9): float error in the divergences stays below it
 
 
@@ -284,7 +285,10 @@ def calibrate_keep_table(
 
     Returns ``(table, delta_conversion)``; ``to_dp(table, delta_conversion)`` is (epsilon, delta) (the
     epsilon to rounding). The search ranks candidates on a coarse grid (H = 2^-5) with a subset of C
-    (:func:`_search_subset`); the winner is rebuilt with all of C at ``grid_bits``. Cached per arguments."""
+    (:func:`_search_subset`); the winner is rebuilt with all of C at ``grid_bits``, or on a coarser grid
+    when the table would be long (small epsilon), never so coarse that the smallest contribution moves
+    the index by fewer than 8 steps. A table that does not reach 1 (heavy items must be kept with
+    probability ~1, not with the last entry of a cut table) is an error. Cached per arguments."""
     budget = PrivacyBudget(epsilon, delta)
     sub = _search_subset(contributions)
 
@@ -295,7 +299,15 @@ def calibrate_keep_table(
         return keep_table(alpha, eps_r, budget.delta * f, sub, 5).weight_for(probability)
 
     def best_alpha(f: float) -> Tuple[float, float]:
-        lo, hi = math.log(1.5), math.log(512.0)  # golden section on log alpha (W50 is unimodal in alpha)
+        # golden section on log alpha (W50 is unimodal in alpha) from the smallest order whose conversion
+        # leaves the table at least 5% of epsilon (below it no table is possible: small epsilon needs a
+        # large order)
+        smallest = 1.5
+        while budget.epsilon - rdp_to_dp_epsilon(0.0, smallest, budget.delta * (1.0 - f)) <= 0.05 * budget.epsilon:
+            smallest *= 1.25
+            if smallest > 1e8:
+                return math.inf, smallest
+        lo, hi = math.log(smallest), math.log(max(512.0, 8.0 * smallest))
         g = (math.sqrt(5.0) - 1.0) / 2.0
         a, b = hi - g * (hi - lo), lo + g * (hi - lo)
         wa, wb = w50(math.exp(a), f), w50(math.exp(b), f)
@@ -315,4 +327,20 @@ def calibrate_keep_table(
     if not math.isfinite(w):
         raise ValueError(f"no keep table reaches probability {probability} at ({epsilon}, {delta})")
     eps_r = budget.epsilon - rdp_to_dp_epsilon(0.0, alpha, budget.delta * (1.0 - f))
-    return keep_table(alpha, eps_r, budget.delta * f, contributions, grid_bits), budget.delta * (1.0 - f)
+    # the grid: at most grid_bits, coarser when the table would be long (small epsilon: W50 in the hundreds),
+    # keeping ceil(c/H) >= 8 for the smallest contribution (the +1 slack then costs <= 12%)
+    span = 4.0 * w  # the table reaches 1 at a few times W50
+    bits = min(grid_bits, max(int(math.floor(math.log2(_MAX_FINAL_ENTRIES / span))), _min_bits(contributions)))
+    table = keep_table(alpha, eps_r, budget.delta * f, contributions, bits, _MAX_FINAL_ENTRIES)
+    if table.probs[-1] < _ALMOST_ONE:
+        raise ValueError(
+            f"the keep table at epsilon {epsilon:g}, delta {delta:g} does not reach probability 1 within "
+            f"{len(table.probs)} entries (at small epsilon its tail is long: heavy items would be dropped); "
+            "use threshold='gaussian'"
+        )
+    return table, budget.delta * (1.0 - f)
+
+
+def _min_bits(contributions: Sequence[float]) -> int:
+    """The coarsest grid on which the smallest contribution moves the index by >= 8 steps."""
+    return max(0, math.ceil(math.log2(8.0 / min(contributions))))
