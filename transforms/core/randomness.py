@@ -59,6 +59,7 @@ __all__ = [
     "worker_rng",
     "standard_noise",
     "random_bits",
+    "worker_bits",
     "sort_key",
     "subsample",
     "pair_priorities",
@@ -251,9 +252,14 @@ def random_bits(keys: Sequence[Any], purpose: str, round_: int, seed: Optional[i
     if seed is not None:
         k = draw_key(seed, purpose, round_)
         return np.array([draw64_of(k, key_fingerprint(key)) for key in keys], dtype=np.uint64)
+    return worker_bits(rng, len(keys))
+
+
+def worker_bits(rng: Optional[np.random.Generator], n: int) -> np.ndarray:
+    """``n`` uniform uint64 values from a worker generator (OS entropy): the unseeded random bits."""
     if rng is None:
         raise ValueError("unseeded draws need a worker generator (rng)")
-    return rng.integers(0, _M64, size=len(keys), dtype=np.uint64, endpoint=True)
+    return rng.integers(0, _M64, size=n, dtype=np.uint64, endpoint=True)
 
 
 def sort_key(item: Any) -> bytes:

@@ -191,9 +191,7 @@ def item_bits(
     unseeded, from ``rng``. The draws of a keep-probability table (privacy/thresholding.py)."""
     if seed is not None:
         return randomness.draw64(randomness.draw_key(seed, purpose, round_), fingerprint64(items))
-    if rng is None:
-        raise ValueError("unseeded draws need a worker generator (rng)")
-    return rng.integers(0, np.iinfo(np.uint64).max, size=len(items), dtype=np.uint64, endpoint=True)
+    return randomness.worker_bits(rng, len(items))
 
 
 def drop_items(table: pa.Table, items: Optional[pa.Array]) -> pa.Table:
