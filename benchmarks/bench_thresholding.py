@@ -25,19 +25,15 @@ from scipy import special
 from benchmarks.shared_data import read_user_sets, shared_data_path
 from dp_partition_beam.privacy import calibration
 from dp_partition_beam.privacy import thresholding as T
-from dp_partition_beam.transforms.selection.reference import bound_contributions
+from dp_partition_beam.transforms.selection.reference import basic_weights, bound_contributions
 
 DATASETS = ("imdb", "higgs", "retail", "commits", "debian_b")  # msnbc: 17 items, all released by both
 DELTA, DELTA_0 = 1e-5, 100
 
 
-def basic_weights(user_sets, max_contributions: int) -> np.ndarray:
-    capped = bound_contributions(user_sets, max_contributions, 0, 0, None)
-    totals = {}
-    for items in capped.values():
-        w = 1.0 / np.sqrt(len(items))
-        for i in items:
-            totals[i] = totals.get(i, 0.0) + w
+def capped_basic_weights(user_sets, max_contributions: int) -> np.ndarray:
+    """Basic's item weights (the reference's exact sums) of the users capped to Delta_0 (seed 0)."""
+    totals = basic_weights(bound_contributions(user_sets, max_contributions, 0, 0, None))
     return np.fromiter(totals.values(), dtype=np.float64, count=len(totals))
 
 
@@ -58,7 +54,7 @@ def main(argv=None):
     print("| table E[released] | gain |")
     print("|---|---|---|---|---|---|---|---|")
     for name in args.data.split(","):
-        weights = basic_weights(read_user_sets(shared_data_path(f"{name}.user_words.tsv.gz")), DELTA_0)
+        weights = capped_basic_weights(read_user_sets(shared_data_path(f"{name}.user_words.tsv.gz")), DELTA_0)
         for eps in epsilons:
             c = calibration.calibrate_weighted_gaussian(eps, DELTA, DELTA_0)
             gauss = float(np.sum(special.ndtr((weights - c.threshold) / c.noise_scale)))

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from dp_partition_beam.privacy import calibration
 from dp_partition_beam.privacy import thresholding as T
+from dp_partition_beam.transforms.selection.reference import basic_weights
 
 PROPS = settings(max_examples=60, deadline=None, derandomize=True)
 
@@ -70,14 +71,6 @@ def test_lemma_2_tables_are_sound(alpha, eps, delta, d0, bits):
     assert T.table_violations(table) == {"decreasing": 0, "above_step": 0, "unseen": 0}
 
 
-def _basic_totals(sets):
-    totals = {}
-    for items in sets.values():
-        for i in items:
-            totals[i] = totals.get(i, 0.0) + 1.0 / math.sqrt(len(items))
-    return totals
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_the_theorem_on_random_neighbouring_datasets(seed):
     """Basic weights on random user sets, plus one user v: every item's pair of keep probabilities is
@@ -91,7 +84,7 @@ def test_the_theorem_on_random_neighbouring_datasets(seed):
     universe = [f"i{k}" for k in range(rnd.randint(5, 60))]
     sets = {u: rnd.sample(universe, rnd.randint(1, min(d0, len(universe)))) for u in range(rnd.randint(20, 400))}
     v_items = rnd.sample(universe + ["novel1", "novel2"], rnd.randint(1, min(d0, len(universe))))
-    before, after = _basic_totals(sets), _basic_totals({**sets, "v": v_items})
+    before, after = basic_weights(sets), basic_weights({**sets, "v": v_items})  # the reference's exact sums
     c = 1.0 / math.sqrt(len(v_items))
     assert len(v_items) * c * c <= 1.0 + 1e-12
     for item in set(before) | set(after):
