@@ -55,6 +55,9 @@ __all__ = [
     "calibrate_keep_table",
     "to_dp",
     "basic_contributions",
+    "GRID_STEPS_PER_OCTAVE",
+    "geometric_contributions",
+    "round_down",
 ]
 
 #: H = 2^-10: a shift c moves the index by ceil(c/H) + 1 (float totals), at most 2/1024 more than c
@@ -133,6 +136,34 @@ def basic_contributions(max_contributions: int) -> Tuple[float, ...]:
     return tuple(sorted({float(1.0 / math.sqrt(d)) for d in range(1, d0 + 1)}))
 
 
+#: the geometric contribution grid 2^(-k/16) of weights that are not from a finite set (MAD-SIPS's last
+#: round): a weight rounded down to it loses at most 1 - 2^(-1/16) = 4.2%
+GRID_STEPS_PER_OCTAVE = 16
+
+
+def geometric_contributions(smallest: float, steps: int = GRID_STEPS_PER_OCTAVE) -> Tuple[float, ...]:
+    """C = {2^(-k/steps) (1 - 2^-40) : k = 0..K}, K the first k with ``2^(-k/steps) <= smallest`` (increasing).
+
+    The contribution set of weights that can take any value in [smallest, 1] (biased user weights,
+    Algorithm 2 of the MAD paper): :func:`round_down` maps each weight to the largest value of C at or
+    below it, so a user's rounded contributions are in C and their squares still sum to at most 1."""
+    smallest = check_range("smallest", smallest, 0.0, 1.0, lo_open=True)
+    steps = check_int("steps", steps, 1, 1024)
+    k_max = max(0, math.ceil(-steps * math.log2(smallest) + 1e-9))
+    # each value a relative 2^-40 below 2^(-k/steps), so that a weight computed as that power (1/sqrt(2) is
+    # one ulp below the float 2^(-8/16)) rounds onto it, not one step lower; still a multiple of 2^-64
+    return tuple(sorted({float(2.0 ** (-k / steps)) * (1.0 - 2.0**-40) for k in range(k_max + 1)}))
+
+
+def round_down(weights, contributions: Sequence[float]) -> np.ndarray:
+    """Each weight rounded down to the largest value of ``contributions`` (increasing) at or below it; 0 for
+    a weight below all of them (a user that adds 0 changes nothing). Exact float comparisons."""
+    cs = np.asarray(contributions, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    j = np.searchsorted(cs, w, side="right") - 1  # the last c <= w
+    return np.where(j >= 0, cs[np.maximum(j, 0)], 0.0)
+
+
 @dataclasses.dataclass(frozen=True)
 class KeepTable:
     """A keep-probability table: item with total weight W kept with probability ``probs[floor(W/H)]``.
@@ -143,7 +174,8 @@ class KeepTable:
         (the table runs until it is within 1e-8 of 1, or to its length limit). Every entry is a multiple
         of 2^-64: :meth:`keep` realises it exactly from 64 random bits.
       alpha, epsilon_rdp, delta_rdp: the approximate-RDP guarantee of one release (per user).
-      contributions: the contribution set C it was built for.
+      contributions: the contribution set C it was built for (increasing; :meth:`round_down` maps weights
+        that are not from C onto it).
     """
 
     grid_bits: int
@@ -171,6 +203,10 @@ class KeepTable:
         kept with probability exactly F(W) (an entry times 2^64 is an integer below 2^64)."""
         limits = np.ldexp(self.keep_probability(weights), KEEP_BITS).astype(np.uint64)  # exact: integers < 2^64
         return np.asarray(bits, dtype=np.uint64) < limits
+
+    def round_down(self, weights) -> np.ndarray:
+        """Weights rounded down onto C (:func:`round_down`): a user's contributions to a table round."""
+        return round_down(weights, self.contributions)
 
     def weight_for(self, probability: float) -> float:
         """The smallest total weight kept with at least ``probability`` (``inf`` if none): W50 for 1/2."""
@@ -208,6 +244,7 @@ def keep_table(
     check_range("delta_rdp", delta_rdp, 0.0, 1.0)
     check_int("grid_bits", grid_bits, 0, 30)
     ms, cs = _shift_budgets(contributions, grid_bits)
+    every_c = tuple(sorted({float(c) for c in contributions}))
     eps_c, delta_c = (epsilon_rdp * cs**2)[None, :], (delta_rdp * cs**2)[None, :]
     probs = np.zeros(max_entries, dtype=np.float64)
     n = 1
@@ -223,9 +260,7 @@ def keep_table(
         n = int(js[-1]) + 1
     full = np.flatnonzero(probs[:n] >= _ALMOST_ONE)
     n = int(full[0]) + 1 if full.size else n
-    return KeepTable(
-        grid_bits, tuple(probs[:n].tolist()), float(alpha), float(epsilon_rdp), float(delta_rdp), tuple(cs.tolist())
-    )
+    return KeepTable(grid_bits, tuple(probs[:n].tolist()), float(alpha), float(epsilon_rdp), float(delta_rdp), every_c)
 
 
 def table_violations(table: KeepTable) -> dict:
@@ -278,6 +313,7 @@ def calibrate_keep_table(
     grid_bits: int = DEFAULT_GRID_BITS,
     delta_fractions: Tuple[float, ...] = (0.25, 0.5, 0.75),
     probability: float = 0.5,
+    gaussian_rdp: float = 0.0,
 ) -> Tuple[KeepTable, float]:
     """The table for one (epsilon, delta)-DP release whose weight kept with ``probability`` (W50) is
     smallest, over the order alpha (golden-section search on log alpha at an even split of delta) and
@@ -288,12 +324,22 @@ def calibrate_keep_table(
     (:func:`_search_subset`); the winner is rebuilt with all of C at ``grid_bits``, or on a coarser grid
     when the table would be long (small epsilon), never so coarse that the smallest contribution moves
     the index by fewer than 8 steps. A table that does not reach 1 (heavy items must be kept with
-    probability ~1, not with the last entry of a cut table) is an error. Cached per arguments."""
+    probability ~1, not with the last entry of a cut table) is an error. Cached per arguments.
+
+    ``gaussian_rdp``: the table is composed, at its order alpha, with Gaussian mechanisms of l2 sensitivity 1
+    and noise sigma_1, sigma_2, ... (MAD-SIPS's earlier rounds and the adaptive cap's histogram), each
+    (alpha, alpha / (2 sigma^2))-RDP: ``gaussian_rdp = sum 1 / (2 sigma^2)``, and the table gets
+    ``epsilon - conversion - alpha * gaussian_rdp``. ``(epsilon, delta)`` is then the budget of the whole
+    composition (less any delta the caller adds outside it, such as the Gaussian rounds' threshold events)."""
     budget = PrivacyBudget(epsilon, delta)
+    gaussian_rdp = check_range("gaussian_rdp", gaussian_rdp, 0.0, math.inf)
     sub = _search_subset(contributions)
 
+    def table_epsilon(alpha: float, f: float) -> float:
+        return budget.epsilon - rdp_to_dp_epsilon(0.0, alpha, budget.delta * (1.0 - f)) - alpha * gaussian_rdp
+
     def w50(alpha: float, f: float) -> float:
-        eps_r = budget.epsilon - rdp_to_dp_epsilon(0.0, alpha, budget.delta * (1.0 - f))
+        eps_r = table_epsilon(alpha, f)
         if eps_r <= 0:
             return math.inf
         return keep_table(alpha, eps_r, budget.delta * f, sub, 5).weight_for(probability)
@@ -303,7 +349,7 @@ def calibrate_keep_table(
         # leaves the table at least 5% of epsilon (below it no table is possible: small epsilon needs a
         # large order)
         smallest = 1.5
-        while budget.epsilon - rdp_to_dp_epsilon(0.0, smallest, budget.delta * (1.0 - f)) <= 0.05 * budget.epsilon:
+        while table_epsilon(smallest, f) <= 0.05 * budget.epsilon:
             smallest *= 1.25
             if smallest > 1e8:
                 return math.inf, smallest
@@ -326,7 +372,7 @@ def calibrate_keep_table(
     w, f = min((w50(alpha, f), f) for f in sorted(set(delta_fractions) | {0.5}))
     if not math.isfinite(w):
         raise ValueError(f"no keep table reaches probability {probability} at ({epsilon}, {delta})")
-    eps_r = budget.epsilon - rdp_to_dp_epsilon(0.0, alpha, budget.delta * (1.0 - f))
+    eps_r = table_epsilon(alpha, f)
     # the grid: at most grid_bits, coarser when the table would be long (small epsilon: W50 in the hundreds),
     # keeping ceil(c/H) >= 8 for the smallest contribution (the +1 slack then costs <= 12%)
     span = 4.0 * w  # the table reaches 1 at a few times W50
