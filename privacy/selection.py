@@ -226,6 +226,7 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                 "accounting",
                 "cap_quantile",
                 "cap_budget",
+                "threshold",
             ),
             defaults=(  # docs/mad_sips.md, Defaults
                 ("budget_split", (0.03, 0.07, 0.9)),
@@ -582,6 +583,8 @@ def _gaussian_rounds(spec: AlgorithmSpec, params: SelectionParams, cap: Optional
     else:  # dp_sips
         hs = [None] * len(fractions)
         hnames = ["1/sqrt(t)"] * len(fractions)
+    if params.threshold == "optimal":  # mad_sips only (resolve_params): the last round is a keep table
+        return _table_last_round(spec, params, cap, hs, hnames)
     share = selection_share(spec, params)
     if cap is not None:  # adaptive cap (privacy/cap.py): the histogram takes cap_budget of mu_sel^2
         sigma_rounds, _ = adaptive_cap_sigmas(spec, params)
@@ -616,6 +619,67 @@ def _gaussian_rounds(spec: AlgorithmSpec, params: SelectionParams, cap: Optional
     return tuple(rounds)
 
 
+def _selection_budget(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[float, float]:
+    """The selection's (epsilon, delta): the run's, or its share when counts are released."""
+    share = selection_share(spec, params)
+    return (params.epsilon, params.delta) if share is None else (share.epsilon, share.delta_threshold)
+
+
+def last_round_contributions(params: SelectionParams) -> Tuple[float, ...]:
+    """The contribution set C of MAD-SIPS's table round: the geometric grid 2^(-k/16) from 1 down to below
+    the smallest user weight of Algorithm 2, ``b_min / sqrt(Delta_0)`` (Lemma 5.4; any cap <= Delta_0),
+    one step lower for the float slack of that bound (docs/mad_sips.md, "The last round as a keep table")."""
+    smallest = min(1.0, params.b_min) / math.sqrt(params.max_contributions) * (1.0 - 1e-9)
+    return thresholding.geometric_contributions(smallest)
+
+
+def _table_last_round(spec, params, cap, hs, hnames) -> Tuple[RoundPlan, ...]:
+    """MAD-SIPS with ``threshold='optimal'`` (docs/mad_sips.md, "The last round as a keep table").
+
+    Rounds 1..R-1 are today's Gaussian rounds (the selection's GDP noise split by ``budget_split``, with the
+    adaptive cap's histogram taking ``cap_budget`` of it; thresholds for ``cap`` novel items, failure
+    probability delta_r/2 each). The last round releases with a keep table over biased Basic weights rounded
+    down onto :func:`last_round_contributions`. Accounting at one RDP order alpha: every Gaussian mechanism
+    costs alpha / (2 sigma^2), the table gets the rest of epsilon after the conversion, and delta is the
+    earlier thresholds' sum(delta_r / 2) plus the table's mixture delta plus the conversion's delta. The
+    table does not depend on the cap (C and sum c^2 <= 1 do not): one table for every grid value."""
+    eps, delta = _selection_budget(spec, params)
+    d = params.max_contributions if cap is None else cap
+    sigma_rounds, sigma_h = adaptive_cap_sigmas(spec, params) if params.cap_quantile < 1.0 else (None, None)
+    cals = accounting.multi_round_calibration(
+        eps, delta, params.budget_split, "gdp", d, h_per_round=hs, sigma=sigma_rounds
+    )[:-1]
+    sigmas = [c.noise_scale for c in cals] + ([] if sigma_h is None else [sigma_h])
+    gaussian_rdp = math.fsum(1.0 / (2.0 * s * s) for s in sigmas)
+    delta_thresholds = math.fsum(c.delta / 2.0 for c in cals)  # gaussian_threshold bounds each at delta_r / 2
+    table, delta_conversion = thresholding.calibrate_keep_table(
+        eps, delta - delta_thresholds, last_round_contributions(params), gaussian_rdp=gaussian_rdp
+    )
+    rounds = []
+    for r, c in enumerate(cals, start=1):
+        tau = calibration.mad_tau(c.threshold, c.noise_scale, params.beta)
+        rounds.append(RoundPlan(r, c.epsilon, c.delta, c.noise, c.noise_scale, c.threshold, "mad", tau, hnames[r - 1]))
+    eps_last, delta_last = thresholding.to_dp(table, delta_conversion)  # the round on its own (informational)
+    last = len(cals) + 1
+    rounds.append(
+        RoundPlan(
+            last,
+            eps_last,
+            delta_last,
+            "keep_table",
+            0.0,
+            table.weight_for(0.5),
+            "biased_basic",
+            None,
+            "table",
+            None,
+            table,
+            delta_conversion,
+        )
+    )
+    return tuple(rounds)
+
+
 _PLANNERS = {
     "single": _one_round,
     "sequential": _one_round,
@@ -644,8 +708,13 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
     params = params.replace(**unset) if unset else params
     if params.threshold != "gaussian" and "threshold" not in spec.options:
         raise ValueError(
-            f"threshold={params.threshold!r} is a basic option for now ({algorithm}'s weights are not proven for a "
-            "keep table: docs/thresholding.md); use threshold='gaussian'"
+            f"threshold={params.threshold!r} is a basic and mad_sips option for now ({algorithm}'s weights are not "
+            "proven for a keep table: docs/thresholding.md); use threshold='gaussian'"
+        )
+    if params.threshold == "optimal" and spec.shape == "mad_sips" and params.accounting != "gdp":
+        raise ValueError(
+            "threshold='optimal' with mad_sips composes its rounds in RDP from the Gaussian plan of "
+            "accounting='gdp' (docs/mad_sips.md); leave accounting unset"
         )
     if params.cap_quantile < 1.0:
         if spec.shape != "mad_sips":
@@ -666,8 +735,9 @@ def adaptive_cap_sigmas(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[f
     (``1 - cap_budget`` of mu_sel^2) and the degree histogram (``cap_budget``), each rounded up
     (``1/sigma_rounds^2 + 1/sigma_H^2 <= 1/sigma_sel^2``)."""
     share = selection_share(spec, params)
-    if share is None:
-        sigma_sel = calibration.analytic_gaussian_sigma(params.epsilon, params.delta / 2.0)
+    if share is None or share.sigma is None:  # no counts, or a 'basic' share (threshold 'optimal')
+        eps, delta = _selection_budget(spec, params)
+        sigma_sel = calibration.analytic_gaussian_sigma(eps, delta / 2.0)
     else:
         sigma_sel = share.sigma
     b = params.cap_budget

@@ -146,10 +146,12 @@ def test_single_user_items_never_released(algorithm):
     assert (e0, e1) == (0, 0), f"{case.name}: an item held by one user was released in {e1} of {runs} runs"
 
 
-def test_single_user_items_never_released_by_the_keep_table():
-    """basic with threshold 'optimal' (docs/thresholding.md): an item of one user is kept with probability
-    F(its weight) <= delta_rdp c^2 <= 1e-12 per run."""
-    (case,) = audit.unique_item_cases(["basic"], threshold="optimal")
+@pytest.mark.parametrize("algorithm", ["basic", "mad_sips"])
+def test_single_user_items_never_released_by_the_keep_table(algorithm):
+    """threshold 'optimal' (basic's round, MAD-SIPS's last round; docs/thresholding.md, docs/mad_sips.md): an
+    item of one user is kept with probability F(its weight) <= delta_rdp c^2 <= 1e-12 per run (and MAD-SIPS's
+    Gaussian rounds release it with probability <= their delta_r / 2)."""
+    (case,) = audit.unique_item_cases([algorithm], threshold="optimal")
     e0, e1 = audit.run_counts(case, UNIQUE_RUNS)
     assert (e0, e1) == (0, 0), f"{case.name}: an item held by one user was released in {e1} of {UNIQUE_RUNS} runs"
 

@@ -34,6 +34,9 @@ Stages of round r (shapes after each step; plans of the run's cap, Delta_0 witho
                                                                 hopeless: round r+1's side input (an
                                                                 item it does not list is hopeless)
   r = R:      NoisyThreshold_R (round R, item bytes)
+  r = R, threshold 'optimal': TablePartials_R (item shard, [partials]) of biased Basic weights (Alg. 2
+              from the biases, no truncation or rerouting) rounded down onto the keep table's C, then
+              KeepTable_R (round R, item bytes): kept iff 64 keyed bits < F(W) 2^64
 
 Every per-user step (Sets_r, the cap's histogram) runs through per_user_step: a user cut across pieces
 (more rows than a piece) is joined from its parts (docs/columnar.md, "Bounds").
@@ -83,6 +86,7 @@ from dp_partition_beam.transforms.selection.mad_sips_kernels import (
     degree_histogram_of,
     drop_doomed,
     noisy_cap,
+    table_round_partials,
 )
 
 __all__ = ["_MADSIPS"]
@@ -216,6 +220,18 @@ class LastRoundThresholdFn(NoisyThresholdFn):
 
     def process(self, element, cap):
         yield from self.release(element, self._by_cap[int(cap)][self._round - 1])
+
+
+class TableRoundPartialsFn(beam.DoFn):
+    """(user shard, Packed(user, item, degree[, bias])) -> (item shard, Packed partials) of MAD-SIPS's
+    keep-table round (:func:`mad_sips_kernels.table_round_partials`; each element holds whole users)."""
+
+    def __init__(self, b_min, b_max, table):
+        self._b_min, self._b_max, self._table = b_min, b_max, table
+
+    def process(self, element, num_shards):
+        partials = table_round_partials(table_of(element[1]), self._b_min, self._b_max, self._table)
+        yield from by_item_shard(partials, num_shards)  # packed
 
 
 def round_tau(cap, plans_by_cap, round_: int) -> float:
@@ -375,6 +391,16 @@ class _MADSIPS(beam.PTransform):
                 outputs=(RoundSetsFn.CANDIDATES,),
             )  # (user shard, Packed(user, item, degree[, bias])); candidates (item shard, Packed zero partials)
             b_min, b_max = (1.0, 1.0) if r == 1 else (p.b_min, p.b_max)
+            if plan.keep_table is not None:  # the last round with threshold 'optimal' (the same table every cap)
+                released_r = (
+                    sets
+                    | f"TablePartials{r}" >> beam.ParDo(TableRoundPartialsFn(b_min, b_max, plan.keep_table), shards_si)
+                    # (item shard, Packed(item, hi, mid, lo, holders)) of biased Basic weights rounded onto C
+                    | f"GroupTableParts{r}" >> beam.GroupByKey()  # (item shard, [Packed partials])
+                    | f"KeepTable{r}" >> beam.ParDo(LastRoundThresholdFn(by_cap, r, self._seed), cap_arg)
+                )  # (r, item bytes)
+                outputs.append(released_r)
+                continue
             tau = (
                 beam.pvalue.AsSingleton(self.cap | f"Tau{r}" >> beam.Map(round_tau, by_cap, r))
                 if adaptive

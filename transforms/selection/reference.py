@@ -238,11 +238,26 @@ def mad_sips_round(full_sets, released, prev, plan, params, seed=None, rng=None,
     remaining = {u: items for u, items in remaining.items() if items}
     k = params.max_contributions if cap is None else cap
     capped = bound_contributions(remaining, k, seed, r, rng)  # re-subsample (round r) to Delta
+    if plan.keep_table is not None:  # the keep-table round: biased Basic weights rounded onto C
+        b_min, b_max = (1.0, 1.0) if biases is None else (params.b_min, params.b_max)
+        return capped, biases, table_round_weights(capped, biases or {}, b_min, b_max, plan.keep_table)
     if biases is None:  # round 1: unbiased MAD (MAD paper Alg. 4 line 5)
         w = K.mad_weights(capped, plan.tau, params.d_max)
     else:  # rounds >= 2: biased MAD (Alg. 4 line 15)
         w = K.mad_weights(capped, plan.tau, params.d_max, biases, params.b_min, params.b_max)
     return capped, biases, w
+
+
+def table_round_weights(capped, biases, b_min, b_max, table) -> Dict[Hashable, float]:
+    """Per-item totals of MAD-SIPS's keep-table round (docs/mad_sips.md): each user's Algorithm 2 weights
+    (:func:`mad_kernels.user_weights`, bias 1 for an item without one), rounded down onto the table's
+    contribution set, summed exactly (:func:`exact_sum64`) per item."""
+    parts: Dict[Hashable, List[float]] = defaultdict(list)
+    for items in capped.values():
+        w = K.user_weights(np.array([biases.get(i, 1.0) for i in items], dtype=np.float64), b_min, b_max)
+        for item, c in zip(items, table.round_down(w)):
+            parts[item].append(float(c))
+    return {item: exact_sum64(cs) for item, cs in parts.items()}
 
 
 def _mad_sips(user_sets, spec, params, plans, seed, rng, cap=None):
@@ -256,6 +271,9 @@ def _mad_sips(user_sets, spec, params, plans, seed, rng, cap=None):
     for k, plan in enumerate(plans):
         rho_drop = min(p.threshold for p in plans[k:])  # hopeless: below every remaining round's threshold
         _, _, w = mad_sips_round(full, released, prev, plan, params, seed, rng, rho_drop, cap)
+        if plan.keep_table is not None:  # the last round with threshold 'optimal': nothing follows it
+            per_round[plan.index] = noisy_threshold(w, plan, seed, rng)
+            break
         noisy = add_noise(w, plan.noise, plan.noise_scale, seed, plan.index, rng)
         per_round[plan.index] = {i for i, x in noisy.items() if passes_threshold(x, plan.threshold)}
         released |= per_round[plan.index]

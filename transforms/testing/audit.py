@@ -234,6 +234,9 @@ def standard_cases() -> List[AuditCase]:
         AuditCase("dpne/tip", "dpne", _dpne_params(), "tip", holders=6),
         # basic's keep-probability table (threshold 'optimal', docs/thresholding.md)
         AuditCase("basic/optimal_tip", "basic", _sel(4, threshold="optimal"), "tip", holders=5),
+        # MAD-SIPS's last round as a keep table (docs/mad_sips.md): the target is out of reach of rounds 1-2
+        # (rho_1, rho_2 ~ 60, 40), so the event is round 3's table on biased Basic weights
+        AuditCase("mad_sips/optimal_tip", "mad_sips", _sel(4, threshold="optimal", cap_quantile=1.0), "tip", holders=5),
     ]
 
 

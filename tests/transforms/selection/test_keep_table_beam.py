@@ -88,9 +88,9 @@ def test_plan_and_report():
     json.dumps(p.as_report())  # the report is JSON (no NaN)
 
 
-@pytest.mark.parametrize("algorithm", ["mad", "mad_sips", "dp_sips", "policy_gaussian", "weighted_laplace"])
+@pytest.mark.parametrize("algorithm", ["mad", "mad2r", "dp_sips", "policy_gaussian", "weighted_laplace"])
 def test_other_algorithms_refuse_the_table(algorithm):
-    with pytest.raises(ValueError, match="basic option"):
+    with pytest.raises(ValueError, match="basic and mad_sips option"):
         plan(algorithm, PARAMS)
 
 
@@ -103,6 +103,11 @@ def test_cli(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["threshold"] == "optimal" and report["rounds"][0]["noise"] == "keep_table"
     assert report["released"] > 20
+    # mad_sips: its last round is the table (docs/mad_sips.md), the earlier rounds Gaussian
+    assert select_partitions.run([*argv, "--algorithm", "mad_sips", "--threshold", "optimal", "--overwrite"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert [r["noise"] for r in report["rounds"]] == ["gaussian", "gaussian", "keep_table"]
+    assert report["rounds"][-1]["weighting"] == "biased_basic" and report["released"] > 20
     with pytest.raises(SystemExit) as exit_:  # a flag mad does not read: exit 2 before anything runs
         select_partitions.run([*argv, "--algorithm", "mad", "--threshold", "optimal", "--overwrite"])
     assert exit_.value.code == 2

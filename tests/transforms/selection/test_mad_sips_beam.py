@@ -48,3 +48,32 @@ def test_select_mad_sips_counts_equal_reference():
     want = reference.select_counts(sets, "mad_sips", params, seed=9)
     got = collect(lambda p: p | beam.Create(pairs_of(sets)) | SelectPartitions("mad_sips", params, seed=9))
     assert sorted(got) == sorted(str(kv) for kv in want.items()) and want
+
+
+@pytest.mark.parametrize(
+    "changes,rows_per_shard",
+    [({}, 10**9), ({"cap_quantile": 1.0}, 700), ({"budget_split": (1.0,), "cap_quantile": 1.0}, 10**9)],
+    ids=["adaptive_cap", "fixed_cap_sharded", "one_round"],
+)
+def test_select_mad_sips_keep_table_equals_reference(changes, rows_per_shard):
+    """threshold='optimal' (docs/mad_sips.md): the last round's biased Basic weights rounded onto C and the
+    keep table's 64-bit draws are the reference's, bit for bit (users cut across pieces included)."""
+    sets = random_user_sets(random.Random(4), 1500, 300, 15)
+    params = SelectionParams(
+        epsilon=2.0, delta=1e-4, max_contributions=6, d_max=6, c_ub=1.5, threshold="optimal", **changes
+    )
+    result = reference.release(sets, "mad_sips", params, seed=123)
+    assert result.rounds[-1].noise == "keep_table"
+    got = _run(sets, params, 123, rows_per_shard=rows_per_shard)
+    assert sorted(got) == sorted(f"{r}\t{i}" for r, items in result.per_round.items() for i in items)
+    assert result.per_round[len(result.rounds)]  # the table round released something
+
+
+def test_select_mad_sips_keep_table_counts_equal_reference():
+    sets = random_user_sets(random.Random(5), 800, 200, 12)
+    params = SelectionParams(
+        epsilon=2.0, delta=1e-4, max_contributions=6, d_max=6, release_counts=True, threshold="optimal"
+    )
+    want = reference.select_counts(sets, "mad_sips", params, seed=9)
+    got = collect(lambda p: p | beam.Create(pairs_of(sets)) | SelectPartitions("mad_sips", params, seed=9))
+    assert sorted(got) == sorted(str(kv) for kv in want.items()) and want
