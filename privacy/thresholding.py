@@ -65,7 +65,8 @@ __all__ = [
 DEFAULT_GRID_BITS = 10
 #: entries are multiples of 2^-64, so "keep iff 64 random bits < F * 2^64" keeps with probability exactly F
 KEEP_BITS = 64
-_BISECTIONS = 48  # q' to 2^-48 below the largest feasible value: far below any probability that matters
+_BISECTIONS = 36  # q' to 2^-36 of its bracket (~ core * eps wide) below the largest feasible value
+_SEARCH_BISECTIONS = 20  # enough to rank the search's candidate orders (the bisection's end is always feasible)
 _TINY = 1e-300
 _SHAVE = 1e-9  # entries are built 1e-9 (relative) below the bound
 _ALMOST_ONE = 1.0 - 1e-8  # a table ends at its first entry this close to 1
@@ -92,7 +93,7 @@ def bernoulli_renyi(alpha: float, a, b) -> np.ndarray:
         return np.logaddexp(one, zero) / (alpha - 1.0)
 
 
-def one_step(p, alpha: float, eps, delta, margin: float = 0.0) -> np.ndarray:
+def one_step(p, alpha: float, eps, delta, margin: float = 0.0, bisections: int = _BISECTIONS) -> np.ndarray:
     """The largest keep probability a neighbour may have when one dataset keeps with probability ``p``.
 
     With ``p' = min(1, p/(1 - delta))``, Bern(p) = (1 - delta) Bern(p') + delta Bern(0) (or, for p' = 1,
@@ -119,9 +120,13 @@ def one_step(p, alpha: float, eps, delta, margin: float = 0.0) -> np.ndarray:
         return (forward <= bound) & (backward <= bound)
 
     lo = np.where(inner, core, 0.0)
-    hi = np.where(inner, 1.0, 0.0)
+    # the forward divergence alone bounds q': q'^alpha core^(1-alpha) <= e^bound, so the bisection runs on
+    # [core, that bound] (a bracket of width ~ core * eps instead of 1: the steps are then relative to q')
+    with np.errstate(over="ignore"):
+        top = np.exp(np.minimum((bound + a1 * lp) / alpha, 0.0))
+    hi = np.where(inner, np.minimum(1.0, np.maximum(top, core)), 0.0)
     full = inner & ok(np.full_like(core, 1.0 - 2.0**-53))
-    for _ in range(_BISECTIONS):
+    for _ in range(bisections):
         mid = 0.5 * (lo + hi)
         good = ok(mid)
         lo = np.where(good, mid, lo)
@@ -235,6 +240,7 @@ def keep_table(
     contributions: Sequence[float],
     grid_bits: int = DEFAULT_GRID_BITS,
     max_entries: int = 1 << 16,
+    bisections: int = _BISECTIONS,
 ) -> KeepTable:
     """The pointwise-largest table of the module docstring for one release at (alpha, eps, delta)."""
     check_range("alpha", alpha, 1.0, math.inf)
@@ -255,7 +261,7 @@ def keep_table(
         # a margin on eps, and a relative 1e-9 off the result: the float error of the divergences (and
         # last-bit differences of numpy's vectorised log between array positions) and the rounding down
         # to 2^-64 cannot lift an entry above the exact bound that table_violations checks
-        step = np.min(one_step(prev, alpha, eps_c, delta_c, _BUILD_MARGIN), axis=1) * (1.0 - _SHAVE)
+        step = np.min(one_step(prev, alpha, eps_c, delta_c, _BUILD_MARGIN, bisections), axis=1) * (1.0 - _SHAVE)
         probs[js] = np.floor(np.ldexp(step, KEEP_BITS)) / 2.0**KEEP_BITS  # a multiple of 2^-64 (exact in float)
         n = int(js[-1]) + 1
     full = np.flatnonzero(probs[:n] >= _ALMOST_ONE)
@@ -342,7 +348,7 @@ def calibrate_keep_table(
         eps_r = table_epsilon(alpha, f)
         if eps_r <= 0:
             return math.inf
-        return keep_table(alpha, eps_r, budget.delta * f, sub, 5).weight_for(probability)
+        return keep_table(alpha, eps_r, budget.delta * f, sub, 5, bisections=_SEARCH_BISECTIONS).weight_for(probability)
 
     def best_alpha(f: float) -> Tuple[float, float]:
         # golden section on log alpha (W50 is unimodal in alpha) from the smallest order whose conversion
