@@ -66,6 +66,13 @@ CONFIGS = [
         "mad_sips",
         dict(MAD, budget_split=(0.03, 0.07, 0.9), b_min=0.5, b_max=2.0, c_lb=1.0, c_ub=1.5),
     ),
+    # issue 30: its last round as a keep table (docs/mad_sips.md, "The last round as a keep table"); RDP
+    # accounting over the gdp plan's Gaussian rounds, so it runs under 'gdp' only
+    (
+        "mad_sips [0.03,0.07,0.9] threshold optimal",
+        "mad_sips",
+        dict(MAD, budget_split=(0.03, 0.07, 0.9), b_min=0.5, b_max=2.0, c_lb=1.0, c_ub=1.5, threshold="optimal"),
+    ),
 ]
 
 #: file of each dataset in the shared data folder
@@ -95,9 +102,12 @@ PAPER = {
 }
 
 
-def accountings(algorithm):
-    """The accountings to run ``algorithm`` under: both if it reads ``accounting``, else ('n/a',)."""
-    return ACCOUNTINGS if "accounting" in ALGORITHMS[algorithm].options else ("n/a",)
+def accountings(algorithm, extra=None):
+    """The accountings to run ``algorithm`` under: both if it reads ``accounting``, else ('n/a',); 'gdp'
+    only for a keep-table last round (``threshold='optimal'``, whose RDP plan starts from the gdp rounds)."""
+    if "accounting" not in ALGORITHMS[algorithm].options:
+        return ("n/a",)
+    return ("gdp",) if (extra or {}).get("threshold") == "optimal" else ACCOUNTINGS
 
 
 def params_for(extra, accounting):
@@ -142,7 +152,9 @@ def run_dataset(name, sets, configs, seeds, log=print, coverage_k=COVERAGE_K):
     seeds), the paper's number, and the mean coverage of the items held by >= K users."""
     counts = user_counts(sets)
     paper = PAPER.get(name, {})
-    cells = [(label, algorithm, extra, acct) for label, algorithm, extra in configs for acct in accountings(algorithm)]
+    cells = [
+        (label, algorithm, extra, acct) for label, algorithm, extra in configs for acct in accountings(algorithm, extra)
+    ]
     sizes = [[] for _ in cells]
     covs = [[] for _ in cells]
     seconds = [0.0] * len(cells)

@@ -6,8 +6,9 @@
 
 A config is ``algorithm[:field=value,...]`` over :class:`privacy.selection.SelectionParams` (epsilon 1,
 delta 1e-5, Delta_0 100 unless overridden; ``budget_split`` takes comma-separated fractions up to the next
-``field=``). Data: ``imdb``, ``higgs``, ``commits`` (the shared data folder, read at run time and never
-copied; also ``retail``, ``debian_b``, ``msnbc``), ``zipf`` (synthetic: 20,000 users, mean degree 30, Zipf 1.1 over 200,000 items) or
+``field=``). Data: ``imdb``, ``higgs``, ``commits``, ``retail``, ``debian_b``, ``msnbc`` (the shared data
+folder, read at run time and never copied), ``zipf`` (synthetic: 20,000 users, mean degree 30, Zipf 1.1
+over 200,000 items) or
 ``zipf_heavy`` (20,000 users, mean degree 150: many users above Delta_0). Runs the in-memory reference
 (equal to SelectPartitions under a seed) with seeds 0..seeds-1.
 """
@@ -25,9 +26,7 @@ from dp_partition_beam.privacy.selection import SelectionParams
 from dp_partition_beam.transforms import reference
 from dp_partition_beam.transforms.testing.synthetic import zipf_pairs
 
-SHARED = {
-    name: f"{name}.user_words.tsv.gz" for name in ("imdb", "higgs", "commits", "retail", "debian_b", "msnbc")
-}
+SHARED = {name: f"{name}.user_words.tsv.gz" for name in ("imdb", "higgs", "commits", "retail", "debian_b", "msnbc")}
 SYNTHETIC = {
     "zipf": dict(n_chunks=4, users_per_chunk=5_000, mean_degree=30.0, n_items=200_000, exponent=1.1),
     "zipf_heavy": dict(n_chunks=4, users_per_chunk=5_000, mean_degree=150.0, n_items=200_000, exponent=1.1),
