@@ -101,11 +101,11 @@ def one_step(p, alpha: float, eps, delta, margin: float = 0.0, bisections: int =
     Bern q') <= eps (both divergences grow with q' - p', so bisection finds it; it returns the feasible
     end) gives ``g = min(1, (1 - delta) q' + delta)``, i.e. Bern(g) = (1 - delta) Bern(q') + delta Bern(1).
     Any r in [p, g] is then delta-approximately (alpha, eps)-RDP with p (docs/thresholding.md, Lemma 1).
-    Elementwise over ``p``, ``eps`` and ``delta`` (arrays broadcast). ``margin``: q' is feasible for the
+    Elementwise over ``p``, ``alpha``, ``eps`` and ``delta`` (arrays broadcast). ``margin``: q' is feasible for the
     budget ``eps (1 - margin)`` (:func:`keep_table` builds with a margin of 1e-9 so that the float error
     of the divergences cannot put an entry above the exact bound; :func:`table_violations` checks
     against the exact budget)."""
-    p, eps, delta = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (p, eps, delta)))
+    p, eps, delta, alpha = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (p, eps, delta, alpha)))
     core = np.minimum(1.0, p / (1.0 - delta))
     inner = (core > 0.0) & (core < 1.0)  # core 0: D(q || 0) = inf for q > 0, so q' = 0; core 1: q' = 1
     with np.errstate(divide="ignore"):
@@ -311,6 +311,35 @@ def _search_subset(contributions: Sequence[float]) -> Tuple[float, ...]:
     return tuple(cs[i] for i in picks)
 
 
+def _weights_kept(alphas, eps, deltas, contributions, grid_bits: int, probability: float) -> np.ndarray:
+    """The weight kept with ``probability`` (W50 for 1/2) by the tables of many (alpha, eps, delta) at once,
+    for the search's argmin: :func:`keep_table`'s recursion with one row per candidate, built only until the
+    first row reaches ``probability``; the rows that reach it there get their weight, every other row
+    ``inf`` (as do rows with eps <= 0, and all rows if none gets there within 2^14 entries). Approximate
+    (20 bisection steps, a subset of C): it ranks candidates, the final table is built by keep_table."""
+    alphas, eps, deltas = (np.asarray(x, dtype=np.float64).ravel() for x in np.broadcast_arrays(alphas, eps, deltas))
+    out = np.full(alphas.shape, math.inf)
+    live = eps > 0
+    if not live.any():
+        return out
+    a, e, d = alphas[live][:, None, None], eps[live][:, None, None], deltas[live][:, None, None]
+    ms, cs = _shift_budgets(contributions, grid_bits)
+    eps_c, delta_c = e * cs**2, d * cs**2  # (rows, 1, |C|)
+    limit = 1 << 14
+    probs = np.zeros((a.shape[0], limit), dtype=np.float64)
+    n = 1
+    while n < limit and not np.any(probs[:, n - 1] >= probability):
+        js = np.arange(n, min(n + int(ms[0]), limit))
+        prev = probs[:, np.maximum(0, js[:, None] - ms[None, :])]  # (rows, block, |C|)
+        step = one_step(prev, a, eps_c, delta_c, _BUILD_MARGIN, _SEARCH_BISECTIONS)
+        probs[:, js] = np.min(step, axis=2) * (1.0 - _SHAVE)
+        n = int(js[-1]) + 1
+    reached = probs[:, :n] >= probability
+    first = np.where(reached.any(axis=1), reached.argmax(axis=1).astype(np.float64), math.inf)
+    out[live] = first * math.ldexp(1.0, -grid_bits)
+    return out
+
+
 @functools.lru_cache(maxsize=64)
 def calibrate_keep_table(
     epsilon: float,
@@ -322,8 +351,8 @@ def calibrate_keep_table(
     gaussian_rdp: float = 0.0,
 ) -> Tuple[KeepTable, float]:
     """The table for one (epsilon, delta)-DP release whose weight kept with ``probability`` (W50) is
-    smallest, over the order alpha (golden-section search on log alpha at an even split of delta) and
-    then the split of delta between the mixture (``delta_rdp``) and the RDP conversion at that order.
+    smallest, over the order alpha (a log grid of 16 orders, then 12 around the best, at an even split of
+    delta) and then the split of delta between the mixture (``delta_rdp``) and the RDP conversion at that order.
 
     Returns ``(table, delta_conversion)``; ``to_dp(table, delta_conversion)`` is (epsilon, delta) (the
     epsilon to rounding). The search ranks candidates on a coarse grid (H = 2^-5) with a subset of C
@@ -344,38 +373,34 @@ def calibrate_keep_table(
     def table_epsilon(alpha: float, f: float) -> float:
         return budget.epsilon - rdp_to_dp_epsilon(0.0, alpha, budget.delta * (1.0 - f)) - alpha * gaussian_rdp
 
-    def w50(alpha: float, f: float) -> float:
-        eps_r = table_epsilon(alpha, f)
-        if eps_r <= 0:
-            return math.inf
-        return keep_table(alpha, eps_r, budget.delta * f, sub, 5, bisections=_SEARCH_BISECTIONS).weight_for(probability)
-
-    def best_alpha(f: float) -> Tuple[float, float]:
-        # golden section on log alpha (W50 is unimodal in alpha) from the smallest order whose conversion
-        # leaves the table at least 5% of epsilon (below it no table is possible: small epsilon needs a
-        # large order)
+    def smallest_order(f: float) -> float:
+        # the smallest order whose conversion leaves the table at least 5% of epsilon (small epsilon needs a
+        # large order); inf if none below 1e8
         smallest = 1.5
         while table_epsilon(smallest, f) <= 0.05 * budget.epsilon:
             smallest *= 1.25
             if smallest > 1e8:
-                return math.inf, smallest
-        lo, hi = math.log(smallest), math.log(max(512.0, 8.0 * smallest))
-        g = (math.sqrt(5.0) - 1.0) / 2.0
-        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
-        wa, wb = w50(math.exp(a), f), w50(math.exp(b), f)
-        for _ in range(10):
-            if wa <= wb:
-                hi, b, wb = b, a, wa
-                a = hi - g * (hi - lo)
-                wa = w50(math.exp(a), f)
-            else:
-                lo, a, wa = a, b, wb
-                b = lo + g * (hi - lo)
-                wb = w50(math.exp(b), f)
-        return (wa, math.exp(a)) if wa <= wb else (wb, math.exp(b))
+                return math.inf
+        return smallest
 
-    w, alpha = best_alpha(0.5)  # the order at an even split, then the split at that order
-    w, f = min((w50(alpha, f), f) for f in sorted(set(delta_fractions) | {0.5}))
+    def w50(alphas, fractions) -> np.ndarray:
+        alphas, fractions = np.broadcast_arrays(np.asarray(alphas, float), np.asarray(fractions, float))
+        eps = np.array([table_epsilon(x, f) for x, f in zip(alphas.ravel(), fractions.ravel())])
+        return _weights_kept(alphas, eps, budget.delta * fractions, sub, 5, probability)
+
+    # the order at an even split of delta: a log grid from the smallest feasible order, then a finer grid
+    # around the best (W50 is unimodal in alpha); then the split of delta at that order
+    smallest = smallest_order(0.5)
+    if not math.isfinite(smallest):
+        raise ValueError(f"no keep table reaches probability {probability} at ({epsilon}, {delta})")
+    grid = np.geomspace(smallest, max(512.0, 8.0 * smallest), 16)
+    i = int(np.argmin(w50(grid, 0.5)))
+    fine = np.geomspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], 12)
+    ws = w50(fine, 0.5)
+    alpha = float(fine[int(np.argmin(ws))])
+    fractions = np.array(sorted(set(delta_fractions) | {0.5}))
+    ws = w50(alpha, fractions)
+    w, f = float(np.min(ws)), float(fractions[int(np.argmin(ws))])
     if not math.isfinite(w):
         raise ValueError(f"no keep table reaches probability {probability} at ({epsilon}, {delta})")
     eps_r = table_epsilon(alpha, f)
