@@ -204,7 +204,7 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             "1/sqrt(t)",
             "rounds of Basic; released items removed and sets re-subsampled each round",
             "MAD paper sec. 1.3, 7.2",
-            ("budget_split", "accounting"),
+            ("budget_split", "accounting", "threshold"),
         ),
         AlgorithmSpec(
             "mad_sips",
@@ -583,7 +583,7 @@ def _gaussian_rounds(spec: AlgorithmSpec, params: SelectionParams, cap: Optional
     else:  # dp_sips
         hs = [None] * len(fractions)
         hnames = ["1/sqrt(t)"] * len(fractions)
-    if params.threshold == "optimal":  # mad_sips only (resolve_params): the last round is a keep table
+    if params.threshold == "optimal":  # mad_sips, dp_sips (resolve_params): the last round is a keep table
         return _table_last_round(spec, params, cap, hs, hnames)
     share = selection_share(spec, params)
     if cap is not None:  # adaptive cap (privacy/cap.py): the histogram takes cap_budget of mu_sel^2
@@ -634,15 +634,17 @@ def last_round_contributions(params: SelectionParams) -> Tuple[float, ...]:
 
 
 def _table_last_round(spec, params, cap, hs, hnames) -> Tuple[RoundPlan, ...]:
-    """MAD-SIPS with ``threshold='optimal'`` (docs/mad_sips.md, "The last round as a keep table").
+    """MAD-SIPS or DP-SIPS with ``threshold='optimal'`` (docs/mad_sips.md, "The last round as a keep table").
 
-    Rounds 1..R-1 are today's Gaussian rounds (the selection's GDP noise split by ``budget_split``, with the
-    adaptive cap's histogram taking ``cap_budget`` of it; thresholds for ``cap`` novel items, failure
-    probability delta_r/2 each). The last round releases with a keep table over biased Basic weights rounded
-    down onto :func:`last_round_contributions`. Accounting at one RDP order alpha: every Gaussian mechanism
-    costs alpha / (2 sigma^2), the table gets the rest of epsilon after the conversion, and delta is the
-    earlier thresholds' sum(delta_r / 2) plus the table's mixture delta plus the conversion's delta. The
-    table does not depend on the cap (C and sum c^2 <= 1 do not): one table for every grid value."""
+    Rounds 1..R-1 are today's Gaussian rounds (the selection's GDP noise split by ``budget_split``, with
+    MAD-SIPS's adaptive cap histogram taking ``cap_budget`` of it; thresholds for ``cap`` novel items,
+    failure probability delta_r/2 each). The last round releases with a keep table: over biased Basic
+    weights rounded down onto :func:`last_round_contributions` (MAD-SIPS), over Basic's own weights
+    1/sqrt(d) (DP-SIPS, :func:`thresholding.basic_contributions`, no rounding). Accounting at one RDP order
+    alpha: every Gaussian mechanism costs alpha / (2 sigma^2), the table gets the rest of epsilon after the
+    conversion, and delta is the earlier thresholds' sum(delta_r / 2) plus the table's mixture delta plus
+    the conversion's delta. The table does not depend on the cap (C and sum c^2 <= 1 do not): one table
+    for every grid value."""
     eps, delta = _selection_budget(spec, params)
     d = params.max_contributions if cap is None else cap
     sigma_rounds, sigma_h = adaptive_cap_sigmas(spec, params) if params.cap_quantile < 1.0 else (None, None)
@@ -652,13 +654,19 @@ def _table_last_round(spec, params, cap, hs, hnames) -> Tuple[RoundPlan, ...]:
     sigmas = [c.noise_scale for c in cals] + ([] if sigma_h is None else [sigma_h])
     gaussian_rdp = math.fsum(1.0 / (2.0 * s * s) for s in sigmas)
     delta_thresholds = math.fsum(c.delta / 2.0 for c in cals)  # gaussian_threshold bounds each at delta_r / 2
+    if spec.weighting == "mad":  # biased Basic weights rounded onto a geometric grid
+        contributions, weighting = last_round_contributions(params), "biased_basic"
+    else:  # DP-SIPS: Basic's own weights
+        contributions, weighting = thresholding.basic_contributions(params.max_contributions), spec.weighting
     table, delta_conversion = thresholding.calibrate_keep_table(
-        eps, delta - delta_thresholds, last_round_contributions(params), gaussian_rdp=gaussian_rdp
+        eps, delta - delta_thresholds, contributions, gaussian_rdp=gaussian_rdp
     )
     rounds = []
     for r, c in enumerate(cals, start=1):
-        tau = calibration.mad_tau(c.threshold, c.noise_scale, params.beta)
-        rounds.append(RoundPlan(r, c.epsilon, c.delta, c.noise, c.noise_scale, c.threshold, "mad", tau, hnames[r - 1]))
+        tau = calibration.mad_tau(c.threshold, c.noise_scale, params.beta) if spec.weighting == "mad" else None
+        rounds.append(
+            RoundPlan(r, c.epsilon, c.delta, c.noise, c.noise_scale, c.threshold, spec.weighting, tau, hnames[r - 1])
+        )
     eps_last, delta_last = thresholding.to_dp(table, delta_conversion)  # the round on its own (informational)
     last = len(cals) + 1
     rounds.append(
@@ -669,7 +677,7 @@ def _table_last_round(spec, params, cap, hs, hnames) -> Tuple[RoundPlan, ...]:
             "keep_table",
             0.0,
             table.weight_for(0.5),
-            "biased_basic",
+            weighting,
             None,
             "table",
             None,
@@ -708,12 +716,12 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
     params = params.replace(**unset) if unset else params
     if params.threshold != "gaussian" and "threshold" not in spec.options:
         raise ValueError(
-            f"threshold={params.threshold!r} is a basic and mad_sips option for now ({algorithm}'s weights are not "
-            "proven for a keep table: docs/thresholding.md); use threshold='gaussian'"
+            f"threshold={params.threshold!r} is a basic, dp_sips and mad_sips option for now ({algorithm}'s weights "
+            "are not proven for a keep table: docs/thresholding.md); use threshold='gaussian'"
         )
-    if params.threshold == "optimal" and spec.shape == "mad_sips" and params.accounting != "gdp":
+    if params.threshold == "optimal" and spec.shape in MULTI_ROUND_SHAPES and params.accounting != "gdp":
         raise ValueError(
-            "threshold='optimal' with mad_sips composes its rounds in RDP from the Gaussian plan of "
+            f"threshold='optimal' with {algorithm} composes its rounds in RDP from the Gaussian plan of "
             "accounting='gdp' (docs/mad_sips.md); leave accounting unset"
         )
     if params.cap_quantile < 1.0:

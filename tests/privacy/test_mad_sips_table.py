@@ -66,6 +66,21 @@ def test_the_plan_spends_exactly_its_budget(changes):
         assert got_delta <= delta * (1 + 1e-9) and got_delta >= 0.99 * delta, (cap, got_delta)
 
 
+@pytest.mark.parametrize("split", [(0.1, 0.9), (0.05, 0.15, 0.8)])
+def test_dp_sips_last_round_table_spends_exactly_its_budget(split):
+    """DP-SIPS's last round as a table over Basic's own weights (C = {1/sqrt(d)}, no rounding)."""
+    params = PARAMS.replace(budget_split=split)
+    p = plan("dp_sips", params)
+    assert p.cap is None and [r.noise for r in p.rounds][-1] == "keep_table"
+    assert p.rounds[-1].weighting == "weighted_gaussian"
+    assert p.rounds[-1].keep_table.contributions == T.basic_contributions(params.max_contributions)
+    got_eps, got_delta = _recomputed(p.rounds)
+    assert 0.995 * params.epsilon <= got_eps <= params.epsilon * (1 + 1e-9)
+    assert 0.99 * params.delta <= got_delta <= params.delta * (1 + 1e-9)
+    gaussian = plan("dp_sips", params.replace(threshold="gaussian")).rounds
+    assert p.rounds[-1].threshold < gaussian[-1].threshold
+
+
 def test_one_table_serves_every_cap_and_the_gaussian_rounds_are_unchanged():
     p = plan("mad_sips", PARAMS)
     g = plan("mad_sips", PARAMS.replace(threshold="gaussian"))
@@ -83,9 +98,10 @@ def test_one_table_serves_every_cap_and_the_gaussian_rounds_are_unchanged():
 
 
 def test_refusals():
-    with pytest.raises(ValueError, match="accounting='gdp'"):
-        plan("mad_sips", PARAMS.replace(accounting="basic"))
-    with pytest.raises(ValueError, match="basic and mad_sips option"):
+    for algorithm in ("mad_sips", "dp_sips"):
+        with pytest.raises(ValueError, match="accounting='gdp'"):
+            plan(algorithm, PARAMS.replace(accounting="basic"))
+    with pytest.raises(ValueError, match="basic, dp_sips and mad_sips option"):
         plan("mad2r", PARAMS)
 
 

@@ -88,10 +88,28 @@ def test_plan_and_report():
     json.dumps(p.as_report())  # the report is JSON (no NaN)
 
 
-@pytest.mark.parametrize("algorithm", ["mad", "mad2r", "dp_sips", "policy_gaussian", "weighted_laplace"])
+@pytest.mark.parametrize("algorithm", ["mad", "mad2r", "policy_gaussian", "weighted_laplace"])
 def test_other_algorithms_refuse_the_table(algorithm):
-    with pytest.raises(ValueError, match="basic and mad_sips option"):
+    with pytest.raises(ValueError, match="basic, dp_sips and mad_sips option"):
         plan(algorithm, PARAMS)
+
+
+@pytest.mark.parametrize("rows_per_shard", [10**9, 900])
+def test_dp_sips_last_round_table_equals_the_reference(pairs, rows_per_shard):
+    """DP-SIPS with threshold 'optimal': rounds 1..R-1 Gaussian, the last round Basic's table (seeded Beam ==
+    reference, items and rounds)."""
+    params = PARAMS.replace(budget_split=(0.2, 0.8))
+    want = reference.release(reference.user_sets_from_pairs(pairs), "dp_sips", params, SEED)
+    assert [r.noise for r in want.rounds] == ["gaussian", "keep_table"] and want.per_round[2]
+    got = collect(
+        lambda p: (
+            p
+            | beam.Create(pairs)
+            | SelectPartitions("dp_sips", params, seed=SEED, output_rounds=True, rows_per_shard=rows_per_shard)
+        ),
+        fmt=repr,
+    )
+    assert sorted(got) == sorted(repr((r, i)) for r, items in want.per_round.items() for i in items)
 
 
 def test_cli(tmp_path):
