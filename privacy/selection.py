@@ -194,7 +194,7 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             "1/sqrt(t); min(b_max/sqrt(t), 1)",
             "MAD in two rounds; round 2 drops found and hopeless items and biases the rest",
             "MAD paper Alg. 4",
-            ("d_max", "beta", "b_min", "b_max", "c_lb", "c_ub", "budget_split", "accounting"),
+            ("d_max", "beta", "b_min", "b_max", "c_lb", "c_ub", "budget_split", "accounting", "threshold"),
         ),
         AlgorithmSpec(
             "dp_sips",
@@ -583,7 +583,7 @@ def _gaussian_rounds(spec: AlgorithmSpec, params: SelectionParams, cap: Optional
     else:  # dp_sips
         hs = [None] * len(fractions)
         hnames = ["1/sqrt(t)"] * len(fractions)
-    if params.threshold == "optimal":  # mad_sips, dp_sips (resolve_params): the last round is a keep table
+    if params.threshold == "optimal":  # dp_sips, mad2r, mad_sips (resolve_params): the last round is a keep table
         return _table_last_round(spec, params, cap, hs, hnames)
     share = selection_share(spec, params)
     if cap is not None:  # adaptive cap (privacy/cap.py): the histogram takes cap_budget of mu_sel^2
@@ -634,12 +634,12 @@ def last_round_contributions(params: SelectionParams) -> Tuple[float, ...]:
 
 
 def _table_last_round(spec, params, cap, hs, hnames) -> Tuple[RoundPlan, ...]:
-    """MAD-SIPS or DP-SIPS with ``threshold='optimal'`` (docs/mad_sips.md, "The last round as a keep table").
+    """MAD-SIPS, MAD2R or DP-SIPS with ``threshold='optimal'`` (docs/mad_sips.md, "The last round as a keep table").
 
     Rounds 1..R-1 are today's Gaussian rounds (the selection's GDP noise split by ``budget_split``, with
     MAD-SIPS's adaptive cap histogram taking ``cap_budget`` of it; thresholds for ``cap`` novel items,
     failure probability delta_r/2 each). The last round releases with a keep table: over biased Basic
-    weights rounded down onto :func:`last_round_contributions` (MAD-SIPS), over Basic's own weights
+    weights rounded down onto :func:`last_round_contributions` (MAD-SIPS, MAD2R), over Basic's own weights
     1/sqrt(d) (DP-SIPS, :func:`thresholding.basic_contributions`, no rounding). Accounting at one RDP order
     alpha: every Gaussian mechanism costs alpha / (2 sigma^2), the table gets the rest of epsilon after the
     conversion, and delta is the earlier thresholds' sum(delta_r / 2) plus the table's mixture delta plus
@@ -716,8 +716,8 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
     params = params.replace(**unset) if unset else params
     if params.threshold != "gaussian" and "threshold" not in spec.options:
         raise ValueError(
-            f"threshold={params.threshold!r} is a basic, dp_sips and mad_sips option for now ({algorithm}'s weights "
-            "are not proven for a keep table: docs/thresholding.md); use threshold='gaussian'"
+            f"threshold={params.threshold!r} is a basic, dp_sips, mad2r and mad_sips option for now ({algorithm}'s "
+            "weights are not proven for a keep table: docs/thresholding.md); use threshold='gaussian'"
         )
     if params.threshold == "optimal" and spec.shape in MULTI_ROUND_SHAPES and params.accounting != "gdp":
         raise ValueError(

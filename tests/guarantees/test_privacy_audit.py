@@ -146,7 +146,7 @@ def test_single_user_items_never_released(algorithm):
     assert (e0, e1) == (0, 0), f"{case.name}: an item held by one user was released in {e1} of {runs} runs"
 
 
-@pytest.mark.parametrize("algorithm", ["basic", "dp_sips", "mad_sips"])
+@pytest.mark.parametrize("algorithm", ["basic", "dp_sips", "mad2r", "mad_sips"])
 def test_single_user_items_never_released_by_the_keep_table(algorithm):
     """threshold 'optimal' (basic's round, MAD-SIPS's last round; docs/thresholding.md, docs/mad_sips.md): an
     item of one user is kept with probability F(its weight) <= delta_rdp c^2 <= 1e-12 per run (and MAD-SIPS's

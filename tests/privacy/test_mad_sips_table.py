@@ -19,7 +19,7 @@ from dp_partition_beam.transforms.core.batches import ITEM, USER
 from dp_partition_beam.transforms.core.fixed64 import exact_sum64
 from dp_partition_beam.transforms.core.tables import merge_partials
 from dp_partition_beam.transforms.selection import mad_kernels as K
-from dp_partition_beam.transforms.selection.mad_sips_kernels import table_round_partials
+from dp_partition_beam.transforms.selection.mad_kernels import table_round_partials
 from dp_partition_beam.transforms.selection.reference import table_round_weights
 
 PROPS = settings(max_examples=60, deadline=None, derandomize=True)
@@ -81,6 +81,16 @@ def test_dp_sips_last_round_table_spends_exactly_its_budget(split):
     assert p.rounds[-1].threshold < gaussian[-1].threshold
 
 
+def test_mad2r_last_round_table_spends_exactly_its_budget():
+    """MAD2R's round 2 as the table over biased Basic weights (MAD-SIPS's contribution set)."""
+    p = plan("mad2r", PARAMS)
+    assert [r.noise for r in p.rounds] == ["gaussian", "keep_table"] and p.rounds[-1].weighting == "biased_basic"
+    assert p.rounds[-1].keep_table.contributions == C20
+    got_eps, got_delta = _recomputed(p.rounds)
+    assert 0.995 * PARAMS.epsilon <= got_eps <= PARAMS.epsilon * (1 + 1e-9)
+    assert 0.99 * PARAMS.delta <= got_delta <= PARAMS.delta * (1 + 1e-9)
+
+
 def test_one_table_serves_every_cap_and_the_gaussian_rounds_are_unchanged():
     p = plan("mad_sips", PARAMS)
     g = plan("mad_sips", PARAMS.replace(threshold="gaussian"))
@@ -98,11 +108,11 @@ def test_one_table_serves_every_cap_and_the_gaussian_rounds_are_unchanged():
 
 
 def test_refusals():
-    for algorithm in ("mad_sips", "dp_sips"):
+    for algorithm in ("mad_sips", "mad2r", "dp_sips"):
         with pytest.raises(ValueError, match="accounting='gdp'"):
             plan(algorithm, PARAMS.replace(accounting="basic"))
-    with pytest.raises(ValueError, match="basic, dp_sips and mad_sips option"):
-        plan("mad2r", PARAMS)
+    with pytest.raises(ValueError, match="basic, dp_sips, mad2r and mad_sips option"):
+        plan("mad", PARAMS)
 
 
 def test_the_contribution_set_reaches_below_the_smallest_weight():

@@ -45,9 +45,10 @@ from dp_partition_beam.transforms.selection.mad_kernels import (
     mad_init_partials,
     mad_item_excess,
     round2_biases,
+    table_round_partials,
 )
 
-__all__ = ["MADWeights", "MADRound"]
+__all__ = ["MADWeights", "MADRound", "TableRoundPartialsFn"]
 
 
 class MADInitPartialsFn(beam.DoFn):
@@ -184,6 +185,18 @@ class MADWeights(beam.PTransform):
         )
 
 
+class TableRoundPartialsFn(beam.DoFn):
+    """(user shard, Packed(user, item, degree[, bias])) -> (item shard, Packed partials) of a keep-table last
+    round (MAD-SIPS, MAD2R: :func:`mad_kernels.table_round_partials`; each element holds whole users)."""
+
+    def __init__(self, b_min, b_max, table):
+        self._b_min, self._b_max, self._table = b_min, b_max, table
+
+    def process(self, element, num_shards):
+        partials = table_round_partials(table_of(element[1]), self._b_min, self._b_max, self._table)
+        yield from by_item_shard(partials, num_shards)  # packed
+
+
 class MADRound(beam.PTransform):
     """(user shard, capped[+bias]) -> (round, item bytes) [+ (item bytes, holders)]: MAD weights, noise, rho."""
 
@@ -313,9 +326,22 @@ class _MAD2R(beam.PTransform):
         )
         # (user shard, Table(user, item, degree, bias)) = S_u minus U_1 and U_low (line 13)
         with_holders = self._counts_plan is not None
-        out2 = round2_sets | "Round2" >> MADRound(
-            r2, p, self._seed, shards_si, p.b_min, p.b_max, with_holders=with_holders
-        )  # (2, item bytes) [, holders]
+        if r2.keep_table is not None:  # threshold 'optimal': biased Basic weights rounded onto C, the table
+            out2 = (
+                round2_sets
+                | "R2TablePartials" >> beam.ParDo(TableRoundPartialsFn(p.b_min, p.b_max, r2.keep_table), shards_si)
+                # (item shard, Packed partials)
+                | "R2GroupTableParts" >> beam.GroupByKey()  # (item shard, [Packed partials])
+                | "R2KeepTable"
+                >> beam.ParDo(NoisyThresholdFn(r2, self._seed, with_holders)).with_outputs(
+                    NoisyThresholdFn.HOLDERS, main="released"
+                )
+            )  # (2, item bytes); holders (item bytes, count)
+            out2 = (out2.released, out2[NoisyThresholdFn.HOLDERS]) if with_holders else out2.released
+        else:
+            out2 = round2_sets | "Round2" >> MADRound(
+                r2, p, self._seed, shards_si, p.b_min, p.b_max, with_holders=with_holders
+            )  # (2, item bytes) [, holders]
         released2, holders2 = out2 if with_holders else (out2, None)
         tagged = (
             (released1, released2)

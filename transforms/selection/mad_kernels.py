@@ -37,6 +37,7 @@ from dp_partition_beam.transforms.core.tables import EXACT_FLOAT_SUM, limb_table
 __all__ = [
     "user_weights",
     "user_weights_many",
+    "table_round_partials",
     "reroute_discount",
     "adaptive_degree_range",
     "is_adaptive",
@@ -853,3 +854,16 @@ def attach_biases(capped: pa.Table, biased_items: pa.Table) -> pa.Table:
     t = capped.filter(keep)
     b = biased_items.column("bias").take(pos.filter(keep))
     return with_degree(pa.table({USER: t.column(USER), ITEM: t.column(ITEM), "bias": b}))
+
+
+def table_round_partials(sets: pa.Table, b_min: float, b_max: float, table) -> pa.Table:
+    """Table(item, hi, mid, lo, holders) of a keep-table last round (MAD-SIPS, MAD2R; docs/mad_sips.md, "The last round
+    as a keep table"): each user's Algorithm 2 weights from the biases of ``sets`` (1 without a ``bias``
+    column), rounded down onto the table's contribution set C (:meth:`privacy.thresholding.KeepTable.
+    round_down`), summed exactly per item. A user's weights depend only on its own rows and the public
+    biases (no truncation or rerouting), and the rows of a user must all be in ``sets``."""
+    if sets.num_rows == 0:
+        return sum_by_item(limb_table(sets.column(ITEM), np.zeros(0)))
+    biases = sets.column("bias").to_numpy() if "bias" in sets.column_names else np.ones(sets.num_rows)
+    weights = user_weights_many(user_codes(sets), biases, b_min, b_max)  # Alg. 2, ||w_u||_2 <= 1
+    return sum_by_item(limb_table(sets.column(ITEM), table.round_down(weights)))  # contributions in C

@@ -79,14 +79,13 @@ from dp_partition_beam.transforms.core.engine import (
 from dp_partition_beam.transforms.core.tables import ItemIndex, cap_pairs, drop_items, merge_partials, noisy_weights
 from dp_partition_beam.transforms.selection.basic import NoisyThresholdFn, holders_in_round0_sets
 from dp_partition_beam.transforms.selection.counts import noisy_counts_of_holders
-from dp_partition_beam.transforms.selection.mad import MADWeights
+from dp_partition_beam.transforms.selection.mad import MADWeights, TableRoundPartialsFn
 from dp_partition_beam.transforms.selection.mad_kernels import round2_biases
 from dp_partition_beam.transforms.selection.mad_sips_kernels import (
     attach_biases_or_one,
     degree_histogram_of,
     drop_doomed,
     noisy_cap,
-    table_round_partials,
 )
 
 __all__ = ["_MADSIPS"]
@@ -220,18 +219,6 @@ class LastRoundThresholdFn(NoisyThresholdFn):
 
     def process(self, element, cap):
         yield from self.release(element, self._by_cap[int(cap)][self._round - 1])
-
-
-class TableRoundPartialsFn(beam.DoFn):
-    """(user shard, Packed(user, item, degree[, bias])) -> (item shard, Packed partials) of MAD-SIPS's
-    keep-table round (:func:`mad_sips_kernels.table_round_partials`; each element holds whole users)."""
-
-    def __init__(self, b_min, b_max, table):
-        self._b_min, self._b_max, self._table = b_min, b_max, table
-
-    def process(self, element, num_shards):
-        partials = table_round_partials(table_of(element[1]), self._b_min, self._b_max, self._table)
-        yield from by_item_shard(partials, num_shards)  # packed
 
 
 def round_tau(cap, plans_by_cap, round_: int) -> float:

@@ -15,8 +15,7 @@ import pyarrow.compute as pc
 from dp_partition_beam.privacy import cap as cap_plans
 from dp_partition_beam.transforms.core import randomness
 from dp_partition_beam.transforms.core.batches import ITEM, USER, dictionary_codes
-from dp_partition_beam.transforms.core.tables import ItemIndex, limb_table, sum_by_item, user_codes
-from dp_partition_beam.transforms.selection.mad_kernels import user_weights_many
+from dp_partition_beam.transforms.core.tables import ItemIndex, user_codes
 
 
 def drop_hopeless(table: pa.Table, hopeless: Optional[pa.Array]) -> pa.Table:
@@ -71,16 +70,3 @@ def noisy_cap(histogram: np.ndarray, plan: "cap_plans.CapPlan", seed: Optional[i
     z = randomness.standard_noise("gaussian", keys, CAP_NOISE, 0, seed, rng)
     noisy = np.asarray(histogram, dtype=np.float64) + plan.noise_scale * z
     return cap_plans.choose_cap(noisy, plan)
-
-
-def table_round_partials(sets: pa.Table, b_min: float, b_max: float, table) -> pa.Table:
-    """Table(item, hi, mid, lo, holders) of MAD-SIPS's keep-table round (docs/mad_sips.md, "The last round
-    as a keep table"): each user's Algorithm 2 weights from the biases of ``sets`` (1 without a ``bias``
-    column), rounded down onto the table's contribution set C (:meth:`privacy.thresholding.KeepTable.
-    round_down`), summed exactly per item. A user's weights depend only on its own rows and the public
-    biases (no truncation or rerouting), and the rows of a user must all be in ``sets``."""
-    if sets.num_rows == 0:
-        return sum_by_item(limb_table(sets.column(ITEM), np.zeros(0)))
-    biases = sets.column("bias").to_numpy() if "bias" in sets.column_names else np.ones(sets.num_rows)
-    weights = user_weights_many(user_codes(sets), biases, b_min, b_max)  # Alg. 2, ||w_u||_2 <= 1
-    return sum_by_item(limb_table(sets.column(ITEM), table.round_down(weights)))  # contributions in C

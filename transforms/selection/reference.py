@@ -163,6 +163,13 @@ def _mad2r(user_sets, spec, params, plans, seed, rng, cap=None):
             biases[item] = b
     sets2 = {u: [i for i in items if i in biases] for u, items in capped.items()}  # line 13
     sets2 = {u: items for u, items in sets2.items() if items}
+    if r2.keep_table is not None:  # threshold 'optimal': biased Basic weights rounded onto C, the table
+        return {
+            1: u1,
+            2: noisy_threshold(
+                table_round_weights(sets2, biases, params.b_min, params.b_max, r2.keep_table), r2, seed, rng
+            ),
+        }, capped
     w2 = K.mad_weights(sets2, r2.tau, params.d_max, biases, params.b_min, params.b_max)  # line 15
     noisy2 = add_noise(w2, r2.noise, r2.noise_scale, seed, r2.index, rng)  # line 16
     u2 = {i for i, w in noisy2.items() if passes_threshold(w, r2.threshold)}  # line 17

@@ -237,6 +237,8 @@ def standard_cases() -> List[AuditCase]:
         # MAD-SIPS's last round as a keep table (docs/mad_sips.md): the target is out of reach of rounds 1-2
         # (rho_1, rho_2 ~ 60, 40), so the event is round 3's table on biased Basic weights
         AuditCase("mad_sips/optimal_tip", "mad_sips", _sel(4, threshold="optimal", cap_quantile=1.0), "tip", holders=5),
+        # MAD2R's round 2 as the table over biased Basic weights (as MAD-SIPS's last round)
+        AuditCase("mad2r/optimal_tip", "mad2r", _sel(4, threshold="optimal"), "tip", holders=5),
         # DP-SIPS's last round (0.9 of its budget) as basic's table
         AuditCase("dp_sips/optimal_tip", "dp_sips", _sel(4, threshold="optimal"), "tip", holders=5),
     ]

@@ -38,6 +38,31 @@ def test_select_mad_algorithms_equal_reference(algorithm, accounting):
         assert not per_round[1] & per_round[2]  # round 2 removes U1 (Alg. 4 line 13)
 
 
+@pytest.mark.parametrize("release_counts", [False, True], ids=["items", "counts"])
+def test_mad2r_keep_table_equals_reference(release_counts):
+    """threshold='optimal' (docs/mad_sips.md): MAD2R's round 2 as the keep table over biased Basic weights
+    rounded onto C; seeded Beam == reference, with the counts' holders of round 2 from the table's partials."""
+    sets = random_user_sets(random.Random(4), 1500, 300, 15)
+    params = SelectionParams(
+        epsilon=2.0, delta=1e-4, max_contributions=8, d_max=6, threshold="optimal", release_counts=release_counts
+    )
+    result = reference.release(sets, "mad2r", params, seed=123)
+    assert result.rounds[-1].noise == "keep_table" and result.per_round[2]
+    if release_counts:
+        got = collect(lambda p: p | beam.Create(pairs_of(sets)) | SelectPartitions("mad2r", params, seed=123))
+        assert sorted(got) == sorted(str(kv) for kv in result.counts.items()) and result.counts
+        return
+    got = collect(
+        lambda p: (
+            p
+            | beam.Create(pairs_of(sets))
+            | SelectPartitions("mad2r", params, seed=123, output_rounds=True, rows_per_shard=900)
+            | beam.MapTuple(lambda r, i: f"{r}\t{i}")
+        )
+    )
+    assert sorted(got) == sorted(f"{r}\t{i}" for r, items in result.per_round.items() for i in items)
+
+
 def test_mad_family_identical_in_multi_processing_mode():
     sets = random_user_sets(random.Random(12), 1200, 250, 12)
     params = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=8, d_max=6)
