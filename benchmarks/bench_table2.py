@@ -66,8 +66,14 @@ CONFIGS = [
         "mad_sips",
         dict(MAD, budget_split=(0.03, 0.07, 0.9), b_min=0.5, b_max=2.0, c_lb=1.0, c_ub=1.5),
     ),
-    # issue 30: its last round as a keep table (docs/mad_sips.md, "The last round as a keep table"); RDP
-    # accounting over the gdp plan's Gaussian rounds, so it runs under 'gdp' only
+    # issue 30: the last round as a keep table (docs/mad_sips.md, "The last round as a keep table"); RDP
+    # accounting over the gdp plan's Gaussian rounds, so these run under 'gdp' only
+    (
+        "mad2r threshold optimal",
+        "mad2r",
+        dict(MAD, budget_split=(0.1, 0.9), b_min=0.5, b_max=2.0, c_lb=1.0, c_ub=3.0, threshold="optimal"),
+    ),
+    ("dp_sips [0.1,0.9] threshold optimal", "dp_sips", dict(budget_split=(0.1, 0.9), threshold="optimal")),
     (
         "mad_sips [0.03,0.07,0.9] threshold optimal",
         "mad_sips",

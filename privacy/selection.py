@@ -365,9 +365,10 @@ class SelectionParams:
     threshold: str = dataclasses.field(
         default="gaussian",
         metadata={
-            "help": "basic's release rule: gaussian (noise + threshold rho) or optimal (a keep-probability table "
-            "under approximate Renyi DP: fewer users per released item, no noisy weight; calibrating it takes "
-            "seconds; docs/thresholding.md)",
+            "help": "the release rule of basic's round and of the last round of dp_sips, mad2r and mad_sips: "
+            "gaussian (noise + threshold rho) or optimal (a keep-probability table under approximate Renyi DP: "
+            "fewer users per released item, no noisy weight; the multi-round algorithms' last round then uses "
+            "biased Basic weights; calibrating it takes seconds; docs/thresholding.md, docs/mad_sips.md)",
             "choices": THRESHOLDS,
         },
     )
