@@ -232,6 +232,8 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                 ("budget_split", (0.03, 0.07, 0.9)),
                 ("c_ub", 1.5),
                 ("cap_quantile", cap_plans.DEFAULT_CAP_QUANTILE),
+                # the last round as a keep table (docs/mad_sips.md): +3-21% items; gaussian with counts
+                ("threshold", "optimal"),
             ),
         ),
         AlgorithmSpec(
@@ -362,13 +364,14 @@ class SelectionParams:
             "choices": ACCOUNTINGS,
         },
     )
-    threshold: str = dataclasses.field(
-        default="gaussian",
+    threshold: Optional[str] = dataclasses.field(
+        default=None,
         metadata={
             "help": "the release rule of basic's round and of the last round of dp_sips, mad2r and mad_sips: "
             "gaussian (noise + threshold rho) or optimal (a keep-probability table under approximate Renyi DP: "
             "fewer users per released item, no noisy weight; the multi-round algorithms' last round then uses "
-            "biased Basic weights; calibrating it takes seconds; docs/thresholding.md, docs/mad_sips.md)",
+            "biased Basic weights; calibrating it takes seconds; docs/thresholding.md, docs/mad_sips.md). "
+            "unset: optimal for mad_sips without release_counts (gdp accounting), gaussian otherwise",
             "choices": THRESHOLDS,
         },
     )
@@ -415,7 +418,7 @@ class SelectionParams:
             cap_quantile=None if self.cap_quantile is None else cap_plans.check_cap_quantile(self.cap_quantile),
             cap_budget=cap_plans.check_cap_budget(self.cap_budget),
             accounting=check_choice("accounting", self.accounting, ACCOUNTINGS),
-            threshold=check_choice("threshold", self.threshold, THRESHOLDS),
+            threshold=None if self.threshold is None else check_choice("threshold", self.threshold, THRESHOLDS),
             alpha=check_range("alpha", self.alpha, 0.0, math.inf),
             passes=check_int("passes", self.passes, 1, 100),
             max_sequential_pairs=check_int("max_sequential_pairs", self.max_sequential_pairs, 1),
@@ -700,7 +703,7 @@ _PLANNERS = {
 
 #: the values of the per-algorithm fields of SelectionParams left at None, unless the algorithm's
 #: AlgorithmSpec.defaults says otherwise (the MAD paper's section 7.2 settings)
-ALGORITHM_DEFAULTS = {"budget_split": (0.1, 0.9), "c_ub": 3.0, "cap_quantile": 1.0}
+ALGORITHM_DEFAULTS = {"budget_split": (0.1, 0.9), "c_ub": 3.0, "cap_quantile": 1.0, "threshold": "gaussian"}
 
 
 def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
@@ -713,6 +716,10 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
     defaults = {**ALGORITHM_DEFAULTS, **dict(spec.defaults)}
     if params.accounting != "gdp":
         defaults["cap_quantile"] = 1.0  # the histogram composes by Gaussian DP only
+    if params.accounting != "gdp" or params.release_counts:
+        # the table's RDP plan starts from the gdp rounds; with counts it composes by basic composition,
+        # which can release less than the Gaussian rounds' GDP split (docs/thresholding.md)
+        defaults["threshold"] = "gaussian"
     unset = {name: value for name, value in defaults.items() if getattr(params, name) is None}
     params = params.replace(**unset) if unset else params
     if params.threshold != "gaussian" and "threshold" not in spec.options:

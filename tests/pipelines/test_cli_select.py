@@ -98,7 +98,10 @@ def test_mad_sips_cli_equals_reference_with_one_report_entry_per_round(tmp_path)
     params = SelectionParams(2.0, 1e-4, max_contributions=8, d_max=6, budget_split=(0.2, 0.3, 0.5))
     assert sorted(items) == sorted(reference.select(SETS, "mad_sips", params, seed=4)) and items
     assert [r["round"] for r in rep["rounds"]] == [1, 2, 3]
-    assert [r["h"] for r in rep["rounds"]] == ["1/sqrt(t)", "min(2/sqrt(t), 1)", "min(2/sqrt(t), 1)"]
+    # the default: the last round a keep table (docs/mad_sips.md), no noise scale, W50 as its threshold
+    assert [r["h"] for r in rep["rounds"]] == ["1/sqrt(t)", "min(2/sqrt(t), 1)", "table"]
+    assert [r["noise"] for r in rep["rounds"]] == ["gaussian", "gaussian", "keep_table"]
+    assert rep["rounds"][-1]["noise_scale"] is None and rep["rounds"][-1]["keep_table"]["alpha"] > 1
     assert sum(r["released"] for r in rep["rounds"]) == rep["released"] == len(items)
 
 

@@ -249,7 +249,7 @@ def test_biased_rounds_bound_a_novel_item_by_one(algorithm):
     from dp_partition_beam.privacy.selection import SelectionParams, plan_rounds
 
     for eps, d0, lower in [(4.0, 4, True), (4.0, 100, True), (1.0, 100, False)]:
-        params = SelectionParams(eps, 1e-6, max_contributions=d0, cap_quantile=1.0)
+        params = SelectionParams(eps, 1e-6, max_contributions=d0, cap_quantile=1.0, threshold="gaussian")
         rounds = plan_rounds(algorithm, params)
         assert [r.h for r in rounds[1:]] == ["min(2/sqrt(t), 1)"] * (len(rounds) - 1)
         for r in rounds[1:]:

@@ -28,7 +28,7 @@ from dp_partition_beam.transforms.selection.select import SelectPartitions
 from tests.support.beam_helpers import collect
 from tests.support.user_sets import pairs_of
 
-PARAMS = SelectionParams(epsilon=1.0, delta=1e-5)
+PARAMS = SelectionParams(epsilon=1.0, delta=1e-5, threshold="gaussian")  # the Gaussian rounds' calibration
 
 
 def small_degree_sets(rng, n_users, n_items, heavy):

@@ -77,6 +77,7 @@ UNSET_FLAG_EXAMPLES = {
     "budget_split": "0.5,0.5",
     "c_ub": "2",
     "cap_quantile": "0.9",
+    "threshold": "gaussian",
     "dpsu_single_length": "2",
     "S": "0.01",
     "rho": "0.3",

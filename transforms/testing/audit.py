@@ -195,8 +195,10 @@ def _dpne_params(delta: float = _DELTA) -> DPNEParams:
 
 def _fixed_cap(spec) -> dict:
     """MAD-SIPS's multi-copy cases fix the cap at Delta_0 (``cap_quantile=1``): the adaptive cap's histogram
-    would couple the copies of one call (the ``cap_tip`` case audits the adaptive cap, one copy per call)."""
-    return {"cap_quantile": 1.0} if spec.shape == "mad_sips" else {}
+    would couple the copies of one call (the ``cap_tip`` case audits the adaptive cap, one copy per call).
+    They audit its Gaussian rounds (``threshold='gaussian'``); ``mad_sips/optimal_tip`` and ``cap_tip`` (the
+    defaults) audit the keep-table last round."""
+    return {"cap_quantile": 1.0, "threshold": "gaussian"} if spec.shape == "mad_sips" else {}
 
 
 def standard_cases() -> List[AuditCase]:
@@ -222,9 +224,16 @@ def standard_cases() -> List[AuditCase]:
         AuditCase("count_laplace/all", "count_laplace", _sel(4), "all", holders=15, targets=4),
         AuditCase("mad/dmax", "mad", _sel(4), "dmax", holders=7, targets=4),
         # the added user holds 8 targets at Delta_0 = 4: rounds 2 and 3 re-subsample its unreleased ones
-        AuditCase("mad_sips/resample", "mad_sips", _sel(4, cap_quantile=1.0), "resample", holders=10, targets=8),
-        # MAD-SIPS's default adaptive cap (privacy/cap.py): its degree histogram reads every user of the
-        # call, so copies would share one cap: one copy per call
+        AuditCase(
+            "mad_sips/resample",
+            "mad_sips",
+            _sel(4, cap_quantile=1.0, threshold="gaussian"),
+            "resample",
+            holders=10,
+            targets=8,
+        ),
+        # MAD-SIPS's defaults: the adaptive cap (privacy/cap.py; its degree histogram reads every user of the
+        # call, so copies would share one cap: one copy per call) and the keep-table last round
         AuditCase("mad_sips/cap_tip", "mad_sips", _sel(4), "tip", holders=5, copies_per_call=1),
         AuditCase("dp_sips/resample", "dp_sips", _sel(4), "resample", holders=9, targets=8),
         # the count release with half the budget (expected epsilon lower bound ~0.9 in 10^4 runs)
@@ -251,8 +260,8 @@ def unique_item_cases(algorithms: Sequence[str], **selection) -> List[AuditCase]
     for a in algorithms:
         if a == "dpne":
             params = _dpne_params(_UNIQUE_DELTA)
-        else:
-            params = _sel(4, delta=_UNIQUE_DELTA, **selection)
+        else:  # the Gaussian threshold unless asked (mad_sips's default is its keep table)
+            params = _sel(4, delta=_UNIQUE_DELTA, **{"threshold": "gaussian", **selection})
         per_call = 1 if a.startswith("policy_") else 500
         name = f"{a}/{'optimal_' if selection.get('threshold') == 'optimal' else ''}unique"
         cases.append(AuditCase(name, a, params, "unique", holders=1, targets=4, copies_per_call=per_call))

@@ -17,7 +17,7 @@ from dp_partition_beam.transforms.core.batches import ITEM, USER
 from dp_partition_beam.transforms.selection.mad_sips_kernels import drop_hopeless as drop_hopeless_table
 from dp_partition_beam.transforms.selection.reference import drop_hopeless, mad_sips_round, previous_round_biases
 
-PARAMS = SelectionParams(epsilon=1.0, delta=1e-5, budget_split=(0.05, 0.15, 0.8))
+PARAMS = SelectionParams(epsilon=1.0, delta=1e-5, budget_split=(0.05, 0.15, 0.8), threshold="gaussian")
 
 
 def _zipf_sets(n_users=400, max_degree=60, seed=0):
@@ -116,7 +116,9 @@ def test_round_sensitivity_on_neighbours(sets, new_set, d0, released, prev_w, r,
     vector), adding one user changes round r's MAD weights by <= 1 in l2, leaves every other user's
     re-subsampled set unchanged, and gives its novel items <= h_r(t) (1/sqrt(t) in round 1, b_max/sqrt(t)
     after)."""
-    params = SelectionParams(epsilon=1.0, delta=1e-5, max_contributions=d0, d_max=4, b_max=b_max, c_ub=1.0)
+    params = SelectionParams(
+        epsilon=1.0, delta=1e-5, max_contributions=d0, d_max=4, b_max=b_max, c_ub=1.0, threshold="gaussian"
+    )
     plans = plan_rounds("mad_sips", params.replace(budget_split=(0.2, 0.3, 0.5)))
     plan = plans[r - 1]
     prev = None if r == 1 else (plans[r - 2], dict(zip(ITEMS, prev_w)))

@@ -187,8 +187,11 @@ STAGE_LABELS = {
     "mad": ("657e46806f0b4738", "5ba687b6c18ad455"),
     "mad2r": ("a76f455095bc2fd6", "be6a9ddb1938ed7d"),
     "dp_sips": ("0d2782f2d6c60491", "368330abe449e540"),
-    "mad_sips": ("48206a5de68208d9", "58207e60c1e24850"),  # adaptive cap on (its default)
-    "mad_sips/cap1": ("6e0e5fd2ae432ba3", "48179b175f769933"),  # cap_quantile=1: no Cap stage
+    # its defaults: adaptive cap on, the last round a keep table (issue 30: TablePartials3, GroupTableParts3,
+    # KeepTable3 instead of MADWeights3/..., NoisyThreshold3; with counts the Gaussian rounds, as before)
+    "mad_sips": ("75d02b6ce6331ad9", "58207e60c1e24850"),
+    "mad_sips/cap1": ("a572aa97840ac751", "48179b175f769933"),  # cap_quantile=1: no Cap stage
+    "mad_sips/gaussian": ("48206a5de68208d9", "58207e60c1e24850"),  # threshold='gaussian': the labels before
     "policy_gaussian": ("0a45ade62247d818", "f133509b3fd1d38b"),
     "policy_laplace": ("e31fe0369f4ec192", "bf8af60df7afedb1"),
 }
@@ -220,7 +223,7 @@ def _stage_labels_hash(algorithm, **params):
 def test_stage_labels_are_unchanged(case):
     """Every algorithm's job graph keeps its stage names, with and without released counts."""
     algorithm, _, variant = case.partition("/")
-    extra = {"cap_quantile": 1.0} if variant == "cap1" else {}
+    extra = {"cap1": {"cap_quantile": 1.0}, "gaussian": {"threshold": "gaussian"}}.get(variant, {})
     plain, counts = STAGE_LABELS[case]
     assert _stage_labels_hash(algorithm, **extra) == plain
     assert _stage_labels_hash(algorithm, release_counts=True, **extra) == counts
