@@ -707,9 +707,10 @@ ALGORITHM_DEFAULTS = {"budget_split": (0.1, 0.9), "c_ub": 3.0, "cap_quantile": 1
 
 
 def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
-    """``params`` with the fields left at None (``budget_split``, ``c_ub``, ``cap_quantile``) set to the
-    algorithm's defaults (:data:`ALGORITHM_DEFAULTS`, overridden by its ``AlgorithmSpec.defaults``; the
-    adaptive cap is off by default under ``accounting='basic'``). Every entry point (``plan_rounds``,
+    """``params`` with the fields left at None (``budget_split``, ``c_ub``, ``cap_quantile``, ``threshold``) set
+    to the algorithm's defaults (:data:`ALGORITHM_DEFAULTS`, overridden by its ``AlgorithmSpec.defaults``; the
+    adaptive cap is off by default under ``accounting='basic'``, and the threshold is 'gaussian' there and
+    with ``release_counts``). Every entry point (``plan_rounds``,
     ``reference.release``, ``SelectPartitions``) resolves first; explicit values win. Raises ``ValueError``
     for an adaptive cap (``cap_quantile < 1``) outside mad_sips or with basic accounting."""
     spec = algorithm_spec(algorithm)
