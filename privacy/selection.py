@@ -530,8 +530,7 @@ def _one_round_calibration(spec: AlgorithmSpec, params: SelectionParams) -> cali
 
 def _keep_table_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan, ...]:
     """Basic's round with the keep-probability table (docs/thresholding.md) at the selection's (eps, delta)."""
-    share = selection_share(spec, params)
-    eps, delta = (params.epsilon, params.delta) if share is None else (share.epsilon, share.delta_threshold)
+    eps, delta = _selection_budget(spec, params)
     contributions = thresholding.basic_contributions(params.max_contributions)
     table, delta_conversion = thresholding.calibrate_keep_table(eps, delta, contributions)
     w50 = table.weight_for(0.5)

@@ -233,6 +233,28 @@ def _shift_budgets(contributions: Iterable[float], grid_bits: int) -> Tuple[np.n
     return ms, np.array([best[m] for m in ms], dtype=np.float64)
 
 
+def _build_rows(alphas, eps, deltas, contributions, grid_bits, limit, bisections, until):
+    """The recursion of the module docstring for one or many (alpha, eps, delta) at once (one row each):
+    ``(probs, n)``, probs of shape (rows, limit) filled up to index n, built until some row reaches ``until``
+    (or ``limit``). Every entry is a multiple of 2^-64 (exact in float)."""
+    a, e, d = (np.asarray(x, dtype=np.float64).reshape(-1, 1, 1) for x in np.broadcast_arrays(alphas, eps, deltas))
+    ms, cs = _shift_budgets(contributions, grid_bits)
+    eps_c, delta_c = e * cs**2, d * cs**2  # (rows, 1, |C|)
+    probs = np.zeros((a.shape[0], limit), dtype=np.float64)
+    n = 1
+    # F[j] reads F[j - m] for m >= ms[0] only: a block of ms[0] entries is computed at once
+    while n < limit and not np.any(probs[:, n - 1] >= until):
+        js = np.arange(n, min(n + int(ms[0]), limit))
+        prev = probs[:, np.maximum(0, js[:, None] - ms[None, :])]  # (rows, block, |C|)
+        # a margin on eps, and a relative 1e-9 off the result: the float error of the divergences (and
+        # last-bit differences of numpy's vectorised log between array positions) and the rounding down
+        # to 2^-64 cannot lift an entry above the exact bound that table_violations checks
+        step = np.min(one_step(prev, a, eps_c, delta_c, _BUILD_MARGIN, bisections), axis=2) * (1.0 - _SHAVE)
+        probs[:, js] = np.floor(np.ldexp(step, KEEP_BITS)) / 2.0**KEEP_BITS
+        n = int(js[-1]) + 1
+    return probs, n
+
+
 def keep_table(
     alpha: float,
     epsilon_rdp: float,
@@ -249,21 +271,11 @@ def keep_table(
     check_range("epsilon_rdp", epsilon_rdp, 0.0, math.inf)
     check_range("delta_rdp", delta_rdp, 0.0, 1.0)
     check_int("grid_bits", grid_bits, 0, 30)
-    ms, cs = _shift_budgets(contributions, grid_bits)
     every_c = tuple(sorted({float(c) for c in contributions}))
-    eps_c, delta_c = (epsilon_rdp * cs**2)[None, :], (delta_rdp * cs**2)[None, :]
-    probs = np.zeros(max_entries, dtype=np.float64)
-    n = 1
-    # F[j] reads F[j - m] for m >= ms[0] only: a block of ms[0] entries is computed at once
-    while n < max_entries and probs[n - 1] < _ALMOST_ONE:
-        js = np.arange(n, min(n + int(ms[0]), max_entries))
-        prev = probs[np.maximum(0, js[:, None] - ms[None, :])]
-        # a margin on eps, and a relative 1e-9 off the result: the float error of the divergences (and
-        # last-bit differences of numpy's vectorised log between array positions) and the rounding down
-        # to 2^-64 cannot lift an entry above the exact bound that table_violations checks
-        step = np.min(one_step(prev, alpha, eps_c, delta_c, _BUILD_MARGIN, bisections), axis=1) * (1.0 - _SHAVE)
-        probs[js] = np.floor(np.ldexp(step, KEEP_BITS)) / 2.0**KEEP_BITS  # a multiple of 2^-64 (exact in float)
-        n = int(js[-1]) + 1
+    probs, n = _build_rows(
+        alpha, epsilon_rdp, delta_rdp, contributions, grid_bits, max_entries, bisections, _ALMOST_ONE
+    )
+    probs = probs[0]
     full = np.flatnonzero(probs[:n] >= _ALMOST_ONE)
     n = int(full[0]) + 1 if full.size else n
     return KeepTable(grid_bits, tuple(probs[:n].tolist()), float(alpha), float(epsilon_rdp), float(delta_rdp), every_c)
@@ -322,18 +334,9 @@ def _weights_kept(alphas, eps, deltas, contributions, grid_bits: int, probabilit
     live = eps > 0
     if not live.any():
         return out
-    a, e, d = alphas[live][:, None, None], eps[live][:, None, None], deltas[live][:, None, None]
-    ms, cs = _shift_budgets(contributions, grid_bits)
-    eps_c, delta_c = e * cs**2, d * cs**2  # (rows, 1, |C|)
-    limit = 1 << 14
-    probs = np.zeros((a.shape[0], limit), dtype=np.float64)
-    n = 1
-    while n < limit and not np.any(probs[:, n - 1] >= probability):
-        js = np.arange(n, min(n + int(ms[0]), limit))
-        prev = probs[:, np.maximum(0, js[:, None] - ms[None, :])]  # (rows, block, |C|)
-        step = one_step(prev, a, eps_c, delta_c, _BUILD_MARGIN, _SEARCH_BISECTIONS)
-        probs[:, js] = np.min(step, axis=2) * (1.0 - _SHAVE)
-        n = int(js[-1]) + 1
+    probs, n = _build_rows(
+        alphas[live], eps[live], deltas[live], contributions, grid_bits, 1 << 14, _SEARCH_BISECTIONS, probability
+    )
     reached = probs[:, :n] >= probability
     first = np.where(reached.any(axis=1), reached.argmax(axis=1).astype(np.float64), math.inf)
     out[live] = first * math.ldexp(1.0, -grid_bits)
