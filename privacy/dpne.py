@@ -43,6 +43,7 @@ import dataclasses
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 from scipy import special
 
 from dp_partition_beam.privacy import counts
@@ -60,6 +61,7 @@ from dp_partition_beam.privacy.validation import (
     Condition,
     check_bool,
     check_choice,
+    check_fractions,
     check_int,
     check_range,
     needs,
@@ -83,13 +85,29 @@ __all__ = [
     "plan_dpne_counts",
     "count_l0",
     "release_privacy",
+    "LEVEL_SELECTIONS",
+    "LevelRound",
+    "rounds_report",
+    "level_rounds",
+    "round_id",
 ]
 
 DPNE_ALGORITHMS = ("dpne", "dpsu_all", "dpsu_even", "dpsu_single")
 DPNE_WEIGHTINGS = ("weighted_gaussian", "mad")
+#: How each level selects: one weighted-Gaussian round (the paper) or MAD-SIPS's rounds (docs/dpne.md).
+LEVEL_SELECTIONS = ("single", "mad_sips")
+#: Randomness-contract round of round r >= 2 of level k: ``k + ROUND_STRIDE (r - 1)`` (round 1 is k).
+ROUND_STRIDE = 100
 PRUNINGS = ("both", "single")
 VK_METHODS = ("exact", "sample")
 
+
+def _uses_mad(v) -> bool:
+    """MAD's beta and d_max are read by ``weighting='mad'`` and by every MAD-SIPS round."""
+    return getattr(v, "weighting", None) == "mad" or getattr(v, "selection", None) == "mad_sips"
+
+
+_MAD = Condition("unless {weighting} is mad or {selection} is mad_sips", _uses_mad, (("weighting", "mad"),))
 _LEVELS = Condition("unless {max_n} is 2 or more (levels k >= 2)", lambda v: v.max_n >= 2, (("max_n", 2),))
 
 #: Which :class:`DPNEParams` fields each algorithm reads (a field absent here is read by all: epsilon,
@@ -98,7 +116,19 @@ _LEVELS = Condition("unless {max_n} is 2 or more (levels k >= 2)", lambda v: v.m
 #: the counts' budget and floor. The CLI rejects a flag given for a field the run does not read.
 FIELD_USE = use_table(
     {
-        "dpne": ("eta", "sigma_decay", "pruning", "vk_method", "sample_rate"),
+        "dpne": (
+            "eta",
+            "sigma_decay",
+            "pruning",
+            "vk_method",
+            "sample_rate",
+            "selection",
+            "budget_split",
+            "b_min",
+            "b_max",
+            "c_lb",
+            "c_ub",
+        ),
         "dpsu_all": (),
         "dpsu_even": (),
         "dpsu_single": ("dpsu_single_length",),
@@ -109,8 +139,14 @@ FIELD_USE = use_table(
         "pruning": (_LEVELS,),
         "vk_method": (_LEVELS, needs("pruning", "both")),  # pruning single: |V_k| = |S_{k-1}| |S_1|, exact
         "sample_rate": (_LEVELS, needs("pruning", "both"), needs("vk_method", "sample")),
-        "beta": (needs("weighting", "mad"),),
-        "d_max": (needs("weighting", "mad"),),
+        "weighting": (needs("selection", "single"),),
+        "beta": (_MAD,),
+        "d_max": (_MAD,),
+        "budget_split": (needs("selection", "mad_sips"),),
+        "b_min": (needs("selection", "mad_sips"),),
+        "b_max": (needs("selection", "mad_sips"),),
+        "c_lb": (needs("selection", "mad_sips"),),
+        "c_ub": (needs("selection", "mad_sips"),),
         "count_budget": (needs("release_counts", True),),
         "min_users": (needs("release_counts", True),),
     },
@@ -172,6 +208,19 @@ class DPNEParams:
     )
     sample_rate: float = _field(0.01, "p of --vk_method sample, in (0, 1]")
     dpsu_single_length: Optional[int] = _field(None, "the length L of dpsu_single (default: max_n)")
+    selection: str = _field(
+        "single",
+        "how each level selects: single (one weighted-Gaussian round, the paper) or mad_sips (MAD-SIPS's "
+        "rounds inside the level's budget; docs/dpne.md)",
+        LEVEL_SELECTIONS,
+    )
+    budget_split: Tuple[float, ...] = _field(
+        (0.1, 0.9), "mad_sips: fractions of each level's budget per round (and of its spurious rate), summing to 1"
+    )
+    b_min: float = _field(0.5, "mad_sips: minimum bias of rounds >= 2, in [0.5, 1]")
+    b_max: float = _field(2.0, "mad_sips: maximum bias of rounds >= 2, >= 1")
+    c_lb: float = _field(1.0, "mad_sips: lower confidence constant on the previous round's noisy weights, >= 0")
+    c_ub: float = _field(1.5, "mad_sips: upper confidence constant (hopeless items) on the previous round's, >= 0")
     beta: float = _field(2.0, "MAD tau_k = max(1, rho_k + beta*sigma_k), beta >= 0")
     d_max: int = _field(50, "MAD maximum adaptive degree (the proof needs d_max >= 4)")
     release_counts: bool = _field(
@@ -219,6 +268,17 @@ class DPNEParams:
             s("dpsu_single_length", self.max_n)
         else:
             s("dpsu_single_length", check_int("dpsu_single_length", self.dpsu_single_length, 1, self.max_n))
+        s("selection", check_choice("selection", self.selection, LEVEL_SELECTIONS))
+        split = self.budget_split
+        if isinstance(split, str):
+            split = [x for x in split.replace(",", " ").split()]
+        s("budget_split", check_fractions("budget_split", split))
+        if len(self.budget_split) > 10:
+            raise ValueError(f"budget_split has at most 10 rounds, got {len(self.budget_split)}")
+        s("b_min", check_range("b_min", self.b_min, 0.5, 1.0))
+        s("b_max", check_range("b_max", self.b_max, 1.0, math.inf))
+        s("c_lb", check_range("c_lb", self.c_lb, 0.0, math.inf))
+        s("c_ub", check_range("c_ub", self.c_ub, 0.0, math.inf))
         s("beta", check_range("beta", self.beta, 0.0, math.inf))
         # MAD's privacy proof needs d_max >= 4 (Lemma 5.3); tau >= 1 is enforced by mad_tau().
         s("d_max", check_int("d_max", self.d_max, 4))
@@ -410,6 +470,78 @@ def plan_runs(algorithm: str, params: DPNEParams) -> Tuple[float, List[RunPlan]]
 
 
 # ---------------------------------------------------------------------------------------------
+# MAD-SIPS inside a level (selection='mad_sips'; docs/dpne.md, "MAD-SIPS inside the levels")
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LevelRound:
+    """Round r of a level run with ``selection='mad_sips'`` (public: a function of the parameters and, for
+    k >= 2, of the released ``|S_{k-1}|`` and ``|V_k|``).
+
+    Attributes:
+      index: r (1-based).
+      round_: the randomness-contract round, :func:`round_id` (k for r = 1).
+      sigma: ``sigma_k / sqrt(f_r)``: the R rounds compose in GDP to the level's sigma_k.
+      rho: the threshold. Level 1: ``max_t h_r(t) + sigma PhiInv((1 - f_r delta_thr/2)^(1/t))`` with
+        ``h_1 = 1/sqrt(t)`` and ``h_r = min(b_max/sqrt(t), 1)``. Level k >= 2: ``sigma PhiInv(1 - f_r q_k)``
+        (post-processing; it sets the spurious rate).
+      tau: MAD's ``max(1, rho + beta sigma)``.
+      spurious_prob: ``f_r q_k``, the chance a zero-weight k-gram passes (k >= 2); None at level 1.
+      delta_threshold: level 1's ``f_r delta_thr`` (its novel-item event has probability <= half of it).
+    """
+
+    index: int
+    round_: int
+    sigma: float
+    rho: float
+    tau: float
+    spurious_prob: Optional[float] = None
+    delta_threshold: Optional[float] = None
+
+    def as_dict(self) -> Dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["rho"] = self.rho if math.isfinite(self.rho) else None
+        d["tau"] = self.tau if math.isfinite(self.tau) else None
+        return d
+
+
+def round_id(k: int, r: int) -> int:
+    """The randomness-contract round of round r of level k: ``k + 100 (r - 1)`` (max_n <= 50, r <= 10)."""
+    return int(k) + ROUND_STRIDE * (int(r) - 1)
+
+
+def _level_one_h(r: int, b_max: float):
+    """The novel-item bound of round r at level 1: 1/sqrt(t) (r = 1, unbiased MAD), then min(b_max/sqrt(t), 1)
+    (MAD paper Lemma 5.3 with biases <= b_max, and <= 1 by the l2 bound; as MAD-SIPS, docs/mad_sips.md)."""
+    if r == 1:
+        return None  # calibration's default 1/sqrt(t)
+    return lambda t: np.minimum(b_max / np.sqrt(t), 1.0)
+
+
+def level_rounds(run: RunPlan, params: DPNEParams, q: Optional[float] = None) -> Tuple[LevelRound, ...]:
+    """The rounds of a DPNE level with ``selection='mad_sips'``: level 1 from ``run.delta_threshold``, level
+    k >= 2 from its spurious rate ``q = q_k`` (:func:`spurious_probability`; 0 when V_k is empty: no round
+    can release, every rho is inf). The fractions ``f_r`` are ``params.budget_split``."""
+    k = run.lengths[0]
+    rounds = []
+    for r, f in enumerate(params.budget_split, start=1):
+        sigma = run.sigma / math.sqrt(f)  # sum_r f_r / sigma_k^2 = 1 / sigma_k^2 (GDP)
+        if k == 1:
+            d = f * run.delta_threshold
+            rho = gaussian_threshold(sigma, d, run.max_contributions, _level_one_h(r, params.b_max))
+            qr = None
+        else:
+            if q is None:
+                raise ValueError(f"level {k} >= 2 needs its spurious rate q_k")
+            d = None
+            qr = f * q
+            rho = sigma * -float(special.ndtri(qr)) if qr > 0.0 else math.inf
+        rounds.append(LevelRound(r, round_id(k, r), sigma, rho, mad_tau(rho, sigma, params.beta), qr, d))
+    return tuple(rounds)
+
+
+# ---------------------------------------------------------------------------------------------
 # Level reports (the public parameters of each run; the Beam transform and the reference share them)
 # ---------------------------------------------------------------------------------------------
 
@@ -436,6 +568,14 @@ def baseline_run_report(plan: RunPlan, weighting: str, beta: float) -> Dict[str,
         "max_contributions": plan.max_contributions,
     }
     return _with_tau(level, plan.rho, plan.sigma, weighting, beta)
+
+
+def rounds_report(level: Dict[str, Any], rounds: Sequence[LevelRound], released: Sequence[int]) -> Dict[str, Any]:
+    """A level's report with ``selection='mad_sips'``: its single-round ``rho``/``tau`` replaced by the rounds
+    (:meth:`LevelRound.as_dict` and the number each released)."""
+    level = {k: v for k, v in level.items() if k not in ("rho", "tau")}
+    level["rounds"] = [{**rd.as_dict(), "released": int(n)} for rd, n in zip(rounds, released)]
+    return level
 
 
 def level_k_report(

@@ -646,6 +646,11 @@ class DPNE(beam.PTransform):
     ):
         super().__init__(label)
         self.sigma_star, self.runs = plan_runs(algorithm, params)  # validates; calibrated before any data is read
+        if algorithm == "dpne" and params.selection != "single":
+            raise ValueError(
+                f"selection={params.selection!r} runs in transforms.dpne.reference.dpne_reference only for now; "
+                "the Beam transform runs selection='single'"
+            )
         self.algorithm = algorithm
         self._params = params
         self._seed = seed

@@ -23,26 +23,36 @@ from collections import defaultdict
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
 import numpy as np
+from scipy import special
 
 from dp_partition_beam.privacy.calibration import mad_tau, passes_threshold
 from dp_partition_beam.privacy.counts import CountPlan
 from dp_partition_beam.privacy.dpne import (
     DPNEParams,
+    LevelRound,
     RunPlan,
     baseline_run_report,
     dpne_rho_k,
     level_k_report,
     level_one_report,
+    level_rounds,
     plan_dpne_counts,
     plan_runs,
     release_privacy,
+    rounds_report,
 )
 from dp_partition_beam.transforms.core import randomness
 from dp_partition_beam.transforms.core import text as tx
 from dp_partition_beam.transforms.dpne import dpne_kernels
 from dp_partition_beam.transforms.selection import counts_kernels
+from dp_partition_beam.transforms.selection import mad_kernels as K
 from dp_partition_beam.transforms.selection.mad_kernels import mad_weights
-from dp_partition_beam.transforms.selection.reference import add_noise, basic_weights, bound_contributions
+from dp_partition_beam.transforms.selection.reference import (
+    add_noise,
+    basic_weights,
+    bound_contributions,
+    drop_hopeless,
+)
 
 Records = Union[Mapping[Any, Union[str, Iterable[str]]], Iterable[Tuple[Any, str]]]
 
@@ -142,6 +152,93 @@ def sample_spurious(sampler: dpne_kernels.ValidSampler, supp: Set[str], q: float
     cands = sorted(outside)
     pri = dpne_kernels.spurious_priorities(cands, k, seed, rng)
     return dpne_kernels.select_spurious(zip(pri.tolist(), cands), n_spur, k)
+
+
+# ---------------------------------------------------------------------------------------------
+# MAD-SIPS inside a level (selection='mad_sips'; docs/dpne.md, "MAD-SIPS inside the levels")
+# ---------------------------------------------------------------------------------------------
+
+
+def absent_entries(items: List[str], prev: LevelRound, known_domain: bool, seed, rng) -> Dict[str, float]:
+    """The previous round's noisy-vector entries of ``items``, which were outside its support (nobody held
+    them then, so their weight was 0), keyed as their noise would have been: (seed, 'noise', prev.round_, g).
+
+    Level 1 (unknown domain, no spurious step): ``sigma Z``, the extended vector's coordinate (as MAD-SIPS).
+    Level k >= 2: every k-gram of the round's domain was noised and the spurious step released those whose
+    ``sigma Z`` reached rho; these were not released, so their entry is ``sigma Z`` given ``sigma Z < rho``:
+    ``sigma PhiInv(U Phi(rho/sigma))`` from the same uniform U. Drawing it unconditioned would make the
+    biases depend on a value the spurious step did not see (docs/dpne.md, step (2) of the proof).
+    """
+    if not items:
+        return {}
+    if not known_domain:
+        return add_noise(dict.fromkeys(items, 0.0), "gaussian", prev.sigma, seed, prev.round_, rng)
+    if seed is not None:
+        u = randomness.keyed_uniform(seed, "noise", prev.round_, items)
+    else:
+        u = 1.0 - rng.random(len(items))  # (0, 1]
+    z = special.ndtri(u * special.ndtr(prev.rho / prev.sigma))
+    return {g: float(prev.sigma * zi) for g, zi in zip(items, z)}
+
+
+def level_mad_sips(
+    users: Mapping[Any, Iterable[str]],
+    cap: int,
+    rounds: Tuple[LevelRound, ...],
+    params: DPNEParams,
+    seed,
+    rng,
+    sampler: Optional[dpne_kernels.ValidSampler] = None,
+) -> Tuple[Set[str], List[int], Dict[Any, List[str]]]:
+    """MAD-SIPS's rounds inside one DPNE level: ``(released, released per round, round 1's capped sets)``.
+
+    ``users``: each user's distinct (valid) n-grams of the level; ``sampler``: the level's V_k sampler for
+    k >= 2 (known domain: every round also releases its spurious k-grams), None at level 1. Round r (as
+    MAD-SIPS, docs/mad_sips.md): remove the level's released n-grams; from round 2, bias the remaining ones
+    from the previous round's noisy entries and drop the hopeless (MAD paper Alg. 4 lines 10-14, keep rule
+    of :func:`drop_hopeless`); subsample each user to ``cap`` (randomness round ``round_``); MAD weights
+    (unbiased in round 1, biased after); noise ``sigma_r``; keep ``>= rho_r``; spurious draws at ``f_r q_k``.
+    """
+    full = {u: sorted(set(gs)) for u, gs in users.items()}
+    released: Set[str] = set()
+    per_round: List[int] = []
+    first: Dict[Any, List[str]] = {}
+    prev = None  # (LevelRound, noisy entries on its support)
+    for i, rd in enumerate(rounds):
+        if not math.isfinite(rd.rho):  # V_k empty: nothing can pass
+            per_round.append(0)
+            continue
+        rho_drop = min(x.rho for x in rounds[i:])  # hopeless: below every remaining round's threshold
+        remaining = {u: [g for g in gs if g not in released] for u, gs in full.items()}  # remove U_<r
+        biases = None
+        if prev is not None:
+            p_rd, p_noisy = prev
+            candidates = sorted({g for gs in remaining.values() for g in gs})
+            absent = absent_entries([g for g in candidates if g not in p_noisy], p_rd, sampler is not None, seed, rng)
+            biases = {}
+            for g in candidates:
+                w = p_noisy[g] if g in p_noisy else absent[g]
+                b = K.round2_bias(w, rd.rho, p_rd.sigma, params.c_lb, params.c_ub, rho_drop)  # Alg. 4 l. 10-14
+                if b is not None:
+                    biases[g] = b
+            remaining = {u: drop_hopeless(gs, biases) for u, gs in remaining.items()}  # drop U_low
+            biases = {**dict.fromkeys(candidates, 1.0), **biases}  # a kept hopeless n-gram: bias 1
+        remaining = {u: gs for u, gs in remaining.items() if gs}
+        capped = bound_contributions(remaining, cap, seed, rd.round_, rng)  # re-subsample (round r)
+        if i == 0:
+            first = capped
+        if biases is None:  # round 1: unbiased MAD (Alg. 4 line 5)
+            w = mad_weights(capped, rd.tau, params.d_max)
+        else:  # rounds >= 2: biased MAD (Alg. 4 line 15)
+            w = mad_weights(capped, rd.tau, params.d_max, biases, params.b_min, params.b_max)
+        noisy = add_noise(w, "gaussian", rd.sigma, seed, rd.round_, rng)
+        out = {g for g, x in noisy.items() if passes_threshold(x, rd.rho)}
+        if sampler is not None:  # the zero-weight k-grams of V_k \ U_<r that pass (docs/dpne.md)
+            out |= set(sample_spurious(sampler, set(w) | released, rd.spurious_prob, rd.round_, seed, rng))
+        per_round.append(len(out))
+        released |= out
+        prev = (rd, noisy)
+    return released, per_round, first
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,9 +349,17 @@ def _dpne(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng, second
                 u: {g for g in gs if dpne_kernels.is_valid(g, s_prev, s1, params.pruning)}
                 for u, gs in user_grams[k].items()
             }
-        tau = mad_tau(rho, run.sigma, params.beta) if params.weighting == "mad" else None
         released: Set[str] = set()
-        if math.isfinite(rho):
+        if params.selection == "mad_sips":
+            rounds = level_rounds(run, params, None if k == 1 else level["spurious_prob"])
+            sampler = dpne_kernels.ValidSampler(s_prev, s1, params.pruning) if k >= 2 and math.isfinite(rho) else None
+            cap = run.max_contributions
+            released, per_round, capped = level_mad_sips(users, cap, rounds, params, seed, rng, sampler)
+            level = rounds_report(level, rounds, per_round)
+            if math.isfinite(rho):
+                _count_run(counted, count_plan, capped, released, run, params, seed)
+        tau = mad_tau(rho, run.sigma, params.beta) if params.weighting == "mad" else None
+        if params.selection == "single" and math.isfinite(rho):
             capped = _capped(users, run.max_contributions, k, seed, rng)
             hist = histogram(capped, params.weighting, tau, params.d_max)
             released = noisy_release(hist, run.sigma, rho, k, seed, rng)
