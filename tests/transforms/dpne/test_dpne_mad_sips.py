@@ -1,0 +1,242 @@
+"""DPNE with MAD-SIPS inside each level (``selection='mad_sips'``, docs/dpne.md): the plan's rounds, the
+reference's invariants (Prop. 2.1 downward closure, S_k in V_k, spurious rate), the absent entries of the
+known domain, and privacy canaries."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import special, stats
+
+from dp_partition_beam.privacy.calibration import gaussian_threshold
+from dp_partition_beam.privacy.dpne import (
+    DPNEParams,
+    dpne_composed_privacy,
+    level_rounds,
+    plan_runs,
+    round_id,
+    spurious_probability,
+)
+from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.dpne import dpne_kernels
+from dp_partition_beam.transforms.dpne import reference as ref
+from dp_partition_beam.transforms.dpne.reference import dpne_reference, ngram_user_counts, user_kgrams
+from dp_partition_beam.transforms.testing.synthetic import markov_corpus
+
+from .test_dpne_reference import released_subgrams_closed
+
+MS = dict(selection="mad_sips")
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    recs = markov_corpus(3000, vocab=120, branching=3, seed=4)
+    ug = user_kgrams(recs, 5)
+    return recs, ug, ngram_user_counts(ug)
+
+
+@pytest.mark.parametrize("split", [(0.1, 0.9), (0.03, 0.07, 0.9), (1.0,)])
+@pytest.mark.parametrize("eps,delta,T", [(1.0, 1e-7, 6), (4.0, 1e-6, 3)])
+def test_rounds_compose_to_the_level_and_keep_the_budget(split, eps, delta, T):
+    prm = DPNEParams(epsilon=eps, delta=delta, max_n=T, max_contributions=10, budget_split=split, **MS)
+    _, runs = plan_runs("dpne", prm)
+    all_sigmas = []
+    for run in runs:
+        k = run.lengths[0]
+        q = None if k == 1 else spurious_probability(prm.eta, 40, 5000)
+        rounds = level_rounds(run, prm, q)
+        assert [rd.index for rd in rounds] == list(range(1, len(split) + 1))
+        assert [rd.round_ for rd in rounds] == [round_id(k, r) for r in range(1, len(split) + 1)]
+        assert rounds[0].round_ == k  # round 1 keys as the single-round level
+        # GDP: sum_r 1/sigma_r^2 = 1/sigma_k^2, so the level composes to the paper's Gaussian
+        assert sum(1 / rd.sigma**2 for rd in rounds) == pytest.approx(1 / run.sigma**2, rel=1e-12)
+        all_sigmas += [rd.sigma for rd in rounds]
+        for rd in rounds:
+            assert rd.tau == pytest.approx(max(1.0, rd.rho + prm.beta * rd.sigma))
+        if k == 1:  # the novel-item events: f_r delta/2 each, delta/2 in all (Theorem 2.1's level 1)
+            assert sum(rd.delta_threshold for rd in rounds) == pytest.approx(delta, rel=1e-12)
+            t = np.arange(1.0, run.max_contributions + 1)
+            for rd in rounds:
+                h = 1 / np.sqrt(t) if rd.index == 1 else np.minimum(prm.b_max / np.sqrt(t), 1.0)
+                # P[one of t novel words of weight <= h(t) passes] = 1 - Phi((rho - h)/sigma)^t
+                p = -np.expm1(t * stats.norm.logcdf((rd.rho - h) / rd.sigma))
+                assert p.max() <= rd.delta_threshold / 2 * (1 + 1e-6)
+                assert p.max() >= rd.delta_threshold / 2 * (1 - 1e-6)  # tight at the maximising t
+        else:  # the spurious rates add up to the level's q_k (Prop. 2.2's bound is unchanged)
+            assert sum(rd.spurious_prob for rd in rounds) == pytest.approx(q, rel=1e-12)
+            for rd in rounds:
+                assert stats.norm.sf(rd.rho / rd.sigma) == pytest.approx(rd.spurious_prob, rel=1e-9)
+    comp = dpne_composed_privacy(all_sigmas, eps, delta)  # every round of every level, composed in GDP
+    assert comp["gaussian_delta"] == pytest.approx(delta / 2, rel=1e-6)
+    assert comp["total_delta"] == pytest.approx(delta, rel=1e-6)
+
+
+def test_empty_domain_has_no_round():
+    prm = DPNEParams(epsilon=1, delta=1e-7, max_n=2, max_contributions=5, **MS)
+    _, runs = plan_runs("dpne", prm)
+    rounds = level_rounds(runs[1], prm, 0.0)
+    assert all(math.isinf(rd.rho) and math.isinf(rd.tau) for rd in rounds)
+    assert all(d["rho"] is None for d in (rd.as_dict() for rd in rounds))
+    with pytest.raises(ValueError, match="spurious rate"):
+        level_rounds(runs[1], prm, None)
+
+
+def test_parameters_validated_and_used_only_with_mad_sips():
+    with pytest.raises(ValueError, match="selection"):
+        DPNEParams(selection="sips")
+    with pytest.raises(ValueError, match="budget_split"):
+        DPNEParams(budget_split=(0.5, 0.6), **MS)
+    with pytest.raises(ValueError, match="b_min"):
+        DPNEParams(b_min=0.2, **MS)
+    assert DPNEParams(budget_split="0.2,0.8", **MS).budget_split == (0.2, 0.8)
+    from dp_partition_beam.privacy.dpne import FIELD_USE
+
+    single, mad_sips = DPNEParams(), DPNEParams(**MS)
+    for name in ("budget_split", "b_min", "b_max", "c_lb", "c_ub"):
+        assert all(c.holds(mad_sips) for c in FIELD_USE[name].conditions)
+        assert not all(c.holds(single) for c in FIELD_USE[name].conditions)
+    assert not all(c.holds(mad_sips) for c in FIELD_USE["weighting"].conditions)  # MAD-SIPS's rounds are MAD
+    assert all(c.holds(mad_sips) for c in FIELD_USE["beta"].conditions)
+
+
+@pytest.mark.parametrize("split", [(0.1, 0.9), (0.03, 0.07, 0.9)])
+def test_downward_closed_and_subset_of_valid(corpus, split):
+    _, ug, truth = corpus
+    prm = DPNEParams(epsilon=4, delta=1e-6, max_n=5, max_contributions=20, eta=0.2, budget_split=split, **MS)
+    for seed in range(2):
+        res = dpne_reference(None, "dpne", prm, rng=np.random.default_rng(seed), user_grams=ug)
+        out = res.ngrams
+        assert sum(map(len, out.values())) > 50 and len(out[4]) > 0
+        assert released_subgrams_closed(out)  # Proposition 2.1
+        for k in range(2, 6):
+            assert all(dpne_kernels.is_valid(g, out[k - 1], out[1], "both") for g in out[k])  # S_k in V_k
+        assert not (out[1] - set(truth[1]))  # level 1 has no spurious words
+        for lvl in res.levels:
+            assert "rho" not in lvl and len(lvl["rounds"]) == len(split)
+            assert sum(r["released"] for r in lvl["rounds"]) == lvl["released"] == len(out[lvl["k"]])
+
+
+def test_spurious_fraction_at_most_eta_in_expectation(corpus):
+    _, ug, truth = corpus
+    eta = 0.1
+    prm = DPNEParams(epsilon=4, delta=1e-6, max_n=5, max_contributions=20, eta=eta, **MS)
+    spur, bound, total = [], [], []
+    for seed in range(8):
+        res = dpne_reference(None, "dpne", prm, rng=np.random.default_rng(100 + seed), user_grams=ug)
+        spur.append(sum(len(res.ngrams[k] - set(truth[k])) for k in range(1, 6)))
+        bound.append(sum(lvl.get("expected_spurious_bound", 0.0) for lvl in res.levels))
+        total.append(sum(map(len, res.ngrams.values())))
+    # E[#spurious] <= sum_k |V_k| sum_r f_r q_k = sum_k eta min(|S_{k-1}|, |V_k|) (Prop. 2.2 per round);
+    # 4 standard deviations of a Poisson count: false failure < 1e-4
+    m, b = np.mean(spur), np.mean(bound)
+    assert m <= b + 4 * math.sqrt(b / len(spur)) + 1
+    assert m / np.mean(total) <= eta
+    assert m > 0  # the spurious draws are active in this setting
+
+
+def test_releases_more_than_single_on_the_markov_corpus(corpus):
+    _, ug, _ = corpus
+    prm = DPNEParams(epsilon=1, delta=1e-7, max_n=5, max_contributions=20)
+    n = {sel: [] for sel in ("single", "mad_sips")}
+    for seed in range(3):
+        for sel in n:
+            gen = np.random.default_rng(seed)
+            res = dpne_reference(None, "dpne", prm.replace(selection=sel), rng=gen, user_grams=ug)
+            n[sel].append(sum(map(len, res.ngrams.values())))
+    assert np.mean(n["mad_sips"]) > np.mean(n["single"])
+
+
+def test_seeded_reproducible_and_unseeded_random(corpus):
+    _, ug, _ = corpus
+    prm = DPNEParams(epsilon=4, delta=1e-6, max_n=3, max_contributions=10, eta=0.2, **MS)
+    a = dpne_reference(None, "dpne", prm, seed=7, user_grams=ug)
+    b = dpne_reference(None, "dpne", prm, seed=7, user_grams=ug)
+    c = dpne_reference(None, "dpne", prm, seed=8, user_grams=ug)
+    assert a.lines() == b.lines() and a.lines() != c.lines()
+    assert a.levels == b.levels
+
+
+def test_absent_entries_are_below_the_previous_threshold_on_the_known_domain():
+    prm = DPNEParams(epsilon=1, delta=1e-7, max_n=3, max_contributions=5, **MS)
+    _, runs = plan_runs("dpne", prm)
+    prev = level_rounds(runs[1], prm, 0.05)[0]
+    items = [f"g{i}" for i in range(20000)]
+    got = ref.absent_entries(items, prev, True, 11, None)
+    z = np.array([got[g] for g in items]) / prev.sigma
+    assert z.max() < prev.rho / prev.sigma
+    # the same uniform as the noise key: sigma PhiInv(U Phi(rho/sigma))
+    u = randomness.keyed_uniform(11, "noise", prev.round_, items[:5])
+    want = prev.sigma * special.ndtri(u * special.ndtr(prev.rho / prev.sigma))
+    assert [got[g] for g in items[:5]] == pytest.approx(list(want), rel=1e-15)
+    # N(0, 1) given < rho/sigma (KS, false failure 1e-6)
+    b = prev.rho / prev.sigma
+    cdf = lambda x: np.minimum(stats.norm.cdf(x) / stats.norm.cdf(b), 1.0)  # noqa: E731
+    assert stats.kstest(z, cdf).pvalue > 1e-6
+    # unseeded: the same law from a generator
+    z2 = np.array(list(ref.absent_entries(items, prev, True, None, np.random.default_rng(3)).values())) / prev.sigma
+    assert z2.max() < b and stats.kstest(z2, cdf).pvalue > 1e-6
+    # level 1 (unknown domain): the extended vector's plain sigma Z, keyed as its noise
+    first = level_rounds(runs[0], prm)[0]
+    plain = ref.absent_entries(items[:5], first, False, 11, None)
+    want = first.sigma * randomness.keyed_normal(11, "noise", first.round_, items[:5])
+    assert [plain[g] for g in items[:5]] == pytest.approx(list(want), rel=1e-15)
+
+
+def test_absent_entries_occur_when_users_exceed_the_cap():
+    # 400 users hold the 6 bigrams of one popular line; 6 of them also hold a rare (valid) bigram. At
+    # Delta_2 = 2 a rare bigram misses round 1's subsample with probability 5/7; the popular ones are
+    # released in round 1, so round 2 re-subsamples the rare ones and queries absent_entries for the missed
+    line = " ".join(f"w{i}" for i in range(7))
+    recs = {f"u{n}": line for n in range(400)}
+    for n, (a, b) in enumerate([(6, 0), (5, 1), (4, 2), (3, 0), (6, 2), (5, 0)]):
+        recs[f"u{n}"] = [line, f"w{a} w{b}"]
+    prm = DPNEParams(epsilon=4, delta=1e-6, max_n=2, max_contributions=2, eta=0.1, **MS)
+    calls = []
+    orig = ref.absent_entries
+
+    def spy(items, prev, known, seed, rng):
+        calls.append((len(items), known))
+        return orig(items, prev, known, seed, rng)
+
+    ref.absent_entries, saved = spy, ref.absent_entries
+    try:
+        res = dpne_reference(recs, "dpne", prm, seed=2)
+    finally:
+        ref.absent_entries = saved
+    assert any(n > 0 and known for n, known in calls)
+    assert len(res.ngrams[2]) > 0 and released_subgrams_closed(res.ngrams)
+
+
+def test_no_single_user_ngram_released_at_eps1(corpus):
+    recs, _, _ = corpus
+    recs = dict(recs)
+    for i in range(30):  # canaries: a line of words nobody else uses, plus one of common words
+        recs[f"canary{i}"] = [f"secret{i} ssn{i} pin{i} code{i}", "w0 w1 w2 w3"]
+    ug = user_kgrams(recs, 4)
+    prm = DPNEParams(epsilon=1, delta=1e-7, max_n=4, max_contributions=20, **MS)
+    for seed in range(4):
+        out = dpne_reference(None, "dpne", prm, rng=np.random.default_rng(seed), user_grams=ug).ngrams
+        assert not any(("secret" in g or "ssn" in g or "pin" in g) for gs in out.values() for g in gs)
+
+
+def test_counts_on_round_one_sets(corpus):
+    _, ug, truth = corpus
+    prm = DPNEParams(epsilon=4, delta=1e-6, max_n=3, max_contributions=10, release_counts=True, **MS)
+    res = dpne_reference(None, "dpne", prm, seed=5, user_grams=ug)
+    assert res.counts and set().union(*(set(c) for c in res.counts.values())) == res.all_ngrams()
+    assert res.summary["total_delta_bound"] <= 1e-6 * (1 + 1e-6)
+    # the counts use round 1's subsample (round k, as selection='single') and the count noise's keys
+    # (seed, 'count_noise', k, g): a word both selections release gets the same noisy count (level 1, whose
+    # input sets do not depend on the released output; level k's valid sets depend on S_1, S_{k-1})
+    single = dpne_reference(None, "dpne", prm.replace(selection="single"), seed=5, user_grams=ug)
+    assert single.count_plan == res.count_plan
+    both = set(res.counts[1]) & set(single.counts[1])
+    assert len(both) > 50
+    assert all(res.counts[1][g] == single.counts[1][g] for g in both)
+
+
+def test_gaussian_threshold_matches_level_one_round_one():
+    prm = DPNEParams(epsilon=2, delta=1e-7, max_n=2, max_contributions=7, **MS)
+    _, runs = plan_runs("dpne", prm)
+    r1 = level_rounds(runs[0], prm)[0]
+    assert r1.rho == pytest.approx(gaussian_threshold(r1.sigma, 0.1 * 1e-7, 7), rel=1e-12)
