@@ -144,23 +144,36 @@ def print_spurious(results: Dict[str, dict], truth: Dict[int, Dict[str, int]], T
         print(f"- {name}: {np.mean(sp):.1f} spurious of {np.mean(tot):.0f} ({np.mean(sp) / max(1, np.mean(tot)):.4f})")
 
 
-def bench_msnbc(path: str, seeds: Sequence[int]):
+#: MSNBC's rows: name -> (algorithm, DPNEParams changes). 'dpne' is the paper's (one weighted-Gaussian round
+#: per level); 'dpne mad_sips' runs MAD-SIPS's rounds inside every level (docs/dpne.md).
+MSNBC_ROWS = {
+    "dpne": ("dpne", {"selection": "single"}),
+    "dpne mad_sips": ("dpne", {"selection": "mad_sips"}),
+    "dpsu_all": ("dpsu_all", {}),
+    "dpsu_even": ("dpsu_even", {}),
+    "dpsu_single": ("dpsu_single", {}),
+}
+
+
+def bench_msnbc(path: str, seeds: Sequence[int], epsilon: float = 1.0, rows: Sequence[str] = tuple(MSNBC_ROWS)):
     T = 6
     t0 = time.perf_counter()
     ug = user_kgrams(read_jsonl(path), T)
     print(f"\nMSNBC: {len(ug[1]):,} users with text; user k-grams built in {time.perf_counter() - t0:.1f}s")
-    base = DPNEParams(epsilon=1.0, delta=1e-7, max_n=T, max_contributions=10, eta=0.01)
+    base = DPNEParams(epsilon=epsilon, delta=1e-7, max_n=T, max_contributions=10, eta=0.01)
     results = {}
-    for alg in ("dpne", "dpsu_all", "dpsu_even", "dpsu_single"):
+    for name in rows:
+        alg, changes = MSNBC_ROWS[name]
         t = time.perf_counter()
-        results[alg] = run_config(ug, alg, base, seeds)
-        print(f"  {alg}: {time.perf_counter() - t:.0f}s for {len(seeds)} seeds", flush=True)
+        results[name] = run_config(ug, alg, base.replace(**changes), seeds)
+        print(f"  {name}: {time.perf_counter() - t:.0f}s for {len(seeds)} seeds", flush=True)
     print_counts(
-        f"MSNBC, Table 5 setting (Delta_0=10, eps=1, delta=1e-7, eta=0.01), {len(seeds)} seeds",
+        f"MSNBC, Table 5 setting (Delta_0=10, eps={epsilon:g}, delta=1e-7, eta=0.01), {len(seeds)} seeds",
         results,
         T,
-        PAPER_TABLE5,
+        PAPER_TABLE5 if epsilon == 1.0 else None,
     )
+    print_spurious(results, ngram_user_counts(ug), T)
     print_seconds(results)
     return results
 
@@ -173,6 +186,7 @@ def bench_corpus(title, records, params: DPNEParams, seeds, Ks):
     for label, alg, prm in [
         ("dpne (weighted_gaussian)", "dpne", params),
         ("dpne (mad)", "dpne", params.replace(weighting="mad")),
+        ("dpne (mad_sips)", "dpne", params.replace(selection="mad_sips")),
         ("dpne single-side pruning", "dpne", params.replace(pruning="single")),
         ("dpsu_all", "dpsu_all", params),
         ("dpsu_even", "dpsu_even", params),
@@ -235,10 +249,16 @@ def main(argv=None):
     ap.add_argument("--msnbc", help="msnbc.jsonl.gz (default: the shared data folder's, benchmarks/shared_data.py)")
     ap.add_argument("--input", default=os.path.join(REPO, "data", "debian_text.jsonl.gz"))
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--epsilon", type=float, default=1.0, help="msnbc: epsilon (the paper's Table 5: 1)")
+    ap.add_argument("--rows", default=",".join(MSNBC_ROWS), help="msnbc: comma-separated rows of MSNBC_ROWS")
     args = ap.parse_args(argv)
     seeds = list(range(args.seeds))
     if args.what in ("msnbc", "all"):
-        bench_msnbc(args.msnbc or shared_data_path("msnbc.jsonl.gz"), seeds)
+        rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+        unknown = sorted(set(rows) - set(MSNBC_ROWS))
+        if unknown:
+            ap.error(f"--rows: unknown {unknown}; choose from {list(MSNBC_ROWS)}")
+        bench_msnbc(args.msnbc or shared_data_path("msnbc.jsonl.gz"), seeds, args.epsilon, rows)
     if args.what in ("sample", "all"):
         prm = DPNEParams(epsilon=4.0, delta=1e-7, max_n=6, max_contributions=100, eta=0.01)
         bench_corpus(

@@ -107,7 +107,11 @@ def _uses_mad(v) -> bool:
     return getattr(v, "weighting", None) == "mad" or getattr(v, "selection", None) == "mad_sips"
 
 
-_MAD = Condition("unless {weighting} is mad or {selection} is mad_sips", _uses_mad, (("weighting", "mad"),))
+_MAD = Condition(
+    "unless {weighting} is mad (or, with dpne, {selection} is mad_sips)", _uses_mad, (("weighting", "mad"),)
+)
+# MAD-SIPS's rounds are MAD: weighting is read by the single-round levels and the DPSU baselines
+_SINGLE = Condition("with {selection} mad_sips", lambda v: getattr(v, "selection", "single") != "mad_sips")
 _LEVELS = Condition("unless {max_n} is 2 or more (levels k >= 2)", lambda v: v.max_n >= 2, (("max_n", 2),))
 
 #: Which :class:`DPNEParams` fields each algorithm reads (a field absent here is read by all: epsilon,
@@ -139,7 +143,7 @@ FIELD_USE = use_table(
         "pruning": (_LEVELS,),
         "vk_method": (_LEVELS, needs("pruning", "both")),  # pruning single: |V_k| = |S_{k-1}| |S_1|, exact
         "sample_rate": (_LEVELS, needs("pruning", "both"), needs("vk_method", "sample")),
-        "weighting": (needs("selection", "single"),),
+        "weighting": (_SINGLE,),
         "beta": (_MAD,),
         "d_max": (_MAD,),
         "budget_split": (needs("selection", "mad_sips"),),

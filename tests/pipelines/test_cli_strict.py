@@ -303,11 +303,16 @@ UNUSED = [
         {"--pruning": "single", "--vk_method": "sample"},
         "--vk_method is not used by --algorithm dpne unless --pruning is both",
     ),
-    ("extract_ngrams", {"--beta": "3"}, "--beta is not used by --algorithm dpne unless --weighting is mad"),
+    (
+        "extract_ngrams",
+        {"--beta": "3"},
+        "--beta is not used by --algorithm dpne unless --weighting is mad (or, with dpne, --selection is mad_sips)",
+    ),
     (
         "extract_ngrams",
         {"--algorithm": "dpsu_even", "--d_max": "8"},
-        "--d_max is not used by --algorithm dpsu_even unless --weighting is mad",
+        "--d_max is not used by --algorithm dpsu_even unless --weighting is mad "
+        "(or, with dpne, --selection is mad_sips)",
     ),
     (
         "extract_ngrams",
