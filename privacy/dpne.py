@@ -224,7 +224,7 @@ class DPNEParams:
     b_min: float = _field(0.5, "mad_sips: minimum bias of rounds >= 2, in [0.5, 1]")
     b_max: float = _field(2.0, "mad_sips: maximum bias of rounds >= 2, >= 1")
     c_lb: float = _field(1.0, "mad_sips: lower confidence constant on the previous round's noisy weights, >= 0")
-    c_ub: float = _field(3.0, "mad_sips: upper confidence constant (hopeless items) on the previous round's, >= 0")
+    c_ub: float = _field(1.5, "mad_sips: upper confidence constant (hopeless items) on the previous round's, >= 0")
     beta: float = _field(2.0, "MAD tau_k = max(1, rho_k + beta*sigma_k), beta >= 0")
     d_max: int = _field(50, "MAD maximum adaptive degree (the proof needs d_max >= 4)")
     release_counts: bool = _field(

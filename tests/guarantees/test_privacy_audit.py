@@ -37,6 +37,9 @@ RUNS = {
     "mad/tip": 6000,
     "dp_sips/tip": 5000,
     "dpne/tip": 4000,
+    "dpne/mad_sips_tip": 4000,
+    "dpne/bigram": 1500,  # 100 copies of 84 users per call
+    "dpne/mad_sips_bigram": 1500,
     "count_gaussian/all": 3000,
     "count_laplace/all": 3000,
 }
@@ -123,6 +126,26 @@ def test_copies_are_independent_runs():
     lo_a, hi_a = clopper_pearson(in_one_call, n, 2.5e-7)
     lo_b, hi_b = clopper_pearson(separate, n, 2.5e-7)
     assert lo_a <= hi_b and lo_b <= hi_a, (in_one_call, separate)
+
+
+@pytest.mark.parametrize("name", ["dpne/bigram", "dpne/mad_sips_bigram"])
+def test_bigram_copies_share_one_public_level_two(name):
+    # The DPNE level-2 cases rely on level 1 releasing every copy's words (module docstring of
+    # transforms/testing/audit.py): then |S_1|, |V_2| and level 2's thresholds are the same in every call
+    # on D and D', and each copy's bigram passes by its own noise only. Check the premise on 3 calls each.
+    from dp_partition_beam.transforms.dpne.reference import dpne_reference
+
+    case = next(c for c in CASES if c.name == name)
+    levels = []
+    for data in audit.case_datasets(case, case.copies_per_call) * 3:
+        texts = {u: " ".join(items) for u, items in data.items()}
+        res = dpne_reference(texts, "dpne", case.params)
+        words = {w for items in data.values() for w in items}
+        assert res.ngrams[1] == words
+        lvl = res.levels[1]
+        levels.append((lvl["s_prev"], lvl["v_k"], lvl.get("rho"), [r["rho"] for r in lvl.get("rounds", [])]))
+    assert len(set(map(repr, levels))) == 1, levels
+    assert levels[0][:2] == (2 * case.copies_per_call, (2 * case.copies_per_call) ** 2)
 
 
 # --- the audit -------------------------------------------------------------------------------------

@@ -11,9 +11,14 @@ Runs in one call. A call on ``B`` disjoint copies of the case (users and items r
 thresholds (rho, tau) and noise scales are fixed by the public plan before any data is seen, and every
 noise/subsample draw is a fresh draw of the worker generator. So the released set restricted to one
 copy has exactly the distribution of one run on that copy alone, independently of the other copies.
-This does not hold for DPNE levels k >= 2 (rho_k depends on |S_{k-1}| and |V_k|), so the DPNE cases
-only use events on 1-grams (level 1 has a fixed rho_1), and for the policy algorithms (sequential,
-order-dependent): those cases run one copy per call (``copies_per_call=1``).
+This does not hold in general for DPNE levels k >= 2 (rho_k depends on |S_{k-1}| and |V_k|), so the DPNE
+'tip' cases use events on 1-grams (level 1 has a fixed rho_1). The 'bigram' cases audit level 2: there
+every copy's two words are held by BIGRAM_BACKGROUND users alone, so level 1 releases all of them (each
+word's weight is >= 40 against rho_1 = 9.5 at sigma 1.7, or rho 10.5 at sigma 1.8 in mad_sips's round 2:
+a miss has probability < 1e-30), hence |S_1| = 2B, |V_2| = 4B^2 and rho_2 are the same in every call and on
+D and D', and the target bigram is always in the support, so it passes by its own noise only: the copies
+are again independent runs.
+The policy algorithms (sequential, order-dependent) run one copy per call (``copies_per_call=1``).
 
 Worst cases (MAD paper section 5; DPSU paper section 3):
   tip      ``k`` users hold only the target; the added user holds only the target and tips it over
@@ -21,6 +26,9 @@ Worst cases (MAD paper section 5; DPSU paper section 3):
   all      the added user holds Delta_0 targets, each held by ``k`` users; event "all released" (the
            worst case of the count baselines, whose sensitivity is spread over Delta_0 items).
   dmax     MAD: the added user has degree d_max and its items sit near tau (truncation + rerouting).
+  bigram   DPNE level 2: ``k`` users hold the bigram "a b" (as a line "a b"), its words are common; the added
+           user holds it too (``targets`` 2: its two words). Event: the bigram released (the known-domain
+           Gaussian round(s) of level 2, at the rho_2 of a call of ``copies_per_call`` copies).
   unique   the added user holds Delta_0 items nobody else has: each must be released with
            probability <= delta in total, so at delta <= 1e-6 it must never be seen.
   resample MAD-SIPS / DP-SIPS re-subsampling: the added user holds 2 Delta_0 targets (more than one
@@ -56,7 +64,7 @@ class AuditCase:
       name: ``<algorithm>/<shape>``.
       algorithm: a selection algorithm (``privacy.params.ALGORITHMS``), or 'dpne'.
       params: SelectionParams (or DPNEParams for 'dpne'); ``params.epsilon`` is the claimed epsilon.
-      shape: 'tip', 'all', 'dmax', 'resample' or 'unique' (see the module docstring).
+      shape: 'tip', 'all', 'dmax', 'resample', 'bigram' or 'unique' (see the module docstring).
       holders: ``k``, the users holding each target in D.
       targets: number of target items the added user holds.
       copies_per_call: disjoint copies per reference call (1 for order-dependent algorithms).
@@ -107,6 +115,17 @@ def case_datasets(case: AuditCase, copies: int) -> Tuple[UserSets, UserSets]:
                         base[f"c{c}u{h}x{j}"] = [t]
         elif case.shape == "unique":
             base[f"c{c}bg"] = [f"c{c}common"]
+        elif case.shape == "bigram":
+            # DPNE level 2: the bigram's two words are common (BIGRAM_BACKGROUND users hold each alone, so level 1
+            # releases them), `holders` users hold the bigram; the added user holds it too
+            a, b = targets[0] + "a", targets[0] + "b"
+            for h in range(BIGRAM_BACKGROUND):
+                base[f"c{c}wa{h}"] = [a]
+                base[f"c{c}wb{h}"] = [b]
+            for h in range(case.holders):
+                base[f"c{c}u{h}"] = [a, b]
+            neighbour[f"c{c}added"] = [a, b]
+            continue
         else:
             raise ValueError(f"unknown audit shape {case.shape!r}")
         neighbour[f"c{c}added"] = list(targets)
@@ -120,7 +139,7 @@ def _release(case: AuditCase, user_sets: UserSets) -> Set[str]:
         from dp_partition_beam.transforms.dpne.reference import dpne_reference
 
         texts = {u: " ".join(items) for u, items in user_sets.items()}
-        return set(dpne_reference(texts, "dpne", case.params).ngrams.get(1, set()))
+        return dpne_reference(texts, "dpne", case.params).all_ngrams()
     from dp_partition_beam.transforms import reference
 
     if case.min_count is not None:
@@ -133,6 +152,9 @@ def event_counts(case: AuditCase, released: Set[str], copies: int) -> int:
     """Copies in which the event happened: all targets released ('unique': any target released)."""
     n = 0
     for c in range(copies):
+        if case.shape == "bigram":
+            n += int(f"{_target(c, 0)}a {_target(c, 0)}b" in released)
+            continue
         hits = sum(1 for j in range(case.targets) if _target(c, j) in released)
         n += int(hits > 0) if case.shape == "unique" else int(hits == case.targets)
     return n
@@ -189,8 +211,12 @@ def _sel(max_contributions: int, delta: float = _DELTA, **kw) -> SelectionParams
     return SelectionParams(epsilon=_EPS, delta=delta, max_contributions=max_contributions, d_max=4, **kw)
 
 
-def _dpne_params(delta: float = _DELTA) -> DPNEParams:
-    return DPNEParams(epsilon=_EPS, delta=delta, max_n=2, max_contributions=4)
+def _dpne_params(delta: float = _DELTA, **kw) -> DPNEParams:
+    return DPNEParams(epsilon=_EPS, delta=delta, max_n=2, max_contributions=4, **kw)
+
+
+#: users holding each word of a 'bigram' case alone (enough for level 1 to release both words every time)
+BIGRAM_BACKGROUND = 40
 
 
 def _fixed_cap(spec) -> dict:
@@ -241,6 +267,19 @@ def standard_cases() -> List[AuditCase]:
             "basic/counts", "basic", _sel(1, release_counts=True, count_budget=0.5), "tip", holders=7, min_count=9
         ),
         AuditCase("dpne/tip", "dpne", _dpne_params(), "tip", holders=6),
+        # MAD-SIPS inside the levels (docs/dpne.md): level 1's rounds (unknown domain) and level 2's (known domain,
+        # thresholds from the spurious rate; the event is the bigram, its words released by level 1)
+        AuditCase("dpne/mad_sips_tip", "dpne", _dpne_params(selection="mad_sips"), "tip", holders=6),
+        AuditCase("dpne/bigram", "dpne", _dpne_params(), "bigram", holders=4, targets=2, copies_per_call=100),
+        AuditCase(
+            "dpne/mad_sips_bigram",
+            "dpne",
+            _dpne_params(selection="mad_sips"),
+            "bigram",
+            holders=4,
+            targets=2,
+            copies_per_call=100,
+        ),
         # basic's keep-probability table (threshold 'optimal', docs/thresholding.md)
         AuditCase("basic/optimal_tip", "basic", _sel(4, threshold="optimal"), "tip", holders=5),
         # MAD-SIPS's last round as a keep table (docs/mad_sips.md): the target is out of reach of rounds 1-2
