@@ -46,6 +46,12 @@ MAD weighting (``weighting='mad'``) replaces the Partials/GroupItems steps by
 :class:`transforms.selection.mad.MADWeights` (MAD paper Alg. 3 on the same capped tables),
 with tau_k = rho_k + beta sigma_k a side input (it depends on rho_k, known once S_{k-1} is released).
 
+``selection='mad_sips'`` replaces Grams+Cap .. Spurious of every level (level 1 included) by the rounds of
+:func:`privacy.dpne.level_rounds` (:class:`_LevelMADSIPS`: the full valid sets, then per round removal,
+biases, hopeless drops, re-subsampling to Delta_k, MAD, noise, rho_r and, for k >= 2, the round's spurious
+draws; the rounds are a singleton computed from the Level dict, since q_k is known only at run time).
+S_k is the union of the rounds; its holders (for the counts) are those of round 1's capped sets.
+
 Memory: a user shard holds ~rows_per_shard tokens (plus the n-grams of one level while it is capped);
 one user's tokens are never split, so a user with 10^7 tokens makes one shard of that size. An item
 shard holds at most S rows per n-gram. The candidate spurious k-grams (about B_k, whose expectation is
@@ -60,6 +66,7 @@ from typing import List, Optional
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dp_partition_beam.privacy.calibration import passes_threshold
 from dp_partition_beam.privacy.dpne import (
@@ -68,8 +75,11 @@ from dp_partition_beam.privacy.dpne import (
     baseline_run_report,
     level_k_report,
     level_one_report,
+    level_rounds,
     plan_dpne_counts,
     plan_runs,
+    round_id,
+    rounds_report,
 )
 from dp_partition_beam.privacy.validation import check_int
 from dp_partition_beam.transforms.core import elements as E
@@ -82,6 +92,8 @@ from dp_partition_beam.transforms.core.batches import (
     ITEM,
     USER,
     ShardCount,
+    binary_array,
+    bounded_pieces,
     dictionary_codes,
     owned,
     require_global_window,
@@ -92,13 +104,14 @@ from dp_partition_beam.transforms.core.batches import (
     user_chunks,
 )
 from dp_partition_beam.transforms.core.dofns import SideInputCache, WorkerRngDoFn, in_global_window
-from dp_partition_beam.transforms.core.engine import RunSeed, checkpoint
+from dp_partition_beam.transforms.core.engine import RunSeed, barrier, checkpoint, per_user_step
 from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
 from dp_partition_beam.transforms.core.tables import keep_items, merge_partials, noisy_weights
 from dp_partition_beam.transforms.dpne import dpne_kernels
 from dp_partition_beam.transforms.selection.basic import BasicPartialsFn
 from dp_partition_beam.transforms.selection.counts import NoisyCounts
 from dp_partition_beam.transforms.selection.mad import MADWeights
+from dp_partition_beam.transforms.selection.mad_sips import RoundSetsFn, each_partial, hopeful_table
 
 # ---------------------------------------------------------------------------------------------
 # Entry: (user, text) elements or Arrow batches -> token tables sharded by user
@@ -543,7 +556,12 @@ class _NoisyRun(beam.PTransform):
 
 
 class _Spurious(beam.PTransform):
-    """Uniform spurious k-grams of V_k minus supp(H_k): support -> g (B_k of them)."""
+    """Uniform spurious k-grams of V_k minus supp(H_k): support -> g (B_k of them).
+
+    ``k`` is the randomness round of the draws (the level k; with selection='mad_sips' the round id of the
+    level's round, :func:`privacy.dpne.round_id`); the k-grams' length is that of V_k (S_{k-1}, S_1). ``level``:
+    a singleton dict with 'rho' (None: nothing is drawn) and 'spurious_prob'.
+    """
 
     def __init__(self, k, level, v_exact, s_prev, s1, pruning, seed, label=None):
         super().__init__(label)
@@ -589,6 +607,229 @@ class _Spurious(beam.PTransform):
             | "SelectSeed" >> beam.Create([None])
             | "KeepB" >> beam.ParDo(SelectSpuriousFn(k, self._seed), cands_si, beam.pvalue.AsList(inside), plan_si)
         )  # g, B_k distinct k-grams outside supp(H_k)
+
+
+# ---------------------------------------------------------------------------------------------
+# MAD-SIPS inside a level (selection='mad_sips'; reference: transforms.dpne.reference.level_mad_sips)
+# ---------------------------------------------------------------------------------------------
+
+#: LevelCapFn's cap for a level's full distinct sets with selection='mad_sips' (each round re-subsamples them to
+#: Delta_k itself): bottom-k to a cap no user reaches keeps every distinct (valid) n-gram
+NO_CAP = 1 << 62
+
+
+def level_rounds_of(level, run: RunPlan, params: DPNEParams):
+    """The level dict -> its rounds (:func:`privacy.dpne.level_rounds`): level 1's from its plan, level k >= 2's
+    from q_k (the level dict's 'spurious_prob', known once S_{k-1} and |V_k| are)."""
+    k = run.lengths[0]
+    return level_rounds(run, params, None if k == 1 else level["spurious_prob"])
+
+
+def round_tau(rounds, r: int) -> float:
+    """MAD's tau of round r (1-based) of the level's rounds."""
+    return rounds[r - 1].tau
+
+
+def round_spurious_level(rounds, r: int):
+    """The dict the spurious step of round r reads: its rho (None when infinite: V_k empty) and rate f_r q_k."""
+    rd = rounds[r - 1]
+    return {"rho": rd.rho if np.isfinite(rd.rho) else None, "spurious_prob": rd.spurious_prob}
+
+
+def mad_sips_report(_, level, rounds, *released_per_round):
+    """The level report with the rounds (:func:`privacy.dpne.rounds_report`), before |S_k| is added."""
+    return rounds_report(level, rounds, released_per_round)
+
+
+class LevelRoundStatusFn(WorkerRngDoFn):
+    """(item shard, [partials]) -> (item shard, Table(item, released, holders, bias, hopeless)) of round r
+    (:func:`transforms.dpne.dpne_kernels.level_round_status`; the level's rounds: a singleton side input)."""
+
+    def __init__(self, r: int, known_domain: bool, c_lb: float, c_ub: float, seed: Optional[int]):
+        super().__init__(seed)
+        self._r, self._known, self._c_lb, self._c_ub = r, known_domain, c_lb, c_ub
+
+    def process(self, element, rounds):
+        shard, partials = element
+        status = dpne_kernels.level_round_status(
+            merge_partials(unpacked(partials)),
+            rounds,
+            self._r,
+            self._known,
+            self._c_lb,
+            self._c_ub,
+            self._seed,
+            self._rng,
+        )
+        for piece in bounded_pieces(status):  # grows with the shard's distinct n-grams
+            yield shard, piece
+
+
+def status_released(element):
+    """(item shard, status) -> item bytes released by the round's noisy threshold."""
+    t = element[1]
+    yield from t.filter(t.column("released")).column(ITEM).to_pylist()
+
+
+def status_support(element):
+    """(item shard, status) -> (item shard, Table(item)) of the round's support (holders > 0)."""
+    shard, t = element
+    return shard, t.filter(pc.greater(t.column("holders"), 0)).select([ITEM])
+
+
+def items_table(items):
+    """[item bytes] -> (0, Table(item)) (the n-grams the level released in earlier rounds, as support rows)."""
+    return 0, pa.table({ITEM: binary_array(items)})
+
+
+def utf8_key(gram: str) -> bytes:
+    """A spurious k-gram -> its key bytes (UTF-8, as the item columns)."""
+    return gram.encode("utf-8")
+
+
+def support_holders(element):
+    """(item shard, status) -> (item bytes, holders) of the round's support (holders > 0)."""
+    t = element[1]
+    t = t.filter(pc.greater(t.column("holders"), 0))
+    yield from zip(t.column(ITEM).to_pylist(), t.column("holders").to_pylist())
+
+
+def released_holders(item, grouped):
+    """(item bytes, {'held': [holders], 'released': [0]}) -> (item bytes, holders in round 1's capped sets) of
+    a released n-gram (0 if no capped user of round 1 held it: the counts' sets, as the single-round path's)."""
+    if grouped["released"]:
+        yield item, sum(grouped["held"])
+
+
+def with_zero(item):
+    return item, 0
+
+
+class _LevelMADSIPS(beam.PTransform):
+    """(user shard, tokens) -> (n-gram, holders in round 1's capped sets) of S_k, and the level report (without
+    |S_k|): MAD-SIPS's rounds inside level k (:func:`transforms.dpne.reference.level_mad_sips`).
+
+    Stages (round r = 1..R, randomness round round_r = k + 100 (r - 1); the rounds, a singleton computed from
+    the level dict, give sigma_r, rho_r, tau_r, f_r q_k):
+      Sets         (user shard, Table(user, item, degree))   every distinct valid k-gram of each user (no cap)
+      R{r}Sets     (user shard, Packed(user, item, degree[, bias]))   minus S_k so far; r >= 2 minus the user's
+                                                           hopeless n-grams unless all are; bottom-k to Delta_k
+                                                           with round_r's priorities; biases attached
+                   candidates (item shard, Packed zero partials)   r < R: every n-gram of the full sets not
+                                                           yet released (round r decides its next entry)
+      R{r}MADWeights (item shard, [partials])                MAD, unbiased in round 1, biased after
+      R{r}Status   (item shard, Table(item, released, holders, bias, hopeless))   one noisy entry per n-gram
+                                                           (absent ones: level 1 pure noise, k >= 2 below
+                                                           rho_r), >= rho_r released, next round's biases;
+                                                           checkpointed
+      R{r}Spurious g                                       k >= 2: B ~ Bin(|V_k| - |supp H_r| - |S_k so
+                                                           far|, f_r q_k) uniform k-grams outside both
+      Holders      (item bytes, holders)                   S_k's holders in round 1's capped sets
+    """
+
+    def __init__(self, k, run, params, level, seed, seed_arg, num_shards, side_args, spurious_args=None, label=None):
+        super().__init__(label)
+        self._k, self._run, self._params, self._level = k, run, params, level
+        self._seed, self._seed_arg, self._num_shards, self._side_args = seed, seed_arg, num_shards, side_args
+        self._spurious_args = spurious_args  # (v_exact, s_prev, s1) for k >= 2, None at level 1
+
+    def expand(self, tokens):
+        k, run, prm = self._k, self._run, self._params
+        known = self._spurious_args is not None  # k >= 2: V_k is known, every round has spurious draws
+        n_rounds = len(prm.budget_split)
+        rounds = self._level | "Rounds" >> beam.Map(level_rounds_of, run, prm)  # (LevelRound, ...) singleton
+        rounds_si = beam.pvalue.AsSingleton(rounds)
+        pruning = prm.pruning if known else None
+        full = tokens | "Sets" >> beam.ParDo(
+            LevelCapFn(run.lengths, pruning, NO_CAP, k), self._seed_arg, *self._side_args
+        )  # (user shard, Table(user, item, degree)) every distinct valid k-gram of each user
+        # materialised: the rounds read side inputs computed from `full` (S_k so far, biases), and the next level's
+        # sets (read from the same token tables) read S_k: no round may fuse into the stage that reads the tokens
+        full = barrier(full, "FullSets", packed=True)  # (user shard, Packed(user, item, degree))
+        released_so_far, biases, status1 = None, None, None
+        outputs, per_round = [], []
+        for r in range(1, n_rounds + 1):
+            last = r == n_rounds
+            removed = None if released_so_far is None else beam.pvalue.AsList(released_so_far)  # item bytes
+            bias_si = None if biases is None else beam.pvalue.AsList(biases)
+            sets, extra = per_user_step(
+                full,
+                f"R{r}Sets",
+                RoundSetsFn(round_id(k, r)),
+                self._seed_arg,
+                run.max_contributions,
+                removed,
+                bias_si,
+                None if last else self._num_shards,
+                packed=True,
+                outputs=(RoundSetsFn.CANDIDATES,),
+            )  # (user shard, Packed(user, item, degree[, bias])); r < R: candidates (item shard, zero partials)
+            tau = beam.pvalue.AsSingleton(rounds | f"R{r}Tau" >> beam.Map(round_tau, r))  # tau_r
+            b_min, b_max = (1.0, 1.0) if r == 1 else (prm.b_min, prm.b_max)
+            weights = sets | f"R{r}MADWeights" >> MADWeights(tau, prm.d_max, b_min, b_max, self._num_shards)
+            # (item shard, [Packed partials])
+            if not last:
+                weights = (
+                    (weights | f"R{r}Parts" >> beam.FlatMapTuple(each_partial), extra[RoundSetsFn.CANDIDATES])
+                    | f"R{r}AllParts" >> beam.Flatten()  # (item shard, Packed partials)
+                    | f"R{r}GroupParts" >> beam.GroupByKey()  # (item shard, [Packed partials])
+                )
+            status = barrier(
+                weights
+                | f"R{r}Status" >> beam.ParDo(LevelRoundStatusFn(r, known, prm.c_lb, prm.c_ub, self._seed), rounds_si),
+                f"R{r}Checkpoint",
+            )  # (item shard, Table(item, released, holders, bias, hopeless)), materialised: one draw per n-gram
+            released_r = status | f"R{r}Released" >> beam.FlatMap(status_released)  # item bytes >= rho_r
+            if known:
+                support = status | f"R{r}Support" >> beam.Map(status_support)  # (item shard, Table(item)) supp H_r
+                if released_so_far is not None:
+                    earlier = (
+                        released_so_far
+                        | f"R{r}EarlierList" >> beam.combiners.ToList()  # [item bytes] of S_k so far
+                        | f"R{r}EarlierTable" >> beam.Map(items_table)  # (0, Table(item))
+                    )
+                    # materialised after the Flatten: the spurious step reads side inputs computed from it
+                    support = barrier(
+                        (support, earlier) | f"R{r}AllSupport" >> beam.Flatten(), f"R{r}SupportBarrier"
+                    )  # (shard, Table(item)) supp H_r and S_k so far
+                v_exact, s_prev, s1 = self._spurious_args
+                round_level = rounds | f"R{r}SpuriousLevel" >> beam.Map(round_spurious_level, r)  # {rho, q}
+                spurious = (
+                    support
+                    | f"R{r}Spurious"
+                    >> _Spurious(round_id(k, r), round_level, v_exact, s_prev, s1, prm.pruning, self._seed)
+                    # g: spurious k-grams of round r
+                    | f"R{r}SpuriousKeys" >> beam.Map(utf8_key)  # item bytes
+                )
+                released_r = (released_r, spurious) | f"R{r}Union" >> beam.Flatten()  # item bytes of round r
+            per_round.append(beam.pvalue.AsSingleton(released_r | f"R{r}Count" >> beam.combiners.Count.Globally()))
+            outputs.append(released_r)
+            if r == 1:
+                status1 = status
+            if not last:
+                released_so_far = (
+                    released_r
+                    if released_so_far is None
+                    else (released_so_far, released_r) | f"R{r}SoFar" >> beam.Flatten()
+                )  # item bytes of S_k through round r
+                biases = status | f"R{r}Biases" >> beam.Map(hopeful_table)  # Table(item, bias), not hopeless
+        s_k = tuple(outputs) | "AllRounds" >> beam.Flatten()  # item bytes of S_k
+        holders = (
+            {
+                "held": status1 | "Round1Holders" >> beam.FlatMap(support_holders),  # (item bytes, holders > 0)
+                "released": s_k | "KeyReleased" >> beam.Map(with_zero),  # (item bytes, 0)
+            }
+            | "JoinHolders" >> beam.CoGroupByKey()  # (item bytes, {'held': [h], 'released': [0]})
+            | "ReleasedHolders" >> beam.FlatMapTuple(released_holders)  # (item bytes, holders in round 1's sets)
+            | "Decode" >> beam.Map(decode_holders)  # (g, holders)
+        )
+        # the level dict and the rounds are side inputs here: the counts per round are computed from the rounds
+        report = (
+            tokens.pipeline
+            | "ReportSeed" >> beam.Create([None])
+            | "RoundsReport" >> beam.Map(mad_sips_report, beam.pvalue.AsSingleton(self._level), rounds_si, *per_round)
+        )  # level dict with the rounds
+        return holders, report
 
 
 # ---------------------------------------------------------------------------------------------
@@ -646,11 +887,6 @@ class DPNE(beam.PTransform):
     ):
         super().__init__(label)
         self.sigma_star, self.runs = plan_runs(algorithm, params)  # validates; calibrated before any data is read
-        if algorithm == "dpne" and params.selection != "single":
-            raise ValueError(
-                f"selection={params.selection!r} runs in transforms.dpne.reference.dpne_reference only for now; "
-                "the Beam transform runs selection='single'"
-            )
         self.algorithm = algorithm
         self._params = params
         self._seed = seed
@@ -694,6 +930,20 @@ class DPNE(beam.PTransform):
             run_args, level, self._seed, self._seed_arg, self._num_shards, side
         )  # (g, holders), H by item shard
 
+    def _mad_sips(self, name, tokens, run, level, s_prev=None, s1=None, v_exact=None):
+        """Level k with selection='mad_sips': ((g, holders in round 1's capped sets) of S_k, the level dict with
+        its rounds)."""
+        k = run.lengths[0]
+        side = [
+            beam.pvalue.AsList(s_prev) if s_prev is not None else None,
+            beam.pvalue.AsList(s1) if s1 is not None else None,
+            self._allow_arg,
+        ]
+        spurious_args = None if s_prev is None else (v_exact, s_prev, s1)
+        return tokens | f"{name}/MADSIPS" >> _LevelMADSIPS(
+            k, run, self._params, level, self._seed, self._seed_arg, self._num_shards, side, spurious_args
+        )  # (g, holders), level dict
+
     def _finish_level(self, name, released, level):
         count = released | f"{name}/CountReleased" >> beam.combiners.Count.Globally()  # |S_k|
         return count | f"{name}/Report" >> beam.Map(with_released, beam.pvalue.AsSingleton(level))  # level dict
@@ -713,8 +963,11 @@ class DPNE(beam.PTransform):
                     | f"{name}/LevelSeed" >> beam.Create([None])
                     | f"{name}/Level" >> beam.Map(level_one, run, prm.weighting, prm.beta)
                 )  # {rho_1, ...}
-                kept, _ = self._run(name, tokens, run, k, level)  # (w, holders)
-                released = kept
+                if prm.selection == "mad_sips":
+                    released, level = self._mad_sips(name, tokens, run, level)  # (w, holders), level dict
+                else:
+                    kept, _ = self._run(name, tokens, run, k, level)  # (w, holders)
+                    released = kept
             else:
                 v_exact = s_prev | f"{name}/ValidCount" >> ExactValidCount(prm.pruning, s1_count)  # |V_k|
                 if prm.vk_method == "sample" and prm.pruning == "both":
@@ -747,6 +1000,10 @@ class DPNE(beam.PTransform):
                         beam.pvalue.AsSingleton(v_used),
                     )
                 )  # {rho_k, q_k, |V_k|, ...}
+            if k >= 2 and prm.selection == "mad_sips":
+                released, level = self._mad_sips(name, tokens, run, level, s_prev, s1, v_exact)
+                # (w, holders in round 1's sets), level dict with the rounds
+            elif k >= 2:
                 kept, support = self._run(name, tokens, run, k, level, s_prev, s1)  # (w, holders)
                 spurious = support | f"{name}/Spurious" >> _Spurious(
                     k, level, v_exact, s_prev, s1, prm.pruning, self._seed

@@ -39,12 +39,16 @@ from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from scipy import special
 
+from dp_partition_beam.privacy.calibration import passes_threshold
 from dp_partition_beam.transforms.core import randomness
 from dp_partition_beam.transforms.core import text as tx
 from dp_partition_beam.transforms.core.batches import ITEM, USER, concat, key_bytes_column
-from dp_partition_beam.transforms.core.tables import cap_pairs
+from dp_partition_beam.transforms.core.fingerprint import fingerprint64
+from dp_partition_beam.transforms.core.tables import cap_pairs, noisy_weights
 from dp_partition_beam.transforms.core.text import first_word, head, join, last_word, tail
+from dp_partition_beam.transforms.selection.mad_kernels import round2_biases
 
 # ---------------------------------------------------------------------------------------------
 # Valid k-grams V_k
@@ -541,3 +545,53 @@ def capped_level(
         pairs = level_pairs(tokens.slice(start, stop - start), lengths, *args)
         parts.append(cap_pairs(pairs, max_contributions, seed, round_).select([USER, ITEM]))
     return cap_pairs(concat(parts), max_contributions, seed, round_)
+
+
+# ---------------------------------------------------------------------------------------------
+# MAD-SIPS inside a level (selection='mad_sips'): one round's status, Arrow/numpy
+# ---------------------------------------------------------------------------------------------
+
+
+def truncated_noise(
+    items: pa.Array, sigma: float, rho: float, seed: Optional[int], round_: int, rng: Optional[np.random.Generator]
+) -> np.ndarray:
+    """``sigma PhiInv(U Phi(rho/sigma))`` per item: ``sigma Z`` given ``sigma Z < rho``, U keyed (seed, 'noise',
+    round, item) as the item's noise would be (unseeded: U in (0, 1] from ``rng``). The columnar
+    :func:`transforms.dpne.reference.absent_entries` of a known domain (levels k >= 2)."""
+    if seed is not None:
+        u = randomness.uniforms_of_fingerprints(randomness.draw_key(seed, "noise", round_), fingerprint64(items))
+    else:
+        if rng is None:
+            raise ValueError("unseeded noise needs a worker generator (rng)")
+        u = 1.0 - rng.random(len(items))  # (0, 1]
+    return sigma * special.ndtri(u * special.ndtr(rho / sigma))
+
+
+def level_round_status(
+    w: pa.Table, rounds, r: int, known_domain: bool, c_lb: float, c_ub: float, seed: Optional[int], rng
+) -> pa.Table:
+    """Round r of a level's MAD-SIPS on Table(item, weight, holders) (round r's MAD weights, and weight 0 /
+    holders 0 for the round's candidates outside its support) -> Table(item, released, holders, bias, hopeless).
+
+    One noisy entry per item: on the support ``weight + sigma_r Z`` (Z keyed (seed, 'noise', round_r, item));
+    outside it the previous-round entry :func:`transforms.dpne.reference.absent_entries` gives: ``sigma_r Z``
+    (level 1) or the truncated draw below rho_r (``known_domain``, levels k >= 2). released = on the support
+    and ``>= rho_r``; for r < R the next round's bias and hopeless flag (MAD paper Alg. 4 lines 10-14 with
+    rho_{r+1}, sigma_r; hopeless below the least threshold of rounds r+1..R), as
+    :func:`transforms.selection.mad_kernels.round2_bias`. ``rounds``: the level's
+    :class:`privacy.dpne.LevelRound` tuple.
+    """
+    rd = rounds[r - 1]
+    items = w.column(ITEM)
+    holders = w.column("holders").to_numpy()
+    noisy = noisy_weights(items, w.column("weight").to_numpy(), "gaussian", rd.sigma, seed, rd.round_, rng)
+    absent = holders == 0
+    if known_domain and absent.any():
+        noisy[absent] = truncated_noise(items.filter(pa.array(absent)), rd.sigma, rd.rho, seed, rd.round_, rng)
+    released = ~absent & passes_threshold(noisy, rd.rho)
+    if r < len(rounds):
+        _, bias = round2_biases(noisy, rounds[r].rho, rd.sigma, c_lb, c_ub)  # Alg. 4 lines 10, 14
+        hopeless = noisy + c_ub * rd.sigma < min(x.rho for x in rounds[r:])  # lines 11-13, least rho left
+    else:  # the last round: nothing after it
+        bias, hopeless = np.ones(len(noisy)), np.zeros(len(noisy), dtype=bool)
+    return pa.table({ITEM: items, "released": released, "holders": holders, "bias": bias, "hopeless": hopeless})
