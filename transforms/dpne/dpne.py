@@ -712,6 +712,7 @@ class _LevelMADSIPS(beam.PTransform):
     Stages (round r = 1..R, randomness round round_r = k + 100 (r - 1); the rounds, a singleton computed from
     the level dict, give sigma_r, rho_r, tau_r, f_r q_k):
       Sets         (user shard, Table(user, item, degree))   every distinct valid k-gram of each user (no cap)
+      R{r}FullSets (user shard, Packed(user, item, degree))  round r's materialised copy of them
       R{r}Sets     (user shard, Packed(user, item, degree[, bias]))   minus S_k so far; r >= 2 minus the user's
                                                            hopeless n-grams unless all are; bottom-k to Delta_k
                                                            with round_r's priorities; biases attached
@@ -724,7 +725,8 @@ class _LevelMADSIPS(beam.PTransform):
                                                            checkpointed
       R{r}Spurious g                                       k >= 2: B ~ Bin(|V_k| - |supp H_r| - |S_k so
                                                            far|, f_r q_k) uniform k-grams outside both
-      Holders      (item bytes, holders)                   S_k's holders in round 1's capped sets
+      JoinHolders  (item bytes, holders)                   S_k's holders in round 1's capped sets (0: none)
+      RoundsReport level dict                              the rounds and what each released
     """
 
     def __init__(self, k, run, params, level, seed, seed_arg, num_shards, side_args, spurious_args=None, label=None):
@@ -743,17 +745,19 @@ class _LevelMADSIPS(beam.PTransform):
         full = tokens | "Sets" >> beam.ParDo(
             LevelCapFn(run.lengths, pruning, NO_CAP, k), self._seed_arg, *self._side_args
         )  # (user shard, Table(user, item, degree)) every distinct valid k-gram of each user
-        # materialised: the rounds read side inputs computed from `full` (S_k so far, biases), and the next level's
-        # sets (read from the same token tables) read S_k: no round may fuse into the stage that reads the tokens
-        full = barrier(full, "FullSets", packed=True)  # (user shard, Packed(user, item, degree))
+        # each round reads its own materialised copy: the rounds read side inputs computed from `full` (S_k so far,
+        # biases) and the next level's sets (from the same token tables) read S_k; with one shared copy the
+        # in-memory runner stopped ("watermark-pending bundles did not execute": a round reading the copy
+        # waited for a side input from a round whose input was that same copy)
         released_so_far, biases, status1 = None, None, None
         outputs, per_round = [], []
         for r in range(1, n_rounds + 1):
             last = r == n_rounds
             removed = None if released_so_far is None else beam.pvalue.AsList(released_so_far)  # item bytes
             bias_si = None if biases is None else beam.pvalue.AsList(biases)
+            source = barrier(full, f"R{r}FullSets", packed=True)  # (user shard, Packed(user, item, degree))
             sets, extra = per_user_step(
-                full,
+                source,
                 f"R{r}Sets",
                 RoundSetsFn(round_id(k, r)),
                 self._seed_arg,
