@@ -11,8 +11,9 @@ import pytest
 
 from dp_partition_beam.pipelines import extract_ngrams
 from dp_partition_beam.privacy.dpne import DPNEParams
+from dp_partition_beam.transforms.dpne import reference
 from dp_partition_beam.transforms.dpne.dpne import DPNE
-from dp_partition_beam.transforms.dpne.reference import dpne_reference
+from dp_partition_beam.transforms.dpne.reference import dpne_reference, user_kgrams
 from dp_partition_beam.transforms.testing.synthetic import markov_corpus
 
 from tests.support.beam_helpers import make_test_pipeline
@@ -120,6 +121,89 @@ def test_unseeded_beam_runs_and_is_downward_closed(records):
     assert sum(l["released"] for l in levels) == len(got)
 
 
+# ---------------------------------------------------------------------------------------------
+# selection='mad_sips': MAD-SIPS's rounds inside each level (reference: level_mad_sips)
+# ---------------------------------------------------------------------------------------------
+
+MAD_SIPS = dict(epsilon=4, delta=1e-5, max_n=3, max_contributions=15, eta=0.3, selection="mad_sips")
+
+
+def check_mad_sips(records, params, mode="in_memory", workers=None):
+    want = dpne_reference(records, "dpne", params, seed=SEED)
+    got, levels = run_beam(records, params, SEED, mode=mode, workers=workers)
+    assert got == want.lines()
+    assert sorted(levels, key=level_key) == sorted(want.levels, key=level_key)
+    assert [len(l["rounds"]) for l in levels] == [len(params.budget_split)] * params.max_n
+    # every level released something, in more than one round overall, with spurious draws at k >= 2
+    assert all(len(want.ngrams[k]) > 0 for k in range(1, params.max_n + 1))
+    assert sum(1 for l in want.levels for rd in l["rounds"][1:] if rd["released"] > 0) > 0
+    return want, got
+
+
+def test_mad_sips_beam_equals_reference(records):
+    check_mad_sips(records, DPNEParams(**MAD_SIPS))
+
+
+def test_mad_sips_beam_equals_reference_three_rounds(records):
+    check_mad_sips(records, DPNEParams(**{**MAD_SIPS, "budget_split": (0.2, 0.3, 0.5)}))
+
+
+def test_mad_sips_beam_equals_reference_with_counts(records):
+    params = DPNEParams(**{**MAD_SIPS, "release_counts": True, "min_users": 2})
+    want = dpne_reference(records, "dpne", params, seed=SEED)
+    with tempfile.TemporaryDirectory() as tmp:
+        with make_test_pipeline("in_memory") as p:
+            out = p | beam.Create(records) | beam.Reshuffle() | DPNE("dpne", params, seed=SEED, num_shards=3)
+            _ = (
+                out["counts"]
+                | "Fmt" >> beam.MapTuple(lambda k, gc: f"{k}\t{gc[0]}\t{gc[1]}")
+                | "W" >> beam.io.WriteToText(os.path.join(tmp, "c"))
+            )
+        got = sorted(l.rstrip("\n") for f in glob.glob(os.path.join(tmp, "c*")) for l in open(f))
+    expected = sorted(f"{k}\t{g}\t{c}" for k, per_k in want.counts.items() for g, c in per_k.items())
+    assert got == expected and len(expected) > 0  # counts on round 1's capped sets, as the reference's
+
+
+def test_mad_sips_beam_equals_reference_multi_processing(records):
+    check_mad_sips(records, DPNEParams(**{**MAD_SIPS, "max_n": 2}), mode="multi_processing", workers=2)
+
+
+@pytest.mark.parametrize(
+    "vocab,cap,known_domain",
+    [pytest.param(40, 3, True, id="levels-k>=2"), pytest.param(150, 2, False, id="level-1")],
+)
+def test_mad_sips_resubsampling_and_absent_entries(monkeypatch, vocab, cap, known_domain):
+    """Users hold more n-grams than Delta_k: each round re-subsamples, and round 2 needs the previous round's
+    entries of n-grams outside its support (level 1: pure noise; k >= 2: the truncated draw)."""
+    recs = markov_corpus(500, vocab=vocab, branching=3, seed=9)
+    records = [(u, "\n".join(lines)) for u, lines in recs.items()]
+    params = DPNEParams(**{**MAD_SIPS, "max_contributions": cap})
+    assert max(len(gs) for gs in user_kgrams(records, 1)[1].values()) > cap  # re-subsampling happens
+    absent = []
+    original = reference.absent_entries
+
+    def recording(items, prev, known, seed, rng):
+        absent.append((known, len(items)))
+        return original(items, prev, known, seed, rng)
+
+    monkeypatch.setattr(reference, "absent_entries", recording)
+    check_mad_sips(records, params)
+    assert any(known == known_domain and n > 0 for known, n in absent), absent  # absent entries were needed
+
+
+def test_mad_sips_unseeded_beam_runs_and_is_downward_closed(records):
+    got, levels = run_beam(records, DPNEParams(**MAD_SIPS), None)
+    out = {}
+    for line in got:
+        k, g = line.split("\t")
+        out.setdefault(int(k), set()).add(g)
+    for k in (2, 3):
+        for g in out.get(k, ()):
+            assert g.rsplit(" ", 1)[0] in out[k - 1] and g.split(" ", 1)[1] in out[k - 1]
+    assert sum(l["released"] for l in levels) == len(got) > 0
+    assert all(l["released"] == sum(rd["released"] for rd in l["rounds"]) for l in levels)
+
+
 def test_cli_end_to_end(records, tmp_path):
     inp = tmp_path / "in.jsonl.gz"
     with gzip.open(inp, "wt", encoding="utf-8") as f:
@@ -169,6 +253,24 @@ def test_cli_end_to_end(records, tmp_path):
             assert {"sigma", "rho", "v_k", "s_prev", "expected_spurious_bound", "released"} <= set(l)
         text = rep.read_text()
         assert "supp" not in text  # |supp(H_k)| is private
+
+
+def test_cli_mad_sips_equals_reference(records, tmp_path):
+    inp = tmp_path / "in.jsonl.gz"
+    with gzip.open(inp, "wt", encoding="utf-8") as f:
+        for u, t in records:
+            f.write(json.dumps({"user": u, "text": t}) + "\n")
+    params = DPNEParams(epsilon=4, delta=1e-7, max_n=3, max_contributions=15, selection="mad_sips")
+    want = dpne_reference(records, "dpne", params, seed=3)
+    out, rep = tmp_path / "out", tmp_path / "rep.json"
+    args = ["--input", str(inp), "--input_format", "jsonl", "--output", str(out), "--report", str(rep)]
+    args += ["--max_n", "3", "--epsilon", "4", "--delta", "1e-7", "--max_contributions", "15"]
+    args += ["--selection", "mad_sips", "--seed", "3", "--direct_running_mode=in_memory"]
+    assert extract_ngrams.run(args) == 0
+    lines = sorted(l.rstrip("\n") for f in glob.glob(str(out) + "*") for l in open(f, encoding="utf-8"))
+    assert lines == want.lines() and len(lines) > 0
+    report = json.loads(rep.read_text())
+    assert report["levels"] == want.levels
 
 
 def test_cli_rejects_bad_parameters(tmp_path, capsys):
