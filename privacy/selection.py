@@ -502,8 +502,8 @@ def selection_share(spec: AlgorithmSpec, params: SelectionParams) -> Optional[co
     if not params.release_counts:
         return None
     args = (params.epsilon, params.delta, params.count_budget, params.max_contributions)
-    if params.threshold == "optimal":  # the table is approximate-RDP: basic composition with the counts
-        return counts.split_basic(*args)
+    if params.threshold == "optimal":  # the counts' noise as under gdp; the table composes with it in RDP
+        return counts.split_gdp(*args)
     if spec.shape in MULTI_ROUND_SHAPES:
         return (counts.split_gdp if params.accounting == "gdp" else counts.split_basic)(*args)
     if spec.calibration in ("weighted_gaussian", "count_gaussian"):
@@ -528,11 +528,32 @@ def _one_round_calibration(spec: AlgorithmSpec, params: SelectionParams) -> cali
     return calibration.Calibration("gaussian", sigma, rho, share.epsilon, share.delta_threshold)
 
 
+def _table_with_counts(spec, params, contributions, gaussian_rdp: float, delta_thresholds: float):
+    """The keep table of a plan: calibrated at the run's epsilon and its delta less the Gaussian rounds'
+    threshold events, composed at its order with the Gaussian mechanisms (``gaussian_rdp``) and, with
+    ``release_counts``, with the counts: their discrete Gaussian is within the kernel lemma's slack of a
+    continuous Gaussian of noise sigma_1 and l2 sensitivity sqrt(l0) (docs/counts.md (b)), i.e.
+    (alpha, alpha l0 / (2 sigma_1^2))-RDP, and the table is calibrated to ``delta_P (1 - DELTA_SLACK)`` so that
+    ``e^kappa (H + e^{2 kappa} - 1) <= delta_P`` (:func:`counts.check_kernel_slack`). The counts keep the noise
+    of the gdp split (``count_budget`` of mu^2): as precise as with the Gaussian threshold."""
+    delta_p = params.delta - delta_thresholds
+    share = selection_share(spec, params)
+    if share is not None:
+        plan = share.counts
+        gaussian_rdp += plan.l0 / (2.0 * plan.sigma_continuous**2)
+        counts.check_kernel_slack(plan.l0, delta_p, plan.tau2)
+        delta_p *= 1.0 - counts.DELTA_SLACK
+    return thresholding.calibrate_keep_table(params.epsilon, delta_p, contributions, gaussian_rdp=gaussian_rdp)
+
+
 def _keep_table_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan, ...]:
-    """Basic's round with the keep-probability table (docs/thresholding.md) at the selection's (eps, delta)."""
-    eps, delta = _selection_budget(spec, params)
+    """Basic's round with the keep-probability table (docs/thresholding.md) at the run's (eps, delta), composed
+    with the counts in RDP when they are released (:func:`_table_with_counts`)."""
+    eps, delta = params.epsilon, params.delta
     contributions = thresholding.basic_contributions(params.max_contributions)
-    table, delta_conversion = thresholding.calibrate_keep_table(eps, delta, contributions)
+    table, delta_conversion = _table_with_counts(spec, params, contributions, 0.0, 0.0)
+    if params.release_counts:  # the round on its own (informational): the table's conversion at its order
+        eps, delta = thresholding.to_dp(table, delta_conversion)
     w50 = table.weight_for(0.5)
     return (
         RoundPlan(1, eps, delta, "keep_table", 0.0, w50, spec.weighting, None, "table", None, table, delta_conversion),
@@ -648,9 +669,13 @@ def _table_last_round(spec, params, cap, hs, hnames) -> Tuple[RoundPlan, ...]:
     conversion, and delta is the earlier thresholds' sum(delta_r / 2) plus the table's mixture delta plus
     the conversion's delta. The table does not depend on the cap (C and sum c^2 <= 1 do not): one table
     for every grid value."""
-    eps, delta = _selection_budget(spec, params)
+    eps, delta = _selection_budget(spec, params)  # with counts: the gdp share's thresholds' delta and noise
+    share = selection_share(spec, params)
     d = params.max_contributions if cap is None else cap
-    sigma_rounds, sigma_h = adaptive_cap_sigmas(spec, params) if params.cap_quantile < 1.0 else (None, None)
+    if params.cap_quantile < 1.0:
+        sigma_rounds, sigma_h = adaptive_cap_sigmas(spec, params)
+    else:
+        sigma_rounds, sigma_h = (None if share is None else share.sigma), None
     cals = accounting.multi_round_calibration(
         eps, delta, params.budget_split, "gdp", d, h_per_round=hs, sigma=sigma_rounds
     )[:-1]
@@ -661,9 +686,7 @@ def _table_last_round(spec, params, cap, hs, hnames) -> Tuple[RoundPlan, ...]:
         contributions, weighting = last_round_contributions(params), "biased_basic"
     else:  # DP-SIPS: Basic's own weights
         contributions, weighting = thresholding.basic_contributions(params.max_contributions), spec.weighting
-    table, delta_conversion = thresholding.calibrate_keep_table(
-        eps, delta - delta_thresholds, contributions, gaussian_rdp=gaussian_rdp
-    )
+    table, delta_conversion = _table_with_counts(spec, params, contributions, gaussian_rdp, delta_thresholds)
     rounds = []
     for r, c in enumerate(cals, start=1):
         tau = calibration.mad_tau(c.threshold, c.noise_scale, params.beta) if spec.weighting == "mad" else None

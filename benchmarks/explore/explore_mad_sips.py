@@ -63,6 +63,8 @@ def parse_config(text: str):
             out[k] = int(v)
         elif k in ("accounting", "threshold"):
             out[k] = v
+        elif k == "release_counts":
+            out[k] = v.lower() in ("1", "true", "yes")
         else:
             out[k] = float(v)
     return algo, out

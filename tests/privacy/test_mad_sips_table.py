@@ -30,16 +30,26 @@ C20 = last_round_contributions(PARAMS)
 ROUNDER = T.KeepTable(10, (0.0, 1.0), 2.0, 1.0, 1e-6, C20)
 
 
-def _recomputed(rounds, cap_sigma=None):
-    """(epsilon', delta') of the theorem from a plan's public numbers, the conversion by dp-accounting."""
+def _recomputed(rounds, cap_sigma=None, count_plan=None):
+    """(epsilon', delta') of the theorem from a plan's public numbers, the conversion by dp-accounting. With a
+    count plan: its continuous Gaussian (noise sigma_1, l2 sensitivity sqrt(l0)) joins the RDP composition and
+    the kernel lemma's slack the delta (docs/counts.md (b): e^kappa (H + e^{2 kappa} - 1))."""
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+    from dp_partition_beam.privacy import counts
 
     *gaussian, last = rounds
     table = last.keep_table
     sigmas = [r.noise_scale for r in gaussian] + ([] if cap_sigma is None else [cap_sigma])
+    if count_plan is not None:
+        sigmas.append(count_plan.sigma_continuous / math.sqrt(count_plan.l0))
     rdp_total = table.alpha * math.fsum(1.0 / (2.0 * s * s) for s in sigmas) + table.epsilon_rdp
     eps, _ = rdp.compute_epsilon([table.alpha], [rdp_total], last.delta_conversion)
-    delta = math.fsum([r.delta / 2.0 for r in gaussian] + [table.delta_rdp, last.delta_conversion])
+    h = table.delta_rdp + last.delta_conversion
+    if count_plan is not None:
+        kappa = count_plan.l0 * counts.kernel_gamma(count_plan.tau2)
+        h = math.exp(kappa) * (h + math.expm1(2 * kappa))
+    delta = math.fsum([r.delta / 2.0 for r in gaussian] + [h])
     return eps, delta
 
 
@@ -53,15 +63,12 @@ def test_the_plan_spends_exactly_its_budget(changes):
     (the guarantee), and not much less (the table gets the rest)."""
     params = PARAMS.replace(**changes)
     p = plan("mad_sips", params)
-    if params.release_counts:  # basic composition with the counts: the selection's share
-        eps, delta = (1 - params.count_budget) * params.epsilon, (1 - params.count_budget) * params.delta
-    else:
-        eps, delta = params.epsilon, params.delta
+    eps, delta = params.epsilon, params.delta  # with counts too: they join the RDP composition
     caps = [None] if p.cap is None else list(p.cap.grid)
     for cap in caps:
         rounds = p.rounds_for(cap)
         assert [r.noise for r in rounds] == ["gaussian"] * (len(rounds) - 1) + ["keep_table"]
-        got_eps, got_delta = _recomputed(rounds, None if p.cap is None else p.cap.noise_scale)
+        got_eps, got_delta = _recomputed(rounds, None if p.cap is None else p.cap.noise_scale, p.counts)
         assert eps * 0.995 <= got_eps <= eps * (1 + 1e-9), (cap, got_eps)
         assert got_delta <= delta * (1 + 1e-9) and got_delta >= 0.99 * delta, (cap, got_delta)
 
@@ -89,6 +96,24 @@ def test_mad2r_last_round_table_spends_exactly_its_budget():
     got_eps, got_delta = _recomputed(p.rounds)
     assert 0.995 * PARAMS.epsilon <= got_eps <= PARAMS.epsilon * (1 + 1e-9)
     assert 0.99 * PARAMS.delta <= got_delta <= PARAMS.delta * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("algorithm", ["basic", "dp_sips", "mad2r", "mad_sips"])
+@pytest.mark.parametrize("eps,count_budget", [(1.0, 0.25), (4.0, 0.5)])
+def test_counts_compose_with_the_table_in_rdp(algorithm, eps, count_budget):
+    """With release_counts the counts keep the gdp split's noise and join the table's RDP composition: the
+    whole release spends (epsilon, delta), and the table's W50 is below the Gaussian last round's rho."""
+    params = PARAMS.replace(epsilon=eps, release_counts=True, count_budget=count_budget, cap_quantile=1.0)
+    p = plan(algorithm, params)
+    g = plan(algorithm, params.replace(threshold="gaussian"))
+    assert p.counts == g.counts  # the counts are as precise as with the Gaussian threshold
+    assert p.rounds[-1].noise == "keep_table"
+    for r, q in zip(p.rounds[:-1], g.rounds[:-1]):  # the earlier rounds: the gdp share's sigma and rho
+        assert (r.noise_scale, r.threshold) == (q.noise_scale, q.threshold)
+    got_eps, got_delta = _recomputed(p.rounds, None, p.counts)
+    assert 0.995 * eps <= got_eps <= eps * (1 + 1e-9)
+    assert 0.99 * params.delta <= got_delta <= params.delta * (1 + 1e-9)
+    assert p.rounds[-1].threshold < g.rounds[-1].threshold
 
 
 def test_one_table_serves_every_cap_and_the_gaussian_rounds_are_unchanged():
