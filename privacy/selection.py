@@ -232,7 +232,7 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                 ("budget_split", (0.03, 0.07, 0.9)),
                 ("c_ub", 1.5),
                 ("cap_quantile", cap_plans.DEFAULT_CAP_QUANTILE),
-                # the last round as a keep table (docs/mad_sips.md): +3-21% items; gaussian with counts
+                # the last round as a keep table (docs/mad_sips.md): +3-21% items (+11% with counts on retail)
                 ("threshold", "optimal"),
             ),
         ),
@@ -371,7 +371,7 @@ class SelectionParams:
             "gaussian (noise + threshold rho) or optimal (a keep-probability table under approximate Renyi DP: "
             "fewer users per released item, no noisy weight; the multi-round algorithms' last round then uses "
             "biased Basic weights; calibrating it takes seconds; docs/thresholding.md, docs/mad_sips.md). "
-            "unset: optimal for mad_sips without release_counts (gdp accounting), gaussian otherwise",
+            "unset: optimal for mad_sips (gdp accounting), gaussian otherwise",
             "choices": THRESHOLDS,
         },
     )
@@ -731,18 +731,15 @@ ALGORITHM_DEFAULTS = {"budget_split": (0.1, 0.9), "c_ub": 3.0, "cap_quantile": 1
 def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
     """``params`` with the fields left at None (``budget_split``, ``c_ub``, ``cap_quantile``, ``threshold``) set
     to the algorithm's defaults (:data:`ALGORITHM_DEFAULTS`, overridden by its ``AlgorithmSpec.defaults``; the
-    adaptive cap is off by default under ``accounting='basic'``, and the threshold is 'gaussian' there and
-    with ``release_counts``). Every entry point (``plan_rounds``,
-    ``reference.release``, ``SelectPartitions``) resolves first; explicit values win. Raises ``ValueError``
-    for an adaptive cap (``cap_quantile < 1``) outside mad_sips or with basic accounting."""
+    adaptive cap is off by default under ``accounting='basic'``, and the threshold is 'gaussian' there). Every
+    entry point (``plan_rounds``, ``reference.release``, ``SelectPartitions``) resolves first; explicit values
+    win. Raises ``ValueError`` for an adaptive cap (``cap_quantile < 1``) outside mad_sips or with basic accounting."""
     spec = algorithm_spec(algorithm)
     defaults = {**ALGORITHM_DEFAULTS, **dict(spec.defaults)}
     if params.accounting != "gdp":
         defaults["cap_quantile"] = 1.0  # the histogram composes by Gaussian DP only
-    if params.accounting != "gdp" or params.release_counts:
-        # the table's RDP plan starts from the gdp rounds; with counts it composes by basic composition,
-        # which can release less than the Gaussian rounds' GDP split (docs/thresholding.md)
-        defaults["threshold"] = "gaussian"
+    if params.accounting != "gdp":
+        defaults["threshold"] = "gaussian"  # the table's RDP plan starts from the gdp rounds (docs/thresholding.md)
     unset = {name: value for name, value in defaults.items() if getattr(params, name) is None}
     params = params.replace(**unset) if unset else params
     if params.threshold != "gaussian" and "threshold" not in spec.options:

@@ -125,6 +125,8 @@ CASES = {
     ),
     "extract_ngrams": Case("extract_ngrams", diagnostics=True),
     "extract_ngrams_counts": Case("extract_ngrams", ("--release_counts",)),
+    # MAD-SIPS's rounds inside every DPNE level (issue 30): per-round side inputs, checkpoints and spurious draws
+    "extract_ngrams_mad_sips": Case("extract_ngrams", ("--selection", "mad_sips")),
     "bayesian_ngrams": Case("bayesian_ngrams"),
 }
 # The cases run on the standalone clusters (issue 29); the others run on the local job servers, where

@@ -188,9 +188,10 @@ STAGE_LABELS = {
     "mad2r": ("a76f455095bc2fd6", "be6a9ddb1938ed7d"),
     "dp_sips": ("0d2782f2d6c60491", "368330abe449e540"),
     # its defaults: adaptive cap on, the last round a keep table (issue 30: TablePartials3, GroupTableParts3,
-    # KeepTable3 instead of MADWeights3/..., NoisyThreshold3; with counts the Gaussian rounds, as before)
-    "mad_sips": ("75d02b6ce6331ad9", "58207e60c1e24850"),
-    "mad_sips/cap1": ("a572aa97840ac751", "48179b175f769933"),  # cap_quantile=1: no Cap stage
+    # KeepTable3 instead of MADWeights3/..., NoisyThreshold3; with counts too since the counts compose with the
+    # table in RDP)
+    "mad_sips": ("75d02b6ce6331ad9", "1078750cae69d8a6"),
+    "mad_sips/cap1": ("a572aa97840ac751", "14c94c91093df488"),  # cap_quantile=1: no Cap stage
     "mad_sips/gaussian": ("48206a5de68208d9", "58207e60c1e24850"),  # threshold='gaussian': the labels before
     "policy_gaussian": ("0a45ade62247d818", "f133509b3fd1d38b"),
     "policy_laplace": ("e31fe0369f4ec192", "bf8af60df7afedb1"),
