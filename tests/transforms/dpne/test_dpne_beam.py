@@ -108,8 +108,9 @@ def test_beam_equals_reference_multi_processing(records):
     assert got == want.lines()
 
 
-def test_unseeded_beam_runs_and_is_downward_closed(records):
-    params = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=15, eta=0.3)
+@pytest.mark.parametrize("selection", ["single", "mad_sips"])
+def test_unseeded_beam_runs_and_is_downward_closed(records, selection):
+    params = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=15, eta=0.3, selection=selection)
     got, levels = run_beam(records, params, None)
     out = {}
     for line in got:
@@ -118,7 +119,9 @@ def test_unseeded_beam_runs_and_is_downward_closed(records):
     for k in (2, 3):
         for g in out.get(k, ()):
             assert g.rsplit(" ", 1)[0] in out[k - 1] and g.split(" ", 1)[1] in out[k - 1]
-    assert sum(l["released"] for l in levels) == len(got)
+    assert sum(l["released"] for l in levels) == len(got) > 0
+    if selection == "mad_sips":
+        assert all(l["released"] == sum(rd["released"] for rd in l["rounds"]) for l in levels)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,19 +192,6 @@ def test_mad_sips_resubsampling_and_absent_entries(monkeypatch, vocab, cap, know
     monkeypatch.setattr(reference, "absent_entries", recording)
     check_mad_sips(records, params)
     assert any(known == known_domain and n > 0 for known, n in absent), absent  # absent entries were needed
-
-
-def test_mad_sips_unseeded_beam_runs_and_is_downward_closed(records):
-    got, levels = run_beam(records, DPNEParams(**MAD_SIPS), None)
-    out = {}
-    for line in got:
-        k, g = line.split("\t")
-        out.setdefault(int(k), set()).add(g)
-    for k in (2, 3):
-        for g in out.get(k, ()):
-            assert g.rsplit(" ", 1)[0] in out[k - 1] and g.split(" ", 1)[1] in out[k - 1]
-    assert sum(l["released"] for l in levels) == len(got) > 0
-    assert all(l["released"] == sum(rd["released"] for rd in l["rounds"]) for l in levels)
 
 
 def test_cli_end_to_end(records, tmp_path):

@@ -18,7 +18,6 @@ from dp_partition_beam.privacy.dpne import (
     spurious_probability,
 )
 from dp_partition_beam.transforms.core import randomness
-from dp_partition_beam.transforms.dpne import dpne_kernels
 from dp_partition_beam.transforms.dpne import reference as ref
 from dp_partition_beam.transforms.dpne.reference import dpne_reference, ngram_user_counts, user_kgrams
 from dp_partition_beam.transforms.testing.synthetic import markov_corpus
@@ -97,41 +96,6 @@ def test_parameters_validated_and_used_only_with_mad_sips():
         assert not all(c.holds(single) for c in FIELD_USE[name].conditions)
     assert not all(c.holds(mad_sips) for c in FIELD_USE["weighting"].conditions)  # MAD-SIPS's rounds are MAD
     assert all(c.holds(mad_sips) for c in FIELD_USE["beta"].conditions)
-
-
-@pytest.mark.parametrize("split", [(0.1, 0.9), (0.03, 0.07, 0.9)])
-def test_downward_closed_and_subset_of_valid(corpus, split):
-    _, ug, truth = corpus
-    prm = DPNEParams(epsilon=4, delta=1e-6, max_n=5, max_contributions=20, eta=0.2, budget_split=split, **MS)
-    for seed in range(2):
-        res = dpne_reference(None, "dpne", prm, rng=np.random.default_rng(seed), user_grams=ug)
-        out = res.ngrams
-        assert sum(map(len, out.values())) > 50 and len(out[4]) > 0
-        assert released_subgrams_closed(out)  # Proposition 2.1
-        for k in range(2, 6):
-            assert all(dpne_kernels.is_valid(g, out[k - 1], out[1], "both") for g in out[k])  # S_k in V_k
-        assert not (out[1] - set(truth[1]))  # level 1 has no spurious words
-        for lvl in res.levels:
-            assert "rho" not in lvl and len(lvl["rounds"]) == len(split)
-            assert sum(r["released"] for r in lvl["rounds"]) == lvl["released"] == len(out[lvl["k"]])
-
-
-def test_spurious_fraction_at_most_eta_in_expectation(corpus):
-    _, ug, truth = corpus
-    eta = 0.1
-    prm = DPNEParams(epsilon=4, delta=1e-6, max_n=5, max_contributions=20, eta=eta, **MS)
-    spur, bound, total = [], [], []
-    for seed in range(8):
-        res = dpne_reference(None, "dpne", prm, rng=np.random.default_rng(100 + seed), user_grams=ug)
-        spur.append(sum(len(res.ngrams[k] - set(truth[k])) for k in range(1, 6)))
-        bound.append(sum(lvl.get("expected_spurious_bound", 0.0) for lvl in res.levels))
-        total.append(sum(map(len, res.ngrams.values())))
-    # E[#spurious] <= sum_k |V_k| sum_r f_r q_k = sum_k eta min(|S_{k-1}|, |V_k|) (Prop. 2.2 per round);
-    # 4 standard deviations of a Poisson count: false failure < 1e-4
-    m, b = np.mean(spur), np.mean(bound)
-    assert m <= b + 4 * math.sqrt(b / len(spur)) + 1
-    assert m / np.mean(total) <= eta
-    assert m > 0  # the spurious draws are active in this setting
 
 
 def test_releases_more_than_single_on_the_markov_corpus(corpus):

@@ -32,10 +32,14 @@ def released_subgrams_closed(out):
     return True
 
 
-@pytest.mark.parametrize("weighting", ["weighted_gaussian", "mad"])
-def test_downward_closed_and_subset_of_valid(corpus, weighting):
-    _, ug, _ = corpus
-    prm = DPNEParams(epsilon=4, delta=1e-6, max_n=5, max_contributions=20, eta=0.2, weighting=weighting)
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"weighting": "mad"}, {"selection": "mad_sips"}, {"selection": "mad_sips", "budget_split": (0.03, 0.07, 0.9)}],
+    ids=["weighted_gaussian", "mad", "mad_sips", "mad_sips_3_rounds"],
+)
+def test_downward_closed_and_subset_of_valid(corpus, changes):
+    _, ug, truth = corpus
+    prm = DPNEParams(epsilon=4, delta=1e-6, max_n=5, max_contributions=20, eta=0.2, **changes)
     for seed in range(2):
         res = dpne_reference(None, "dpne", prm, rng=np.random.default_rng(seed), user_grams=ug)
         out = res.ngrams
@@ -43,9 +47,13 @@ def test_downward_closed_and_subset_of_valid(corpus, weighting):
         assert released_subgrams_closed(out)  # Proposition 2.1
         for k in range(2, 6):
             assert all(dpne_kernels.is_valid(g, out[k - 1], out[1], "both") for g in out[k])  # S_k subset of V_k
+        assert not (out[1] - set(truth[1]))  # level 1 has no spurious words
         for lvl in res.levels:
-            if weighting == "mad" and lvl["rho"] is not None:
+            if prm.weighting == "mad" and lvl["rho"] is not None:
                 assert lvl["tau"] >= 1.0
+            if prm.selection == "mad_sips":  # the rounds replace rho/tau in the report
+                assert "rho" not in lvl and len(lvl["rounds"]) == len(prm.budget_split)
+                assert sum(r["released"] for r in lvl["rounds"]) == lvl["released"] == len(out[lvl["k"]])
 
 
 def test_single_side_pruning_subset_of_valid(corpus):
@@ -57,10 +65,12 @@ def test_single_side_pruning_subset_of_valid(corpus):
         assert all(tx.head(g) in out[k - 1] for g in out[k])
 
 
-def test_spurious_fraction_at_most_eta_in_expectation(corpus):
+@pytest.mark.parametrize("selection", ["single", "mad_sips"])
+def test_spurious_fraction_at_most_eta_in_expectation(corpus, selection):
+    # mad_sips: each round's spurious rate is f_r q_k, so the level's bound is |V_k| sum_r f_r q_k = |V_k| q_k
     _, ug, truth = corpus
     eta = 0.1
-    prm = DPNEParams(epsilon=4, delta=1e-6, max_n=5, max_contributions=20, eta=eta)
+    prm = DPNEParams(epsilon=4, delta=1e-6, max_n=5, max_contributions=20, eta=eta, selection=selection)
     spur, bound, total = [], [], []
     for seed in range(8):
         res = dpne_reference(None, "dpne", prm, rng=np.random.default_rng(100 + seed), user_grams=ug)
