@@ -78,7 +78,7 @@ def test_the_calibrations_bound_the_tail_the_rule_releases():
 NOT_RELEASE_STEPS = {
     ("transforms/selection/mad_kernels.py", "noisy_w1 + c_ub * sigma1 < (rho2 if rho_drop is None else rho_drop)"),
     ("transforms/selection/mad_kernels.py", "w_lb <= rho2"),
-    ("transforms/selection/mad_kernels.py", "w1 + c_ub * sigma1 < rho2"),
+    ("transforms/selection/mad_kernels.py", "w1 + c_ub * sigma1 < (rho2 if rho_drop is None else rho_drop)"),
     ("transforms/selection/mad_sips.py", "noisy + c_ub * p.noise_scale < rho_drop(plans, self._round)"),
 }
 #: The release steps (Beam and the in-memory references): each calls passes_threshold.
@@ -89,7 +89,8 @@ RELEASE_STEPS = {
     "transforms/core/noise.py": 1,  # the sequential policies' NoisyThreshold
     "transforms/dpne/dpne.py": 2,  # NoisyKeepFn, DPNE's baselines
     "transforms/selection/reference.py": 4,
-    "transforms/dpne/reference.py": 1,
+    "transforms/dpne/reference.py": 2,  # noisy_release, level_mad_sips
+    "transforms/dpne/dpne_kernels.py": 1,  # level_round_status (DPNE's MAD-SIPS rounds on Beam)
 }
 _THRESHOLD_NAME = re.compile(r"threshold|rho", re.I)
 

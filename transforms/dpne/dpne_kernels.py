@@ -590,8 +590,9 @@ def level_round_status(
         noisy[absent] = truncated_noise(items.filter(pa.array(absent)), rd.sigma, rd.rho, seed, rd.round_, rng)
     released = ~absent & passes_threshold(noisy, rd.rho)
     if r < len(rounds):
-        _, bias = round2_biases(noisy, rounds[r].rho, rd.sigma, c_lb, c_ub)  # Alg. 4 lines 10, 14
-        hopeless = noisy + c_ub * rd.sigma < min(x.rho for x in rounds[r:])  # lines 11-13, least rho left
+        rho_drop = min(x.rho for x in rounds[r:])  # hopeless: below the least threshold of rounds r+1..R
+        kept, bias = round2_biases(noisy, rounds[r].rho, rd.sigma, c_lb, c_ub, rho_drop)  # Alg. 4 lines 10-14
+        hopeless = ~kept
     else:  # the last round: nothing after it
         bias, hopeless = np.ones(len(noisy)), np.zeros(len(noisy), dtype=bool)
     return pa.table({ITEM: items, "released": released, "holders": holders, "bias": bias, "hopeless": hopeless})

@@ -826,12 +826,15 @@ def mad_contribution_partials(
     return sum_by_item(limb_table(items, contrib))
 
 
-def round2_biases(w1: np.ndarray, rho2: float, sigma1: float, c_lb: float, c_ub: float):
+def round2_biases(
+    w1: np.ndarray, rho2: float, sigma1: float, c_lb: float, c_ub: float, rho_drop: Optional[float] = None
+):
     """Alg. 4 lines 10-14, vectorised :func:`transforms.selection.mad_kernels.round2_bias`.
 
-    Returns ``(kept, b)``: which items round 2 keeps (not in U_low) and their biases.
+    Returns ``(kept, b)``: which items round 2 keeps (not in U_low; ``rho_drop``, default rho_2, replaces rho_2
+    in line 12 as in :func:`round2_bias`) and their biases.
     """
-    kept = ~(w1 + c_ub * sigma1 < rho2)  # lines 11-13
+    kept = ~(w1 + c_ub * sigma1 < (rho2 if rho_drop is None else rho_drop))  # lines 11-13
     w_lb = np.maximum(0.0, w1 - c_lb * sigma1)  # line 10
     with np.errstate(divide="ignore"):
         b = np.where(w_lb <= rho2, 1.0, rho2 / np.where(w_lb > 0.0, w_lb, 1.0))  # line 14
