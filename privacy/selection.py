@@ -771,7 +771,7 @@ def adaptive_cap_sigmas(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[f
     (``1 - cap_budget`` of mu_sel^2) and the degree histogram (``cap_budget``), each rounded up
     (``1/sigma_rounds^2 + 1/sigma_H^2 <= 1/sigma_sel^2``)."""
     share = selection_share(spec, params)
-    if share is None or share.sigma is None:  # no counts, or a 'basic' share (threshold 'optimal')
+    if share is None or share.sigma is None:  # no counts (a 'basic' share has no sigma; no cap there)
         eps, delta = _selection_budget(spec, params)
         sigma_sel = calibration.analytic_gaussian_sigma(eps, delta / 2.0)
     else:
