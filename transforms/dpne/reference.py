@@ -45,11 +45,11 @@ from dp_partition_beam.transforms.core import randomness
 from dp_partition_beam.transforms.core import text as tx
 from dp_partition_beam.transforms.dpne import dpne_kernels
 from dp_partition_beam.transforms.selection import counts_kernels
-from dp_partition_beam.transforms.selection import mad_kernels as K
 from dp_partition_beam.transforms.selection.mad_kernels import mad_weights
 from dp_partition_beam.transforms.selection.reference import (
     add_noise,
     basic_weights,
+    biases_from_entries,
     bound_contributions,
     drop_hopeless,
 )
@@ -215,12 +215,7 @@ def level_mad_sips(
             p_rd, p_noisy = prev
             candidates = sorted({g for gs in remaining.values() for g in gs})
             absent = absent_entries([g for g in candidates if g not in p_noisy], p_rd, sampler is not None, seed, rng)
-            biases = {}
-            for g in candidates:
-                w = p_noisy[g] if g in p_noisy else absent[g]
-                b = K.round2_bias(w, rd.rho, p_rd.sigma, params.c_lb, params.c_ub, rho_drop)  # Alg. 4 l. 10-14
-                if b is not None:
-                    biases[g] = b
+            biases = biases_from_entries(candidates, p_noisy, absent, rd.rho, p_rd.sigma, params, rho_drop)  # l. 10-14
             remaining = {u: drop_hopeless(gs, biases) for u, gs in remaining.items()}  # drop U_low
             biases = {**dict.fromkeys(candidates, 1.0), **biases}  # a kept hopeless n-gram: bias 1
         remaining = {u: gs for u, gs in remaining.items() if gs}

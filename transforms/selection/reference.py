@@ -191,10 +191,18 @@ def previous_round_biases(candidates, noisy_prev, prev_plan, plan, params, seed,
     absent = [i for i in candidates if i not in noisy_prev]
     zeros = dict.fromkeys(absent, 0.0)
     pure_noise = add_noise(zeros, prev_plan.noise, prev_plan.noise_scale, seed, prev_plan.index, rng)
+    sigma_prev = prev_plan.noise_scale
+    return biases_from_entries(candidates, noisy_prev, pure_noise, plan.threshold, sigma_prev, params, rho_drop)
+
+
+def biases_from_entries(candidates, noisy_prev, absent, threshold, prev_sigma, params, rho_drop=None):
+    """``{item: bias}`` of the candidates a round >= 2 keeps, from the previous round's noisy entries:
+    ``noisy_prev`` on its support, ``absent`` (drawn by the caller) outside it. MAD paper Alg. 4 lines 10-14
+    through :func:`kernels.round2_bias`; shared by MAD-SIPS and by MAD-SIPS inside DPNE's levels."""
     biases = {}
     for item in candidates:
-        w = noisy_prev[item] if item in noisy_prev else pure_noise[item]
-        b = K.round2_bias(w, plan.threshold, prev_plan.noise_scale, params.c_lb, params.c_ub, rho_drop)  # l. 10-14
+        w = noisy_prev[item] if item in noisy_prev else absent[item]
+        b = K.round2_bias(w, threshold, prev_sigma, params.c_lb, params.c_ub, rho_drop)  # l. 10-14
         if b is not None:
             biases[item] = b
     return biases
