@@ -126,7 +126,8 @@ CASES = {
     "extract_ngrams": Case("extract_ngrams", diagnostics=True),
     "extract_ngrams_counts": Case("extract_ngrams", ("--release_counts",)),
     # MAD-SIPS's rounds inside every DPNE level (issue 30): per-round side inputs, checkpoints and spurious draws;
-    # max_n 2 (level 1 and the known-domain level 2): with max_n 3 Flink did not finish in 900 s (docs/dpne.md)
+    # max_n 2 (level 1 and the known-domain level 2): with max_n 3 Flink's batch plan optimizer walks ~10^12 paths
+    # of the graph before the job starts, not done in 900 s (docs/engines.md, "Flink's plan optimizer")
     "extract_ngrams_mad_sips": Case("extract_ngrams", ("--selection", "mad_sips", "--max_n", "2")),
     "bayesian_ngrams": Case("bayesian_ngrams"),
 }
