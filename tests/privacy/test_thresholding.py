@@ -60,6 +60,31 @@ def test_the_step_from_zero_is_delta():
 
 @PROPS
 @given(
+    seed=st.integers(0, 2**32 - 1),
+    alpha=alphas,
+    eps=epsilons,
+    delta=deltas,
+    columns=st.integers(1, 40),
+    bisections=st.integers(0, 40),
+)
+def test_the_pruned_minimum_is_the_minimum_of_every_step(seed, alpha, eps, delta, columns, bisections):
+    """keep_table's rows take min over C of the step with the candidates that cannot be the minimum dropped
+    after a few bisection steps (thresholding._min_step): the same value, bit for bit, as every candidate's
+    full bisection. Probabilities include 0, 1 and near-ties (repeated columns)."""
+    rng = np.random.default_rng(seed)
+    p = rng.random((3, 50, columns)) ** rng.uniform(0.2, 5.0)
+    p[0, :5] = 0.0
+    p[1, :5] = 1.0
+    p[2, :, -1] = p[2, :, 0]  # ties
+    cs = rng.uniform(0.05, 1.0, columns)
+    eps_c, delta_c = eps * cs**2, delta * cs**2
+    want = np.min(T.one_step(p, alpha, eps_c, delta_c, 1e-9, bisections), axis=-1)
+    got = T._min_step(p, alpha, eps_c, delta_c, 1e-9, bisections)
+    assert np.array_equal(got, want)
+
+
+@PROPS
+@given(
     alpha=st.floats(2.0, 80.0),
     eps=st.floats(0.05, 2.0),
     delta=st.floats(1e-9, 1e-4),
