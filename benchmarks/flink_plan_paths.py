@@ -17,32 +17,16 @@ graph (main and side inputs), an upper bound of Flink's (fusion merges chains, n
 from __future__ import annotations
 
 import argparse
-import graphlib
 import os
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from dp_partition_beam.pipelines import extract_ngrams
+from dp_partition_beam.pipelines.flink_plan import leaf_graph, unmemoised_visits
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 SAMPLE = ("--epsilon", "4", "--delta", "1e-6", "--max_contributions", "30", "--seed", "11")
-
-
-def leaf_graph(proto) -> dict:
-    """Pipeline proto -> {leaf transform id: ids of the leaf transforms producing its inputs (main and side)}."""
-    leaves = {k: t for k, t in proto.components.transforms.items() if not t.subtransforms}
-    producer = {pc: k for k, t in leaves.items() for pc in t.outputs.values()}
-    return {k: {producer[pc] for pc in t.inputs.values() if producer.get(pc, k) != k} for k, t in leaves.items()}
-
-
-def unmemoised_visits(inputs: dict) -> int:
-    """Nodes a depth-first walk from every sink visits when it never remembers a visited node."""
-    visits, consumed = {}, set()
-    for node in graphlib.TopologicalSorter(inputs).static_order():
-        visits[node] = 1 + sum(visits[i] for i in inputs[node])
-        consumed.update(inputs[node])
-    return sum(v for node, v in visits.items() if node not in consumed)
 
 
 def measure(flags: list, input_path: str) -> dict:

@@ -31,7 +31,7 @@ import threading
 import typing
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
-from dp_partition_beam.pipelines import observability, outputs, profiling, runner
+from dp_partition_beam.pipelines import flink_plan, observability, outputs, profiling, runner
 from dp_partition_beam.pipelines.io import (
     DEFAULT_MAX_ITEM_LENGTH,
     DEFAULT_MAX_TEXT_LENGTH,
@@ -752,6 +752,7 @@ def run_pipeline_main(
     before = outputs.snapshot_outputs(written) if wait else {}
     release = outputs.shard_pattern(args.output)
     clock.mark("prepared")
+    flink_plan.warn_if_flink_may_not_start(pipeline)  # a warning only: the run goes on
     try:
         progress = observability.ProgressDisplay(args.progress_interval if wait else 0, bool(args.diagnostics))
         with progress:

@@ -1,0 +1,58 @@
+"""pipelines/flink_plan.py: the paths Flink's batch optimizer walks, and the warning before a run that may not start."""
+
+import io
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from dp_partition_beam.pipelines import flink_plan
+from dp_partition_beam.pipelines.flink_plan import leaf_graph, unmemoised_visits
+
+
+def test_a_chain_of_diamonds_doubles_the_visits():
+    # a -> (b, c) -> d -> (e, f) -> g: from g, 1 + 2 (e, f) + 2 (d twice) + 4 (b, c twice) + 4 (a four times)
+    inputs = {"a": set(), "b": {"a"}, "c": {"a"}, "d": {"b", "c"}, "e": {"d"}, "f": {"d"}, "g": {"e", "f"}}
+    assert unmemoised_visits(inputs) == 13
+    assert unmemoised_visits({"a": set(), "b": {"a"}, "c": {"b"}}) == 3  # a chain: each node once
+
+
+def test_side_inputs_are_edges_of_the_leaf_graph():
+    p = beam.Pipeline()
+    xs = p | "Create" >> beam.Create([1, 2])
+    total = xs | "Sum" >> beam.CombineGlobally(sum)
+    _ = xs | "Scale" >> beam.Map(lambda x, t: x / t, beam.pvalue.AsSingleton(total))
+    proto = p.to_runner_api()
+    inputs = leaf_graph(proto)
+    names = {k: proto.components.transforms[k].unique_name for k in inputs}
+    scale = next(k for k, n in names.items() if n == "Scale")
+    assert {names[i].split("/")[0] for i in inputs[scale]} == {"Create", "Sum"}
+
+
+def _diamonds(runner: str, n: int) -> beam.Pipeline:
+    """A chain of n diamonds: 2^n paths and more."""
+    p = beam.Pipeline(options=PipelineOptions([f"--runner={runner}", "--job_endpoint=localhost:1"]))
+    xs = p | "Create" >> beam.Create([1])
+    for i in range(n):
+        left = xs | f"L{i}" >> beam.Map(abs)
+        right = xs | f"R{i}" >> beam.Map(abs)
+        xs = (left, right) | f"F{i}" >> beam.Flatten()
+    return p
+
+
+def test_a_flink_capable_run_with_a_huge_plan_is_warned_about(monkeypatch):
+    monkeypatch.setattr(flink_plan, "WARN_PATHS", 1000)
+    for runner in ("FlinkRunner", "PortableRunner"):
+        out = io.StringIO()
+        paths = flink_plan.warn_if_flink_may_not_start(_diamonds(runner, 12), file=out)
+        assert paths >= 2**12
+        assert "sink-to-source paths" in out.getvalue() and "Flink's plan optimizer" in out.getvalue()
+        out = io.StringIO()  # a small plan: counted, not warned about
+        assert 0 < flink_plan.warn_if_flink_may_not_start(_diamonds(runner, 2), file=out) < 1000
+        assert out.getvalue() == ""
+
+
+def test_other_runners_pay_nothing():
+    out = io.StringIO()
+    assert flink_plan.warn_if_flink_may_not_start(_diamonds("SparkRunner", 20), file=out) == 0
+    assert flink_plan.warn_if_flink_may_not_start(_diamonds("DirectRunner", 20), file=out) == 0
+    assert out.getvalue() == ""
