@@ -183,11 +183,12 @@ def bench_corpus(title, records, params: DPNEParams, seeds, Ks):
     ug = user_kgrams(records, T)
     truth = ngram_user_counts(ug)
     results = {}
+    single = params.replace(selection="single")  # the paper's levels (the default is mad_sips since issue 30)
     for label, alg, prm in [
-        ("dpne (weighted_gaussian)", "dpne", params),
-        ("dpne (mad)", "dpne", params.replace(weighting="mad")),
+        ("dpne (weighted_gaussian)", "dpne", single),
+        ("dpne (mad)", "dpne", single.replace(weighting="mad")),
         ("dpne (mad_sips)", "dpne", params.replace(selection="mad_sips")),
-        ("dpne single-side pruning", "dpne", params.replace(pruning="single")),
+        ("dpne single-side pruning", "dpne", single.replace(pruning="single")),
         ("dpsu_all", "dpsu_all", params),
         ("dpsu_even", "dpsu_even", params),
         ("dpsu_single", "dpsu_single", params),
@@ -218,8 +219,13 @@ def bench_beam(path: str, mode: str = "in_memory"):
     recs = list(read_jsonl(path))
     prm = DPNEParams(epsilon=4.0, delta=1e-7, max_n=6, max_contributions=100, eta=0.01)
     print(f"\n### Beam DPNE on {os.path.relpath(path, REPO)} (DirectRunner {mode}, seed 1)\n")
-    for weighting in ("weighted_gaussian", "mad"):
-        p = prm.replace(weighting=weighting)
+    configs = {  # the paper's levels with each weighting, and the default (MAD-SIPS's rounds inside the levels)
+        "single, weighted_gaussian": {"selection": "single", "weighting": "weighted_gaussian"},
+        "single, mad": {"selection": "single", "weighting": "mad"},
+        "mad_sips": {"selection": "mad_sips"},
+    }
+    for name, changes in configs.items():
+        p = prm.replace(**changes)
         t = time.perf_counter()
         want = dpne_reference(recs, "dpne", p, seed=1)
         t_ref = time.perf_counter() - t
@@ -232,12 +238,12 @@ def bench_beam(path: str, mode: str = "in_memory"):
                     out = pl | beam.Create(recs) | DPNE("dpne", p, seed=1)
                     _ = out["ngrams"] | beam.Map(format_ngram) | beam.io.WriteToText(os.path.join(tmp, "ng"))
             except Exception as e:  # noqa: BLE001 - report and continue
-                print(f"- {weighting}: Beam run failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                print(f"- {name}: Beam run failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
                 continue
             t_beam = time.perf_counter() - t
             got = sorted(l.rstrip("\n") for f in os.listdir(tmp) for l in open(os.path.join(tmp, f)))
         print(
-            f"- {weighting}: Beam {t_beam:.1f}s, reference (seeded) {t_ref:.1f}s, "
+            f"- {name}: Beam {t_beam:.1f}s, reference (seeded) {t_ref:.1f}s, "
             f"{len(got)} n-grams, identical to reference: {got == want.lines()}"
         )
 
