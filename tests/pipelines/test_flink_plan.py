@@ -51,6 +51,18 @@ def test_a_flink_capable_run_with_a_huge_plan_is_warned_about(monkeypatch):
         assert out.getvalue() == ""
 
 
+def test_a_plan_that_cannot_be_counted_is_left_to_the_run(monkeypatch):
+    """The check runs before the CLI's run and its cleanup: it must never raise."""
+
+    def broken(pipeline):
+        raise RuntimeError("to_runner_api failed")
+
+    monkeypatch.setattr(flink_plan, "plan_paths", broken)
+    out = io.StringIO()
+    assert flink_plan.warn_if_flink_may_not_start(_diamonds("FlinkRunner", 3), file=out) == 0
+    assert out.getvalue() == ""
+
+
 def test_other_runners_pay_nothing():
     out = io.StringIO()
     assert flink_plan.warn_if_flink_may_not_start(_diamonds("SparkRunner", 20), file=out) == 0
