@@ -106,7 +106,7 @@ from dp_partition_beam.transforms.core.batches import (
 from dp_partition_beam.transforms.core.dofns import SideInputCache, WorkerRngDoFn, in_global_window
 from dp_partition_beam.transforms.core.engine import RunSeed, barrier, checkpoint, per_user_step
 from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
-from dp_partition_beam.transforms.core.tables import keep_items, merge_partials, noisy_weights
+from dp_partition_beam.transforms.core.tables import merge_partials, noisy_weights
 from dp_partition_beam.transforms.dpne import dpne_kernels
 from dp_partition_beam.transforms.selection.basic import BasicPartialsFn
 from dp_partition_beam.transforms.selection.counts import NoisyCounts
@@ -313,17 +313,27 @@ def shard_support_size(element) -> int:
     return element[1].num_rows
 
 
-class InSupportFn(beam.DoFn):
-    """(item shard, Table(item, ...)) -> the candidate n-grams (side-input list of str) in supp(H)."""
+def support_keys_by_shard(element, num_shards):
+    """(shard, Table(item, ...)) -> (item shard, Packed(item)) of its n-grams, by the item shard of their key
+    bytes (the support of a MAD-SIPS round also holds the level's earlier releases under key 0)."""
+    items = element[1].select([ITEM])
+    yield from split_packed(items, shard_ids(items.column(ITEM), num_shards), num_shards)
 
-    def process(self, element, candidates):
-        if not candidates:
-            return
-        _, w = element
-        cands = dpne_kernels.string_array(sorted(set(candidates))).cast(pa.binary())
-        kept = keep_items(pa.table({ITEM: cands}), w.column(ITEM))
-        for g in kept.column(ITEM).to_pylist():
-            yield g.decode("utf-8")
+
+def outside_support(shard, grouped):
+    """(item shard, {'cands': [(B_k, [g])], 'support': [Packed(item)]}) -> (B_k, the distinct candidates g of the
+    shard outside supp(H)) (a shard with no support: all of its candidates; none outside: an empty list, so
+    that B_k reaches the selection, which fails loudly when too few candidates are left)."""
+    if not grouped["cands"]:
+        return
+    n = grouped["cands"][0][0]
+    cands = sorted({g for _, grams in grouped["cands"] for g in grams})
+    support = unpacked(grouped["support"])
+    if support:
+        keys = dpne_kernels.string_array(cands).cast(pa.binary())
+        inside = pc.is_in(keys, value_set=pa.chunked_array([t.column(ITEM) for t in support]).combine_chunks())
+        cands = [g for g, i in zip(cands, inside.to_pylist()) if not i]
+    yield n, cands
 
 
 def decode_holders(element):
@@ -356,13 +366,15 @@ def sum_pairs(values):
     return a, b
 
 
-def lr_product(element):
+def lr_sizes(element):
+    """(y, (L(y), R(y))) -> (L(y), L(y) R(y)); summed over y: (|S_{k-1}|, |V_k|) (a (k-1)-gram has one tail)."""
     _, (left, right) = element
-    return left * right
+    return left, left * right
 
 
-def product(a, b):
-    return a * b
+def times_s1(count, s1_count):
+    """|S_{k-1}| -> (|S_{k-1}|, |V_k| = |S_{k-1}| |S_1|) (pruning 'single')."""
+    return count, count * s1_count
 
 
 def keep_at_or_above_rho(element, level):
@@ -408,9 +420,16 @@ def baseline_level(_, plan: RunPlan, weighting, beta):
     return baseline_run_report(plan, weighting, beta)
 
 
-def level_k(_, k, sigma, max_contributions, eta, weighting, beta, s_prev_size, v_size):
-    """The public parameters of level k >= 2, from the released |S_{k-1}| and |V_k|."""
+def level_k(_, k, sigma, max_contributions, eta, weighting, beta, sizes, v_estimate=None):
+    """The public parameters of level k >= 2, from the released (|S_{k-1}|, |V_k|) (``v_estimate``: supplement
+    Alg. 2's estimate of |V_k|, which then sets rho_k instead)."""
+    s_prev_size, v_size = sizes
+    v_size = v_size if v_estimate is None else v_estimate
     return level_k_report(k, sigma, max_contributions, eta, weighting, beta, s_prev_size, v_size)
+
+
+def second(pair):
+    return pair[1]
 
 
 def level_tau(level):
@@ -429,66 +448,65 @@ class EstimateValidFn(WorkerRngDoFn):
         yield int(round(dpne_kernels.valid_count_sample(sorted(s_prev), sorted(s1), self._p, gen)))
 
 
-class SpuriousPlanFn(WorkerRngDoFn):
-    """Draws B_k ~ Bin(|V_k| - |supp H_k|, q_k) and sizes the candidate oversample.
+class SpuriousCandidatesFn(WorkerRngDoFn):
+    """Supplement Alg. 1's spurious draws of level k, one element: B_k ~ Bin(|V_k| - |supp H_k|, q_k), then an
+    oversample of candidates drawn uniformly from V_k (S_{k-1}, S_1 side inputs) -> (item shard, (B_k, [g])).
 
-    Emits one dict {'n': B_k, 'chunks': [(chunk, size)]}. |supp H_k| is private; it only sizes
-    internal work and never leaves the pipeline.
+    The candidates are drawn in chunks of ``CANDIDATE_CHUNK`` with the chunk's keyed generator (seeded: (seed,
+    'spurious', k, ('candidates', c))); B_k travels with them, so the selection reads nothing else
+    (:class:`_Spurious`). Nothing is emitted when B_k = 0. |supp H_k| is private; it only sizes internal work
+    and never leaves the pipeline.
     """
 
     def __init__(self, k, seed, pruning):
         super().__init__(seed)
         self._k, self._seed, self._pruning = k, seed, pruning
 
-    def process(self, _, level, n_supp, v_exact):
+    def process(self, _, level, n_supp, s_prev, s1, num_shards, v_exact=None):
         if level["rho"] is None:
-            yield {"n": 0, "chunks": []}
             return
         # Always the exact |V_k| here (also with vk_method='sample', whose estimate only sets rho_k):
         # then the spurious k-grams are exactly the zero-weight part of the Gaussian mechanism on V_k.
+        v_exact = level["v_k"] if v_exact is None else v_exact  # the level's |V_k| is exact unless estimated
         n_avail = max(0, v_exact - n_supp)
         n = dpne_kernels.spurious_count(n_avail, level["spurious_prob"], self._k, self._seed, self._rng)
-        m = dpne_kernels.spurious_oversample(n, n_avail, v_exact) if n else 0
-        yield {"n": n, "chunks": dpne_kernels.chunk_sizes(m)}
-
-
-def plan_chunks(_, plan):
-    return list(plan["chunks"])
-
-
-class CandidatesFn(WorkerRngDoFn):
-    """(chunk, size) -> candidate k-grams drawn uniformly from V_k (S_{k-1}, S_1 side inputs)."""
-
-    def __init__(self, k, pruning, seed):
-        super().__init__(seed)
-        self._k, self._pruning, self._seed = k, pruning, seed
-        self._sampler = None
-
-    def process(self, element, s_prev, s1):
-        chunk, size = element
-        if self._sampler is None:
-            self._sampler = dpne_kernels.ValidSampler(s_prev, s1, self._pruning)
-        yield from dpne_kernels.candidate_chunk(self._sampler, chunk, size, self._k, self._seed, self._rng)
+        if not n:
+            return
+        m = dpne_kernels.spurious_oversample(n, n_avail, v_exact)
+        sampler = dpne_kernels.ValidSampler(s_prev, s1, self._pruning)
+        by_shard = {}
+        for chunk, size in dpne_kernels.chunk_sizes(m):
+            cands = dpne_kernels.candidate_chunk(sampler, chunk, size, self._k, self._seed, self._rng)
+            shards = shard_ids(dpne_kernels.string_array(cands).cast(pa.binary()), num_shards).tolist()
+            for g, shard in zip(cands, shards):
+                by_shard.setdefault(shard, []).append(g)
+        for shard, grams in by_shard.items():
+            yield shard, (n, grams)
 
 
 class SelectSpuriousFn(WorkerRngDoFn):
-    """The B_k distinct candidates outside supp(H_k) with the smallest priority (seeded: keyed by
-    (seed, 'spurious_priority', k, g); unseeded: the worker's OS-entropy generator)."""
+    """(B_k, [g]) of every item shard -> the B_k distinct candidates outside supp(H_k) with the smallest
+    priority (seeded: keyed by (seed, 'spurious_priority', k, g); unseeded: the worker's OS-entropy generator)."""
 
     def __init__(self, k, seed):
         super().__init__(seed)
         self._k = k
 
-    def process(self, _, candidates, inside, plan):
-        if not plan["n"]:
-            return
-        outside = sorted(set(candidates) - set(inside))
-        pri = dpne_kernels.spurious_priorities(outside, self._k, self._seed, self._rng)
-        yield from dpne_kernels.select_spurious(zip(pri.tolist(), outside), plan["n"], self._k)
+    def process(self, _, outside):
+        if not outside:
+            return  # B_k = 0: no candidates were drawn
+        n = outside[0][0]
+        grams = sorted({g for _, shard_grams in outside for g in shard_grams})
+        pri = dpne_kernels.spurious_priorities(grams, self._k, self._seed, self._rng)
+        yield from dpne_kernels.select_spurious(zip(pri.tolist(), grams), n, self._k)
 
 
-class ExactValidCount(beam.PTransform):
-    """S_{k-1} (released (k-1)-grams) -> singleton |V_k| = sum_y L(y) R(y) (or |S_{k-1}| |S_1|)."""
+class LevelSizes(beam.PTransform):
+    """S_{k-1} (released (k-1)-grams) -> singleton (|S_{k-1}|, |V_k|): |V_k| = sum_y L(y) R(y) (or |S_{k-1}| |S_1|).
+
+    One combine for both: every (k-1)-gram has one tail, so |S_{k-1}| = sum_y L(y). One singleton instead of
+    two keeps S_{k-1}'s readers that meet again in level k few (Flink's plan walk, :mod:`pipelines.flink_plan`).
+    """
 
     def __init__(self, pruning, s1_count=None, label=None):
         super().__init__(label)
@@ -499,14 +517,14 @@ class ExactValidCount(beam.PTransform):
             return (
                 s_prev
                 | "CountPrev" >> beam.combiners.Count.Globally()  # |S_{k-1}|
-                | "TimesS1" >> beam.Map(product, beam.pvalue.AsSingleton(self._s1_count))  # |V_k|
+                | "TimesS1" >> beam.Map(times_s1, beam.pvalue.AsSingleton(self._s1_count))  # (|S_{k-1}|, |V_k|)
             )
         return (
             s_prev
             | "LRParts" >> beam.FlatMap(lr_parts)  # (y, (1,0) | (0,1))
             | "LR" >> beam.CombinePerKey(sum_pairs)  # (y, (L(y), R(y)))
-            | "Product" >> beam.Map(lr_product)  # L(y) R(y)
-            | "Sum" >> beam.CombineGlobally(sum)  # |V_k|
+            | "Sizes" >> beam.Map(lr_sizes)  # (L(y), L(y) R(y))
+            | "Sum" >> beam.CombineGlobally(sum_pairs)  # (|S_{k-1}|, |V_k|)
         )
 
 
@@ -560,13 +578,27 @@ class _Spurious(beam.PTransform):
 
     ``k`` is the randomness round of the draws (the level k; with selection='mad_sips' the round id of the
     level's round, :func:`privacy.dpne.round_id`); the k-grams' length is that of V_k (S_{k-1}, S_1). ``level``:
-    a singleton dict with 'rho' (None: nothing is drawn) and 'spurious_prob'.
+    a singleton dict with 'rho' (None: nothing is drawn), 'spurious_prob' and, unless ``v_exact`` (a singleton
+    |V_k|) is given, the exact |V_k| as 'v_k'.
+
+    Stages (shapes after each step):
+      CountSupport  |supp H_k|                  private, sizes internal work only
+      Candidates    (item shard, (B_k, [g]))    B_k ~ Bin(|V_k| - |supp H_k|, q_k); candidates g ~ uniform(V_k)
+                                                (an oversample, with repeats), by the item shard of g
+      SupportKeys   (item shard, Packed(item))  supp(H_k)'s n-grams, by the same item shard
+      Outside       (B_k, [g])                  per item shard, the distinct candidates outside supp(H_k)
+      KeepB         g                           the B_k of least priority among them
+
+    The candidates meet the support in a keyed join (not as a side input of a step whose output meets them
+    again) and B_k travels with them: a level's steps read few PCollections derived from S_{k-1} twice, which
+    keeps the paths of Flink's plan walk few (:mod:`pipelines.flink_plan`; docs/engines.md).
     """
 
-    def __init__(self, k, level, v_exact, s_prev, s1, pruning, seed, label=None):
+    def __init__(self, k, level, v_exact, s_prev, s1, pruning, seed, num_shards, label=None):
         super().__init__(label)
         self._k, self._level, self._v_exact = k, level, v_exact
         self._s_prev, self._s1, self._pruning, self._seed = s_prev, s1, pruning, seed
+        self._num_shards = num_shards  # singleton side input (the item shards' count)
 
     def expand(self, support):
         p = support.pipeline
@@ -576,36 +608,32 @@ class _Spurious(beam.PTransform):
             | "SupportRows" >> beam.Map(shard_support_size)  # rows of an item shard
             | "CountSupport" >> beam.CombineGlobally(sum)  # |supp H_k| (private, internal)
         )
-        plan = (
-            p
-            | "PlanSeed" >> beam.Create([None])
-            | "Plan"
-            >> beam.ParDo(
-                SpuriousPlanFn(k, self._seed, self._pruning),
-                beam.pvalue.AsSingleton(self._level),
-                beam.pvalue.AsSingleton(n_supp),
-                beam.pvalue.AsSingleton(self._v_exact),
-            )  # {'n': B_k, 'chunks': [(c, size)]}
-        )
-        plan_si = beam.pvalue.AsSingleton(plan)
+        v_exact = [] if self._v_exact is None else [beam.pvalue.AsSingleton(self._v_exact)]
         cands = (
             p
-            | "ChunkSeed" >> beam.Create([None])
-            | "Chunks" >> beam.FlatMap(plan_chunks, plan_si)  # (chunk, size)
-            | "SpreadChunks" >> beam.Reshuffle()  # (chunk, size)
-            | "Draw"
+            | "PlanSeed" >> beam.Create([None])
+            | "Candidates"
             >> beam.ParDo(
-                CandidatesFn(k, self._pruning, self._seed),
+                SpuriousCandidatesFn(k, self._seed, self._pruning),
+                beam.pvalue.AsSingleton(self._level),
+                beam.pvalue.AsSingleton(n_supp),
                 beam.pvalue.AsList(self._s_prev),
                 beam.pvalue.AsList(self._s1),
-            )  # g ~ uniform(V_k), with repeats
+                self._num_shards,
+                *v_exact,
+            )  # (item shard, (B_k, [g])), g ~ uniform(V_k) with repeats
         )
-        cands_si = beam.pvalue.AsList(cands)
-        inside = support | "InSupport" >> beam.ParDo(InSupportFn(), cands_si)  # candidate g in supp(H_k)
+        keys = support | "SupportKeys" >> beam.FlatMap(support_keys_by_shard, self._num_shards)
+        # (item shard, Packed(item))
+        outside = (
+            {"cands": cands, "support": keys}
+            | "ByShard" >> beam.CoGroupByKey()  # (item shard, {'cands': [(B_k, [g])], 'support': [Packed(item)]})
+            | "Outside" >> beam.FlatMapTuple(outside_support)  # (B_k, [g outside supp(H_k)]) per item shard
+        )
         return (
             p
             | "SelectSeed" >> beam.Create([None])
-            | "KeepB" >> beam.ParDo(SelectSpuriousFn(k, self._seed), cands_si, beam.pvalue.AsList(inside), plan_si)
+            | "KeepB" >> beam.ParDo(SelectSpuriousFn(k, self._seed), beam.pvalue.AsList(outside))
         )  # g, B_k distinct k-grams outside supp(H_k)
 
 
@@ -801,7 +829,9 @@ class _LevelMADSIPS(beam.PTransform):
                 spurious = (
                     support
                     | f"R{r}Spurious"
-                    >> _Spurious(round_id(k, r), round_level, v_exact, s_prev, s1, prm.pruning, self._seed)
+                    >> _Spurious(
+                        round_id(k, r), round_level, v_exact, s_prev, s1, prm.pruning, self._seed, self._num_shards
+                    )
                     # g: spurious k-grams of round r
                     | f"R{r}SpuriousKeys" >> beam.Map(utf8_key)  # item bytes
                 )
@@ -958,6 +988,7 @@ class DPNE(beam.PTransform):
         outputs, reports, counted = [], [], []
         s1 = s_prev = None
         s1_count = None
+        mad = prm.selection == "mad_sips"
         for run in self.runs:
             k = run.lengths[0]
             name = f"L{k}"
@@ -973,21 +1004,23 @@ class DPNE(beam.PTransform):
                     kept, _ = self._run(name, tokens, run, k, level)  # (w, holders)
                     released = kept
             else:
-                v_exact = s_prev | f"{name}/ValidCount" >> ExactValidCount(prm.pruning, s1_count)  # |V_k|
+                sizes = s_prev | f"{name}/Sizes" >> LevelSizes(prm.pruning, s1_count)  # (|S_{k-1}|, |V_k|)
+                estimate = []
                 if prm.vk_method == "sample" and prm.pruning == "both":
-                    v_used = (
-                        p
-                        | f"{name}/EstSeed" >> beam.Create([None])
-                        | f"{name}/EstimateValid"
-                        >> beam.ParDo(
-                            EstimateValidFn(k, prm.sample_rate, self._seed),
-                            beam.pvalue.AsList(s_prev),
-                            beam.pvalue.AsList(s1),
+                    estimate = [
+                        beam.pvalue.AsSingleton(
+                            p
+                            | f"{name}/EstSeed" >> beam.Create([None])
+                            | f"{name}/EstimateValid"
+                            >> beam.ParDo(
+                                EstimateValidFn(k, prm.sample_rate, self._seed),
+                                beam.pvalue.AsList(s_prev),
+                                beam.pvalue.AsList(s1),
+                            )
                         )
-                    )  # ~|V_k|
-                else:
-                    v_used = v_exact
-                prev_count = s_prev | f"{name}/CountPrev" >> beam.combiners.Count.Globally()  # |S_{k-1}|
+                    ]  # ~|V_k|
+                # the exact |V_k| for the spurious step: the level dict's, unless the estimate set it
+                v_exact = sizes | f"{name}/ValidCount" >> beam.Map(second) if estimate or mad else None
                 level = (
                     p
                     | f"{name}/LevelSeed" >> beam.Create([None])
@@ -1000,8 +1033,8 @@ class DPNE(beam.PTransform):
                         prm.eta,
                         prm.weighting,
                         prm.beta,
-                        beam.pvalue.AsSingleton(prev_count),
-                        beam.pvalue.AsSingleton(v_used),
+                        beam.pvalue.AsSingleton(sizes),
+                        *estimate,
                     )
                 )  # {rho_k, q_k, |V_k|, ...}
             if k >= 2 and prm.selection == "mad_sips":
@@ -1010,7 +1043,7 @@ class DPNE(beam.PTransform):
             elif k >= 2:
                 kept, support = self._run(name, tokens, run, k, level, s_prev, s1)  # (w, holders)
                 spurious = support | f"{name}/Spurious" >> _Spurious(
-                    k, level, v_exact, s_prev, s1, prm.pruning, self._seed
+                    k, level, v_exact, s_prev, s1, prm.pruning, self._seed, self._num_shards
                 )  # w (spurious, 0 holders)
                 released = (
                     kept,
