@@ -60,6 +60,7 @@ at most eta |S_{k-1}|) and the released sets travel as side inputs.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import List, Optional
 
@@ -352,29 +353,15 @@ def with_zero_holders(g):
 # ---------------------------------------------------------------------------------------------
 
 
-def lr_parts(gram):
-    """(k-1)-gram g = x y = y' z -> (y, (1, 0)) for L(y) and (y', (0, 1)) for R(y')."""
-    yield tx.tail(gram), (1, 0)
-    yield tx.head(gram), (0, 1)
-
-
-def sum_pairs(values):
-    a = b = 0
-    for x, y in values:
-        a += x
-        b += y
-    return a, b
-
-
-def lr_sizes(element):
-    """(y, (L(y), R(y))) -> (L(y), L(y) R(y)); summed over y: (|S_{k-1}|, |V_k|) (a (k-1)-gram has one tail)."""
-    _, (left, right) = element
-    return left, left * right
-
-
-def times_s1(count, s1_count):
-    """|S_{k-1}| -> (|S_{k-1}|, |V_k| = |S_{k-1}| |S_1|) (pruning 'single')."""
-    return count, count * s1_count
+def level_sizes(grams, pruning, s1_count=None):
+    """[(k-1)-gram] of S_{k-1} -> (|S_{k-1}|, |V_k|, grams): |V_k| = sum_y L(y) R(y), L(y) the (k-1)-grams
+    x y ending in y, R(y) those y z starting with it (pruning 'both'), or |S_{k-1}| |S_1| ('single')."""
+    grams = list(grams)
+    if pruning == "single":
+        return len(grams), len(grams) * int(s1_count), grams
+    left = collections.Counter(tx.tail(g) for g in grams)
+    right = collections.Counter(tx.head(g) for g in grams)
+    return len(grams), sum(n * right.get(y, 0) for y, n in left.items()), grams
 
 
 def keep_at_or_above_rho(element, level):
@@ -421,15 +408,23 @@ def baseline_level(_, plan: RunPlan, weighting, beta):
 
 
 def level_k(_, k, sigma, max_contributions, eta, weighting, beta, sizes, v_estimate=None):
-    """The public parameters of level k >= 2, from the released (|S_{k-1}|, |V_k|) (``v_estimate``: supplement
-    Alg. 2's estimate of |V_k|, which then sets rho_k instead)."""
-    s_prev_size, v_size = sizes
+    """The public parameters of level k >= 2, from the released sizes (|S_{k-1}|, |V_k|, ...) (``v_estimate``:
+    supplement Alg. 2's estimate of |V_k|, which then sets rho_k instead)."""
+    s_prev_size, v_size = sizes[0], sizes[1]
     v_size = v_size if v_estimate is None else v_estimate
     return level_k_report(k, sigma, max_contributions, eta, weighting, beta, s_prev_size, v_size)
 
 
-def second(pair):
-    return pair[1]
+def spurious_level_k(_, k, sigma, max_contributions, eta, weighting, beta, sizes, v_estimate=None):
+    """What the spurious step of level k >= 2 reads, in one singleton: the level dict (rho_k, q_k), the exact
+    |V_k| (``v_exact``) and S_{k-1} (``s_prev``, the list)."""
+    level = level_k(_, k, sigma, max_contributions, eta, weighting, beta, sizes, v_estimate)
+    return dict(level, v_exact=sizes[1], s_prev=sizes[2])
+
+
+def valid_size(sizes):
+    """(|S_{k-1}|, |V_k|, grams) -> |V_k|."""
+    return sizes[1]
 
 
 def level_tau(level):
@@ -462,12 +457,13 @@ class SpuriousCandidatesFn(WorkerRngDoFn):
         super().__init__(seed)
         self._k, self._seed, self._pruning = k, seed, pruning
 
-    def process(self, _, level, n_supp, s_prev, s1, num_shards, v_exact=None):
+    def process(self, _, level, n_supp, s1, num_shards, s_prev=None, v_exact=None):
         if level["rho"] is None:
             return
         # Always the exact |V_k| here (also with vk_method='sample', whose estimate only sets rho_k):
         # then the spurious k-grams are exactly the zero-weight part of the Gaussian mechanism on V_k.
-        v_exact = level["v_k"] if v_exact is None else v_exact  # the level's |V_k| is exact unless estimated
+        s_prev = level["s_prev"] if s_prev is None else s_prev
+        v_exact = level.get("v_exact", level["v_k"]) if v_exact is None else v_exact
         n_avail = max(0, v_exact - n_supp)
         n = dpne_kernels.spurious_count(n_avail, level["spurious_prob"], self._k, self._seed, self._rng)
         if not n:
@@ -502,10 +498,12 @@ class SelectSpuriousFn(WorkerRngDoFn):
 
 
 class LevelSizes(beam.PTransform):
-    """S_{k-1} (released (k-1)-grams) -> singleton (|S_{k-1}|, |V_k|): |V_k| = sum_y L(y) R(y) (or |S_{k-1}| |S_1|).
+    """S_{k-1} (released (k-1)-grams) -> singleton (|S_{k-1}|, |V_k|, [(k-1)-gram]) (:func:`level_sizes`).
 
-    One combine for both: every (k-1)-gram has one tail, so |S_{k-1}| = sum_y L(y). One singleton instead of
-    two keeps S_{k-1}'s readers that meet again in level k few (Flink's plan walk, :mod:`pipelines.flink_plan`).
+    S_{k-1} is public and small (every level's capping reads it as a side input), so one worker computes
+    both sizes from the list. One singleton that carries the list to the spurious step keeps the paths of
+    Flink's plan walk few (:mod:`pipelines.flink_plan`): every step of level k that reads S_{k-1} more than
+    once, along routes that meet again, multiplies them.
     """
 
     def __init__(self, pruning, s1_count=None, label=None):
@@ -513,18 +511,11 @@ class LevelSizes(beam.PTransform):
         self._pruning, self._s1_count = pruning, s1_count
 
     def expand(self, s_prev):
-        if self._pruning == "single":
-            return (
-                s_prev
-                | "CountPrev" >> beam.combiners.Count.Globally()  # |S_{k-1}|
-                | "TimesS1" >> beam.Map(times_s1, beam.pvalue.AsSingleton(self._s1_count))  # (|S_{k-1}|, |V_k|)
-            )
+        s1_count = [] if self._pruning != "single" else [beam.pvalue.AsSingleton(self._s1_count)]
         return (
             s_prev
-            | "LRParts" >> beam.FlatMap(lr_parts)  # (y, (1,0) | (0,1))
-            | "LR" >> beam.CombinePerKey(sum_pairs)  # (y, (L(y), R(y)))
-            | "Sizes" >> beam.Map(lr_sizes)  # (L(y), L(y) R(y))
-            | "Sum" >> beam.CombineGlobally(sum_pairs)  # (|S_{k-1}|, |V_k|)
+            | "Gather" >> beam.combiners.ToList()  # [(k-1)-gram] of S_{k-1}
+            | "Sizes" >> beam.Map(level_sizes, self._pruning, *s1_count)  # (|S_{k-1}|, |V_k|, [g])
         )
 
 
@@ -578,8 +569,8 @@ class _Spurious(beam.PTransform):
 
     ``k`` is the randomness round of the draws (the level k; with selection='mad_sips' the round id of the
     level's round, :func:`privacy.dpne.round_id`); the k-grams' length is that of V_k (S_{k-1}, S_1). ``level``:
-    a singleton dict with 'rho' (None: nothing is drawn), 'spurious_prob' and, unless ``v_exact`` (a singleton
-    |V_k|) is given, the exact |V_k| as 'v_k'.
+    a singleton dict with 'rho' (None: nothing is drawn), 'spurious_prob', and unless given apart (``v_exact``, a
+    singleton, ``s_prev``, a PCollection) the exact |V_k| ('v_exact', else 'v_k') and S_{k-1} ('s_prev', a list).
 
     Stages (shapes after each step):
       CountSupport  |supp H_k|                  private, sizes internal work only
@@ -608,6 +599,7 @@ class _Spurious(beam.PTransform):
             | "SupportRows" >> beam.Map(shard_support_size)  # rows of an item shard
             | "CountSupport" >> beam.CombineGlobally(sum)  # |supp H_k| (private, internal)
         )
+        s_prev = [] if self._s_prev is None else [beam.pvalue.AsList(self._s_prev)]
         v_exact = [] if self._v_exact is None else [beam.pvalue.AsSingleton(self._v_exact)]
         cands = (
             p
@@ -617,9 +609,9 @@ class _Spurious(beam.PTransform):
                 SpuriousCandidatesFn(k, self._seed, self._pruning),
                 beam.pvalue.AsSingleton(self._level),
                 beam.pvalue.AsSingleton(n_supp),
-                beam.pvalue.AsList(self._s_prev),
                 beam.pvalue.AsList(self._s1),
                 self._num_shards,
+                *s_prev,
                 *v_exact,
             )  # (item shard, (B_k, [g])), g ~ uniform(V_k) with repeats
         )
@@ -1004,7 +996,7 @@ class DPNE(beam.PTransform):
                     kept, _ = self._run(name, tokens, run, k, level)  # (w, holders)
                     released = kept
             else:
-                sizes = s_prev | f"{name}/Sizes" >> LevelSizes(prm.pruning, s1_count)  # (|S_{k-1}|, |V_k|)
+                sizes = s_prev | f"{name}/Sizes" >> LevelSizes(prm.pruning, s1_count)  # (|S_{k-1}|, |V_k|, [g])
                 estimate = []
                 if prm.vk_method == "sample" and prm.pruning == "both":
                     estimate = [
@@ -1019,31 +1011,24 @@ class DPNE(beam.PTransform):
                             )
                         )
                     ]  # ~|V_k|
-                # the exact |V_k| for the spurious step: the level dict's, unless the estimate set it
-                v_exact = sizes | f"{name}/ValidCount" >> beam.Map(second) if estimate or mad else None
+                level_args = (k, run.sigma, run.max_contributions, prm.eta, prm.weighting, prm.beta)
+                level_args += (beam.pvalue.AsSingleton(sizes), *estimate)
                 level = (
-                    p
-                    | f"{name}/LevelSeed" >> beam.Create([None])
-                    | f"{name}/Level"
-                    >> beam.Map(
-                        level_k,
-                        k,
-                        run.sigma,
-                        run.max_contributions,
-                        prm.eta,
-                        prm.weighting,
-                        prm.beta,
-                        beam.pvalue.AsSingleton(sizes),
-                        *estimate,
-                    )
+                    p | f"{name}/LevelSeed" >> beam.Create([None]) | f"{name}/Level" >> beam.Map(level_k, *level_args)
                 )  # {rho_k, q_k, |V_k|, ...}
-            if k >= 2 and prm.selection == "mad_sips":
+            if k >= 2 and mad:
+                v_exact = sizes | f"{name}/ValidCount" >> beam.Map(valid_size)  # |V_k|
                 released, level = self._mad_sips(name, tokens, run, level, s_prev, s1, v_exact)
                 # (w, holders in round 1's sets), level dict with the rounds
             elif k >= 2:
                 kept, support = self._run(name, tokens, run, k, level, s_prev, s1)  # (w, holders)
+                spurious_level = (
+                    p
+                    | f"{name}/SpuriousSeed" >> beam.Create([None])
+                    | f"{name}/SpuriousLevel" >> beam.Map(spurious_level_k, *level_args)
+                )  # {rho_k, q_k, exact |V_k|, S_{k-1}}: one singleton (Flink's plan walk, _Spurious)
                 spurious = support | f"{name}/Spurious" >> _Spurious(
-                    k, level, v_exact, s_prev, s1, prm.pruning, self._seed, self._num_shards
+                    k, spurious_level, None, None, s1, prm.pruning, self._seed, self._num_shards
                 )  # w (spurious, 0 holders)
                 released = (
                     kept,
