@@ -157,8 +157,10 @@ job_server() {  # job_server ENGINE [FLAGS]: exec the job server (the tests star
   # Default: a local engine with 2 task slots / cores; artifact and expansion services on free ports so
   # that both job servers can run at once.
   [ $# -gt 0 ] || set -- "${defaults[@]}" --job-port 8099 --artifact-port 0 --expansion-port 0
+  # -Xss16m: Flink's job invocation deserialises the compiled plan recursively; DPNE's at its default --max_n 9
+  # overflows the default 1 MB thread stack (StackOverflowError; docs/engines.md, "Flink's plan optimizer")
   # shellcheck disable=SC2086  # ENGINES_JAVA_OPTS is a list of flags
-  exec java ${ENGINES_JAVA_OPTS:--Xmx3g} "${JAVA_MODULE_OPTS[@]}" "${logging[@]}" -cp "$(cat "$cp")" "$main" "$@"
+  exec java ${ENGINES_JAVA_OPTS:--Xmx3g -Xss16m} "${JAVA_MODULE_OPTS[@]}" "${logging[@]}" -cp "$(cat "$cp")" "$main" "$@"
 }
 
 # --- standalone clusters (issue 29): .ci/engines.sh cluster up|down|status ------------------------------

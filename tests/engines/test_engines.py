@@ -125,6 +125,9 @@ CASES = {
     ),
     "extract_ngrams": Case("extract_ngrams", diagnostics=True),
     "extract_ngrams_counts": Case("extract_ngrams", ("--release_counts",)),
+    # the paper's default --max_n 9: nine levels, each reading the previous release; Flink compiles its plan
+    # (~5.6e8 paths walked) and needs the job server's -Xss16m (.ci/engines.sh) to deserialise it
+    "extract_ngrams_max_n_9": Case("extract_ngrams", ("--max_n", "9")),
     # MAD-SIPS's rounds inside every DPNE level (issue 30): per-round side inputs, checkpoints and spurious draws;
     # max_n 2 (level 1 and the known-domain level 2): with max_n 3 Flink's batch plan optimizer walks ~10^12 paths
     # of the graph before the job starts, not done in 900 s (docs/engines.md, "Flink's plan optimizer")

@@ -68,3 +68,25 @@ def test_other_runners_pay_nothing():
     assert flink_plan.warn_if_flink_may_not_start(_diamonds("SparkRunner", 20), file=out) == 0
     assert flink_plan.warn_if_flink_may_not_start(_diamonds("DirectRunner", 20), file=out) == 0
     assert out.getvalue() == ""
+
+
+def _dpne_paths(*flags) -> int:
+    """The plan paths of extract_ngrams on the bundled sample (built, not run)."""
+    from dp_partition_beam.pipelines import extract_ngrams
+
+    argv = ["--input", "data/debian_text.jsonl.gz", "--input_format", "jsonl", "--output", "o", "--report", "r"]
+    argv += ["--epsilon", "4", "--delta", "1e-6", "--max_contributions", "30", "--seed", "11", *flags]
+    args = extract_ngrams.build_parser().parse_args(argv)
+    pipeline = beam.Pipeline(options=PipelineOptions(["--no_pipeline_type_check"]))
+    extract_ngrams.build_pipeline(pipeline, args, extract_ngrams.params_from_args(args))
+    return flink_plan.plan_paths(pipeline)
+
+
+def test_a_dpne_level_multiplies_the_paths_by_at_most_six():
+    """Each DPNE level reads the previous level's release along few routes that meet again (level sizes,
+    capping, the spurious step's one singleton and keyed join), so the paper's default --max_n 9 compiles on
+    Flink (5.6e8 paths, ~35 s; it was 8.3e12 and never started: docs/engines.md). A diamond added to a level
+    (e.g. a singleton of S_{k-1} read by two steps that meet again) raises the ratio past 6."""
+    six, seven = _dpne_paths("--max_n", "6"), _dpne_paths("--max_n", "7")
+    assert seven / six < 6.0
+    assert _dpne_paths("--max_n", "9") < 10**9

@@ -35,12 +35,17 @@ side inputs):
   Spurious     n-gram                                   B_k ~ Bin(|V_k| - |supp H_k|, q_k) uniform
                                                        k-grams of V_k minus supp(H_k): candidates
                                                        drawn uniformly from V_k (y ~ L(y)R(y), then
-                                                       x, z), those in supp(H_k) found per item shard,
-                                                       the B_k outside with the smallest priority kept
+                                                       x, z), keyed by item shard and joined with the
+                                                       support's n-grams, the B_k outside with the
+                                                       smallest priority kept (:class:`_Spurious`)
   Checkpoint   (n-gram, holders)                        S_k materialised (read by the output, the
                                                        report, the counts and level k+1)
-  Level        {rho_k, q_k, |V_k|, ...}                 singleton: |V_k| = sum_y L(y) R(y) by a keyed
-                                                       combine over S_{k-1} (or the sampling estimator)
+  Sizes        (|S_{k-1}|, |V_k|, [g])                  singleton: S_{k-1} gathered (public, small),
+                                                       |V_k| = sum_y L(y) R(y) (:func:`level_sizes`)
+  Level        {rho_k, q_k, |V_k|, ...}                 singleton from Sizes (or the sampling estimator);
+                                                       the spurious step reads its own singleton of the
+                                                       level dict, the exact |V_k| and S_{k-1} (few routes
+                                                       back to S_{k-1}: Flink's plan walk, docs/engines.md)
 
 MAD weighting (``weighting='mad'``) replaces the Partials/GroupItems steps by
 :class:`transforms.selection.mad.MADWeights` (MAD paper Alg. 3 on the same capped tables),
