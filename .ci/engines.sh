@@ -338,7 +338,7 @@ flink_cluster_up() {
   # Exactly FLINK_TASKMANAGERS registered: a killed TaskManager stays listed until its heartbeat times out.
   wait_for "$FLINK_TASKMANAGERS TaskManagers registered" 180 flink-jobmanager \
     equals "$FLINK_TASKMANAGERS" http_json "http://localhost:$FLINK_REST_PORT/overview" "j['taskmanagers']"
-  start flink-job-server java -Xmx1g "${JAVA_MODULE_OPTS[@]}" "${logging[@]}" \
+  start flink-job-server java -Xmx1g -Xss16m "${JAVA_MODULE_OPTS[@]}" "${logging[@]}" \
     -Dorg.slf4j.simpleLogger.log.org.apache.flink=warn -cp "$(classpath_jar flink)" \
     org.apache.beam.runners.flink.FlinkJobServerDriver --flink-master="localhost:$FLINK_REST_PORT" \
     --flink-conf-dir="$CLUSTER/flink-conf" --job-port "$FLINK_JOB_PORT" --artifact-port 0 --expansion-port 0
