@@ -792,6 +792,7 @@ class _LevelMADSIPS(beam.PTransform):
                 None if last else self._num_shards,
                 packed=True,
                 outputs=(RoundSetsFn.CANDIDATES,),
+                whole_users=True,  # TokensByUser's pieces are cut between users
             )  # (user shard, Packed(user, item, degree[, bias])); r < R: candidates (item shard, zero partials)
             tau = beam.pvalue.AsSingleton(rounds | f"R{r}Tau" >> beam.Map(round_tau, r))  # tau_r
             b_min, b_max = (1.0, 1.0) if r == 1 else (prm.b_min, prm.b_max)

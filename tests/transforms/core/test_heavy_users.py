@@ -237,3 +237,43 @@ def test_item_index_checks_the_bytes_of_a_fingerprint_hit():
     assert list(ItemIndex(pa.array([b"zz"], pa.binary())).positions(query)) == [0]
     assert list(index.positions(pa.array([b"a"], pa.binary()))) == [-1]  # b"a" no longer on its slot
     assert list(ItemIndex(pa.array([b"a"], pa.binary())).positions(pa.array([b"a", b"zz"], pa.binary()))) == [0, -1]
+
+
+class _TagFn(engine.PerUserFn):
+    """Marks which of whole / join produced each user's rows."""
+
+    def whole(self, shard, table, *args):
+        yield shard, pa.table({USER: table.column(USER), "via": pa.array(["whole"] * table.num_rows)})
+
+    def join(self, shard, parts, *args):
+        table = pa.concat_tables(parts)
+        yield shard, pa.table({USER: table.column(USER), "via": pa.array(["join"] * table.num_rows)})
+
+
+def _users_via(element):
+    table = engine.table_of(element[1])
+    users = [u.decode() for u in table.column(USER).to_pylist()]
+    return json.dumps(sorted(set(zip(users, table.column("via").to_pylist()))))
+
+
+@pytest.mark.parametrize("whole_users", [False, True])
+def test_whole_users_runs_whole_on_one_user_pieces_and_joins_nothing(whole_users):
+    """per_user_step(whole_users=True) (DPNE: pieces cut between users) runs ``whole`` on every piece, one-user
+    pieces included, with no join step; by default a one-user piece may be part of a cut user: part, join."""
+    pieces = [
+        (0, pa.table({USER: [b"a", b"b"], ITEM: [b"x", b"y"]})),  # two users: whole either way
+        (1, pa.table({USER: [b"c", b"c"], ITEM: [b"x", b"y"]})),  # one user
+    ]
+    fn = _TagFn()
+
+    def build(p):
+        return engine.per_user_step(p | beam.Create(pieces), "Step", fn, whole_users=whole_users)
+
+    got = sorted(pair for line in collect(build, fmt=_users_via) for pair in map(tuple, json.loads(line)))
+    via_c = "whole" if whole_users else "join"
+    assert got == [("a", "whole"), ("b", "whole"), ("c", via_c)]
+    assert fn.whole_users is False  # the caller's fn is not changed (per_user_step copies it)
+    p = beam.Pipeline()
+    engine.per_user_step(p | beam.Create(pieces), "Step", fn, whole_users=whole_users)
+    labels = {t.unique_name for t in p.to_runner_api().components.transforms.values()}
+    assert ("StepGroup" in labels) is not whole_users
