@@ -21,12 +21,15 @@ import sys
 
 from apache_beam.options.pipeline_options import StandardOptions
 
-__all__ = ["leaf_graph", "unmemoised_visits", "plan_paths", "warn_if_flink_may_not_start", "WARN_PATHS"]
+__all__ = ["leaf_graph", "unmemoised_visits", "plan_paths", "warn_if_flink_may_not_start", "WARN_PATHS", "NEVER_PATHS"]
 
 #: warn from this many paths (~13 s of Flink's compiling at the measured ~1.3e-7 s a path)
 WARN_PATHS = 10**8
-#: seconds of Flink 1.19's compiling per path, measured on the 2-core machine (75 s for 5.8e8 paths)
+#: seconds of Flink 1.19's compiling per path, measured on the 2-core machine (75 s for 5.8e8 paths of MAD-SIPS
+#: inside DPNE; DPNE's default at --max_n 9, 5.8e8 paths too, compiled in ~34 s: an upper estimate)
 SECONDS_PER_PATH = 1.3e-7
+#: from this many paths (~22 min) the warning says the job may never start (2.9e12 did not in 950 s)
+NEVER_PATHS = 10**10
 _FLINK_RUNNERS = ("FlinkRunner", "PortableRunner")
 
 
@@ -69,10 +72,12 @@ def warn_if_flink_may_not_start(pipeline, file=sys.stderr) -> int:
         return 0
     if paths >= WARN_PATHS:
         minutes = paths * SECONDS_PER_PATH / 60.0
+        never = "; the job may never start" if paths >= NEVER_PATHS else ""
         print(
             f"warning: this pipeline's plan has {paths:.2g} sink-to-source paths; on Flink, whose batch optimizer "
-            f"walks each of them before the job starts, expect ~{minutes:,.0f} min of compiling (measured "
-            "on 2 cores; the job may never start). Spark and Dataflow are not affected. For DPNE: a smaller "
+            f"walks each of them before the job starts, expect up to ~{minutes:,.0f} min of compiling (measured "
+            f"on 2 cores{never}), and run the job server with -Xss16m (a deep plan overflows the default "
+            "thread stack when it is deserialised). Spark and Dataflow are not affected. For DPNE: a smaller "
             '--max_n, or --selection single (docs/engines.md, "Flink\'s plan optimizer")',
             file=file,
         )

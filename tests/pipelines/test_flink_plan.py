@@ -46,9 +46,18 @@ def test_a_flink_capable_run_with_a_huge_plan_is_warned_about(monkeypatch):
         paths = flink_plan.warn_if_flink_may_not_start(_diamonds(runner, 12), file=out)
         assert paths >= 2**12
         assert "sink-to-source paths" in out.getvalue() and "Flink's plan optimizer" in out.getvalue()
+        assert "-Xss16m" in out.getvalue() and "may never start" not in out.getvalue()  # 4,096 paths < NEVER_PATHS
         out = io.StringIO()  # a small plan: counted, not warned about
         assert 0 < flink_plan.warn_if_flink_may_not_start(_diamonds(runner, 2), file=out) < 1000
         assert out.getvalue() == ""
+
+
+def test_only_a_plan_past_never_paths_is_said_never_to_start(monkeypatch):
+    monkeypatch.setattr(flink_plan, "WARN_PATHS", 1000)
+    monkeypatch.setattr(flink_plan, "NEVER_PATHS", 2**12)
+    out = io.StringIO()
+    assert flink_plan.warn_if_flink_may_not_start(_diamonds("FlinkRunner", 12), file=out) >= 2**12
+    assert "the job may never start" in out.getvalue()
 
 
 def test_a_plan_that_cannot_be_counted_is_left_to_the_run(monkeypatch):
