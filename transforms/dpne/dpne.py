@@ -337,7 +337,8 @@ def outside_support(shard, grouped):
     support = unpacked(grouped["support"])
     if support:
         keys = dpne_kernels.string_array(cands).cast(pa.binary())
-        inside = pc.is_in(keys, value_set=pa.chunked_array([t.column(ITEM) for t in support]).combine_chunks())
+        items = pa.chunked_array([c for t in support for c in t.column(ITEM).chunks], type=pa.binary())
+        inside = pc.is_in(keys, value_set=items.combine_chunks())
         cands = [g for g, i in zip(cands, inside.to_pylist()) if not i]
     yield n, cands
 
