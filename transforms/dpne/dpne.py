@@ -65,7 +65,6 @@ at most eta |S_{k-1}|) and the released sets travel as side inputs.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from typing import List, Optional
 
@@ -359,15 +358,11 @@ def with_zero_holders(g):
 # ---------------------------------------------------------------------------------------------
 
 
-def level_sizes(grams, pruning, s1_count=None):
-    """[(k-1)-gram] of S_{k-1} -> (|S_{k-1}|, |V_k|, grams): |V_k| = sum_y L(y) R(y), L(y) the (k-1)-grams
-    x y ending in y, R(y) those y z starting with it (pruning 'both'), or |S_{k-1}| |S_1| ('single')."""
+def level_sizes(grams, pruning, s1):
+    """[(k-1)-gram] of S_{k-1} -> (|S_{k-1}|, |V_k|, grams), |V_k| as the reference computes it
+    (:func:`transforms.dpne.dpne_kernels.valid_count_exact`)."""
     grams = list(grams)
-    if pruning == "single":
-        return len(grams), len(grams) * int(s1_count), grams
-    left = collections.Counter(tx.tail(g) for g in grams)
-    right = collections.Counter(tx.head(g) for g in grams)
-    return len(grams), sum(n * right.get(y, 0) for y, n in left.items()), grams
+    return len(grams), dpne_kernels.valid_count_exact(grams, s1, pruning), grams
 
 
 def keep_at_or_above_rho(element, level):
@@ -512,16 +507,15 @@ class LevelSizes(beam.PTransform):
     once, along routes that meet again, multiplies them.
     """
 
-    def __init__(self, pruning, s1_count=None, label=None):
+    def __init__(self, pruning, s1, label=None):
         super().__init__(label)
-        self._pruning, self._s1_count = pruning, s1_count
+        self._pruning, self._s1 = pruning, s1
 
     def expand(self, s_prev):
-        s1_count = [] if self._pruning != "single" else [beam.pvalue.AsSingleton(self._s1_count)]
         return (
             s_prev
             | "Gather" >> beam.combiners.ToList()  # [(k-1)-gram] of S_{k-1}
-            | "Sizes" >> beam.Map(level_sizes, self._pruning, *s1_count)  # (|S_{k-1}|, |V_k|, [g])
+            | "Sizes" >> beam.Map(level_sizes, self._pruning, beam.pvalue.AsList(self._s1))  # (|S_{k-1}|, |V_k|, [g])
         )
 
 
@@ -986,7 +980,6 @@ class DPNE(beam.PTransform):
         p = tokens.pipeline
         outputs, reports, counted = [], [], []
         s1 = s_prev = None
-        s1_count = None
         mad = prm.selection == "mad_sips"
         for run in self.runs:
             k = run.lengths[0]
@@ -1003,7 +996,7 @@ class DPNE(beam.PTransform):
                     kept, _ = self._run(name, tokens, run, k, level)  # (w, holders)
                     released = kept
             else:
-                sizes = s_prev | f"{name}/Sizes" >> LevelSizes(prm.pruning, s1_count)  # (|S_{k-1}|, |V_k|, [g])
+                sizes = s_prev | f"{name}/Sizes" >> LevelSizes(prm.pruning, s1)  # (|S_{k-1}|, |V_k|, [g])
                 estimate = []
                 if prm.vk_method == "sample" and prm.pruning == "both":
                     estimate = [
@@ -1045,7 +1038,6 @@ class DPNE(beam.PTransform):
             s_k = s_k_holders | f"{name}/Ngrams" >> beam.Keys()  # w in S_k
             if k == 1:
                 s1 = s_k
-                s1_count = s1 | f"{name}/CountS1" >> beam.combiners.Count.Globally()  # |S_1|
             outputs.append(s_k | f"{name}/TagK" >> beam.Map(tag_k, k))  # (k, w)
             reports.append(self._finish_level(name, s_k, level))
             if self.counts is not None:
