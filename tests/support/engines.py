@@ -60,15 +60,20 @@ def die_with_parent() -> None:
         pass
 
 
-def flink_config(restart_attempts: int) -> str:
+def flink_config(restart_attempts: int, tmp_dir: str) -> str:
     """A Flink ``config.yaml``: on a task failure restart its failover region (Flink's default,
     spelled out: the tasks connected to it by pipelined exchanges, in a batch job in Flink's default
-    pipelined mode usually the whole job), up to ``restart_attempts`` times per job, 100 ms apart."""
+    pipelined mode usually the whole job), up to ``restart_attempts`` times per job, 100 ms apart.
+
+    Flink's scratch (``io.tmp.dirs``: the embedded TaskManager's ``tm_*`` directory with every job's
+    blobs, ~150 MB a job here, and the shuffles' files) goes to ``tmp_dir``, which ``JobServer.stop``
+    removes; in the default /tmp each job server left ~1 GB behind."""
     return (
         "jobmanager.execution.failover-strategy: region\n"
         "restart-strategy.type: fixed-delay\n"
         f"restart-strategy.fixed-delay.attempts: {restart_attempts}\n"
         "restart-strategy.fixed-delay.delay: 100 ms\n"
+        f"io.tmp.dirs: {tmp_dir}\n"
     )
 
 
@@ -91,11 +96,14 @@ class JobServer:
         self.port = free_port()
         self.max_failures = max_failures
         self.log_path = os.path.join(log_dir, f"{engine}-job-server.log")
+        self.tmp_dir = None
         if engine == "flink":
             conf_dir = os.path.join(log_dir, "flink-conf")
+            self.tmp_dir = os.path.join(log_dir, "flink-tmp")
             os.makedirs(conf_dir, exist_ok=True)
+            os.makedirs(self.tmp_dir, exist_ok=True)
             with open(os.path.join(conf_dir, "config.yaml"), "w", encoding="utf-8") as f:
-                f.write(flink_config(max_failures))
+                f.write(flink_config(max_failures, self.tmp_dir))
             master = ["--flink-master=[local]", f"--flink-conf-dir={conf_dir}"]
         else:
             master = [f"--spark-master-url=local[{PARALLELISM},{max_failures}]"]
@@ -166,14 +174,16 @@ class JobServer:
         return f"--- last {len(tail)} lines of {self.log_path} ---\n" + "".join(tail)
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
+        """Stops the job server (TERM, KILL after 30 s) and removes Flink's scratch directory."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        if self.tmp_dir is not None:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
 
 # --- the standalone clusters of `.ci/engines.sh cluster` (issue 29) ------------------------------------------
