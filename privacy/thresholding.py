@@ -128,26 +128,41 @@ class _StepSearch:
         self.lo = np.where(inner, core, 0.0)
         # the forward divergence alone bounds q': q'^alpha core^(1-alpha) <= e^bound, so the bisection runs on
         # [core, that bound] (a bracket of width ~ core * eps instead of 1: the steps are then relative to q')
+        log_top = (bound + a1 * lp) / alpha
         with np.errstate(over="ignore"):
-            top = np.exp(np.minimum((bound + a1 * lp) / alpha, 0.0))
+            top = np.exp(np.minimum(log_top, 0.0))
         self.hi = np.where(inner, np.minimum(1.0, np.maximum(top, core)), 0.0)
-        self.full = inner & self._ok(np.full_like(core, 1.0 - 2.0**-53), ...)
+        # q' = 1 - 2^-53 feasible ("full"): tested only where the forward bound lets q' reach 1/2. Elsewhere
+        # D(q || core) >= alpha log q - (alpha - 1) log core > bound + alpha log 2 - 1e-16 alpha, never feasible
+        self.full = np.zeros(self.shape, dtype=bool)
+        maybe = inner & (log_top >= -math.log(2.0))  # a mask (0-d arrays too)
+        self.full[maybe] = self._ok(np.full(int(np.count_nonzero(maybe)), 1.0 - 2.0**-53), maybe)
 
-    def _ok(self, q, at):  # both divergences <= eps, in log space: log(sum) <= eps (alpha - 1)
+    def _terms(self, at):
+        """The per-element constants of :meth:`_ok` for the elements ``at``: (alpha, a1, alpha lp, alpha lq,
+        a1 lp, a1 lq, bound), computed once per :meth:`bisect` (the same products as inline: bit-identical)."""
         alpha, lp, lq, a1 = self.alpha[at], self.lp[at], self.lq[at], self.a1[at]
+        return alpha, a1, alpha * lp, alpha * lq, a1 * lp, a1 * lq, self.bound[at]
+
+    @staticmethod
+    def _ok_terms(q, terms):  # both divergences <= eps, in log space: log(sum) <= eps (alpha - 1)
+        alpha, a1, alpha_lp, alpha_lq, a1_lp, a1_lq, bound = terms
         with np.errstate(divide="ignore"):
             lx, ly = np.log(q), np.log1p(-q)
-        forward = np.logaddexp(alpha * lx - a1 * lp, alpha * ly - a1 * lq)  # D(q || core)
-        backward = np.logaddexp(alpha * lp - a1 * lx, alpha * lq - a1 * ly)  # D(core || q)
-        bound = self.bound[at]
+        forward = np.logaddexp(alpha * lx - a1_lp, alpha * ly - a1_lq)  # D(q || core)
+        backward = np.logaddexp(alpha_lp - a1 * lx, alpha_lq - a1 * ly)  # D(core || q)
         return (forward <= bound) & (backward <= bound)
+
+    def _ok(self, q, at):
+        return self._ok_terms(q, self._terms(at))
 
     def bisect(self, steps: int, at=...):
         """``steps`` bisection steps of the elements ``at`` (an index into the arrays; all by default)."""
         lo, hi = self.lo[at], self.hi[at]
+        terms = self._terms(at)
         for _ in range(steps):
             mid = 0.5 * (lo + hi)
-            good = self._ok(mid, at)
+            good = self._ok_terms(mid, terms)
             lo = np.where(good, mid, lo)
             hi = np.where(good, hi, mid)
         self.lo[at], self.hi[at] = lo, hi

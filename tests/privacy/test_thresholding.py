@@ -85,6 +85,24 @@ def test_the_pruned_minimum_is_the_minimum_of_every_step(seed, alpha, eps, delta
 
 @PROPS
 @given(
+    seed=st.integers(0, 2**32 - 1),
+    alpha=st.floats(1.01, 1e4),
+    eps=st.floats(1e-4, 50.0),
+    delta=deltas,
+)
+def test_the_full_check_skips_only_elements_that_cannot_be_full(seed, alpha, eps, delta):
+    """_StepSearch tests q' = 1 - 2^-53 only where the forward bound lets q' reach 1/2: its ``full`` flags
+    equal the test on every element (the first form of the code), bit for bit, over p from 0 to 1."""
+    rng = np.random.default_rng(seed)
+    p = np.concatenate([rng.random(400) ** rng.uniform(0.05, 8.0), 1.0 - rng.random(100) * 1e-6, [0.0, 1.0]])
+    eps_v = eps * rng.uniform(0.01, 1.0, p.shape)
+    search = T._StepSearch(p, alpha, eps_v, delta, 1e-9)
+    everywhere = search.inner & search._ok(np.full(p.shape, 1.0 - 2.0**-53), ...)
+    assert np.array_equal(search.full, everywhere)
+
+
+@PROPS
+@given(
     alpha=st.floats(2.0, 80.0),
     eps=st.floats(0.05, 2.0),
     delta=st.floats(1e-9, 1e-4),
