@@ -770,8 +770,10 @@ DEFAULT_BLOCK_BYTES = 64 << 20
 # rejects sends only its piece to the per-line parser.
 _JSON_PIECE_BYTES = 4 << 20
 # Text is checked with numpy in blocks of at most this many bytes (a range of block_bytes is read in
-# several), which bounds the per-line index arrays (~70 bytes per line) of one block.
-_VECTOR_BYTES = 16 << 20
+# several), which bounds the per-line index arrays (~70 bytes per line) of one block. Reading the 4M-pair
+# Zipf TSV (49 MB) and nothing else peaked at 498 MB with 16 MB blocks, 382 / 301 / 264 MB with 8 / 4 / 2
+# MB (benchmarks/bench_read_floor.py; docs/columnar.md, "Memory").
+_VECTOR_BYTES = 4 << 20
 # First bytes of the UTF-8 encodings of the characters str.strip() removes (str.isspace): a value
 # made only of whitespace starts with one of them (tests/pipelines/test_io_batches.py checks the list).
 _WS_LEAD_BYTES = (9, 10, 11, 12, 13, 28, 29, 30, 31, 32, 0xC2, 0xE1, 0xE2, 0xE3)
