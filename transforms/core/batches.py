@@ -61,7 +61,7 @@ __all__ = [
 USER = "user"
 ITEM = "item"
 DEFAULT_BATCH_ROWS = 65_536
-DEFAULT_ROWS_PER_SHARD = 2_000_000
+DEFAULT_ROWS_PER_SHARD = 1_000_000
 _BINARY = pa.binary()
 
 
