@@ -72,10 +72,11 @@ def released(out: str) -> int:
     return sum(sum(1 for _ in open(os.path.join(out, n))) for n in names)
 
 
-def timed(argv) -> tuple:
-    """(wall seconds, peak RSS MB of the process, exit code) of one run of ``argv``."""
+def timed(argv, env=None) -> tuple:
+    """(wall seconds, peak RSS MB of the process, exit code) of one run of ``argv`` (environment ``env``, by
+    default this process's)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     stderr = proc.stderr.read()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0

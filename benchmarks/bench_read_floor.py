@@ -15,10 +15,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
+
+from benchmarks.bench_cli import timed, write_zipf_tsv
 
 _CHILD = """
 import sys
@@ -33,22 +33,20 @@ options = PipelineOptions(["--direct_running_mode", "in_memory", "--direct_num_w
 with beam.Pipeline(runner=LocalDirectRunner(), options=options) as p:
     read = p | "Read" >> io.ReadRecordBatches(sys.argv[1], "tsv")
     rows = read.records | "Rows" >> beam.Map(lambda b: b.num_rows) | "Sum" >> beam.CombineGlobally(sum)
-    rows | "Print" >> beam.Map(lambda n: print("rows", n, flush=True))  # the in-memory runner's stdout
+    rows | "Write" >> beam.Map(lambda n: open(sys.argv[3], "w").write(str(n)))  # in_memory: this process
 """
 
 
-def run_once(tsv: str, vector_mb: int, pool: str):
-    env = dict(os.environ, ARROW_DEFAULT_MEMORY_POOL=pool)
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, tsv, str(vector_mb)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    out, err = proc.stdout.read().decode(), proc.stderr.read().decode()
-    if status != 0:
-        raise RuntimeError(f"read floor run failed:\n{err[-2000:]}")
-    return wall, usage.ru_maxrss / 1024.0, int(out.split("rows ")[-1].split()[0])
+def run_once(tsv: str, vector_mb: int, pool: str, count_path: str):
+    """(wall s, peak RSS MB, rows read) of one reading run in a fresh process (bench_cli.timed)."""
+    argv = [sys.executable, "-c", _CHILD, tsv, str(vector_mb), count_path]
+    if os.path.exists(count_path):
+        os.unlink(count_path)  # an earlier run's count must not stand in for this one's
+    wall, rss, code = timed(argv, env=dict(os.environ, ARROW_DEFAULT_MEMORY_POOL=pool))
+    if code != 0:
+        raise RuntimeError(f"the read floor run ({pool}, {vector_mb} MB blocks) exited with {code}")
+    with open(count_path, encoding="utf-8") as f:
+        return wall, rss, int(f.read())
 
 
 def main(argv=None):
@@ -60,28 +58,21 @@ def main(argv=None):
     ap.add_argument("--pools", nargs="+", default=["mimalloc", "system"])
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args(argv)
-    tmp = None
-    tsv = args.tsv
-    if tsv is None:
-        from benchmarks.bench_cli import write_zipf_tsv
-
-        tmp = tempfile.NamedTemporaryFile(suffix=".tsv", delete=False)
-        tmp.close()
-        write_zipf_tsv(args.zipf, tmp.name)
-        tsv = tmp.name
-    try:
+    with tempfile.TemporaryDirectory() as tmp:
+        tsv = args.tsv
+        if tsv is None:
+            tsv = os.path.join(tmp, "pairs.tsv")
+            write_zipf_tsv(args.zipf, tsv)
         print(f"{os.path.basename(tsv)}, median of {args.reps} run(s), {os.cpu_count()} cores\n")
         print("| allocator | check block | wall (s) | peak RSS (MB) | rows |")
         print("|---|---:|---:|---:|---:|")
+        count_path = os.path.join(tmp, "rows")
         for pool in args.pools:
             for mb in args.vector_mb:
-                runs = [run_once(tsv, mb, pool) for _ in range(args.reps)]
+                runs = [run_once(tsv, mb, pool, count_path) for _ in range(args.reps)]
                 wall = statistics.median(r[0] for r in runs)
                 rss = statistics.median(r[1] for r in runs)
                 print(f"| {pool} | {mb} MB | {wall:.2f} | {rss:,.0f} | {runs[0][2]:,} |", flush=True)
-    finally:
-        if tmp is not None:
-            os.unlink(tmp.name)
 
 
 if __name__ == "__main__":
