@@ -18,7 +18,8 @@ from apache_beam.options.pipeline_options import (
     TypeOptions,
 )
 from apache_beam.runners.direct.direct_runner import DirectRunner
-from apache_beam.runners.worker import bundle_processor
+
+from dp_partition_beam.transforms.core.harness import release_output_buffers
 
 # Set by the Dataflow Flex Template launcher image (templates/Dockerfile): the launcher must submit
 # the job and return, never wait for it (the launch would time out).
@@ -65,38 +66,6 @@ def make_pipeline(options: PipelineOptions) -> beam.Pipeline:
     return beam.Pipeline(options=options)
 
 
-def release_output_buffers() -> bool:
-    """Make the Beam SDK harness of this process free a step's output buffer when the step's bundle ends.
-
-    Each output of a fused stage is encoded into an output stream (``DataOutputOperation.output_stream``)
-    that flushes every ~10 MB but keeps its buffer's capacity (up to ~2x that); the operation keeps its last
-    stream after ``finish`` and Beam caches the finished bundle processor, so every stage that ran kept up to
-    ~20 MB per output until the end of the run. The in-memory DirectRunner runs the harness in the launching
-    process: MAD-SIPS's ~50 stages on the 4M-pair Zipf TSV held ~330 MB this way, 40% of its peak resident
-    memory (docs/columnar.md, "Memory"). After this, ``finish`` drops the closed stream (the next bundle sets
-    a new one before it emits anything); what is emitted and when is unchanged.
-
-    Affects bundle processors in this process only (the in-memory DirectRunner; not the SDK workers of
-    multi_processing, Flink, Spark or Dataflow). Idempotent; returns whether the change is in place (False
-    if this Beam's ``DataOutputOperation`` has not the shape it was written for, left as it is).
-    """
-    op = getattr(bundle_processor, "DataOutputOperation", None)
-    finish = getattr(op, "finish", None)
-    if finish is None or not hasattr(op, "set_output_stream"):
-        return False
-    if getattr(finish, "_releases_output_stream", False):
-        return True
-
-    def finish_and_release(self):
-        finish(self)  # closes the stream: its bytes go to the runner
-        self.output_stream = None  # and its buffer is freed with it
-
-    finish_and_release._releases_output_stream = True
-    finish_and_release.__doc__ = finish.__doc__
-    op.finish = finish_and_release
-    return True
-
-
 def run(pipeline: beam.Pipeline):
     """``pipeline.run()``; on :class:`LocalDirectRunner` in batch without Beam's runner-API round trip.
 
@@ -104,7 +73,8 @@ def run(pipeline: beam.Pipeline):
     about 1-2 s for the ~500 transforms of MAD-SIPS) unless the runner is Fn API compatible; it skips it for
     Beam's own DirectRunner in batch by that runner's class name, which our subclass does not carry. The
     FnApiRunner then converts the pipeline itself, as every other runner does. Every step of an in-process
-    run frees its output buffer when its bundle ends (:func:`release_output_buffers`).
+    run frees its output buffer when its bundle ends (:func:`transforms.core.harness.release_output_buffers`,
+    also in place once our transforms are imported).
     """
     release_output_buffers()
     if isinstance(pipeline.runner, LocalDirectRunner) and not pipeline.options.view_as(StandardOptions).streaming:
