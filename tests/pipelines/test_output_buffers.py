@@ -5,7 +5,7 @@ the finished bundle processor with it: every stage that ran kept up to ~20 MB pe
 bundle processors were shut down (MAD-SIPS on a 4M-pair TSV, in-memory runner: ~330 MB, 40% of its peak;
 docs/columnar.md, "Memory: Beam's output buffers"). The change is process-wide, so each case runs in fresh
 interpreters (tests/support/output_buffers_probe.py). And the FnApiRunner sends a bundle's input to its
-worker in ~10 MB chunks instead of one block (harness.chunk_runner_input; DPNE on MSNBC 1.16 -> 0.78 GB).
+worker in ~10 MB chunks instead of one block (harness.chunk_runner_input; DPNE on MSNBC 1.16 -> 0.76-0.78 GB).
 """
 
 import os

@@ -62,7 +62,7 @@ def chunk_runner_input() -> bool:
     (``--selection single``, in-memory runner) held 268 MB in one such buffer at its peak. After this the
     stream is flushed at element boundaries whenever it holds more than Beam's flush threshold (10 MB), as
     the SDK harness does with its outputs: the worker receives the same elements in the same order, in
-    several data messages. DPNE on MSNBC: peak RSS 1.16 -> 0.78 GB (docs/columnar.md, "Memory: Beam's
+    several data messages. DPNE on MSNBC: peak RSS 1.16 -> 0.76-0.78 GB (docs/columnar.md, "Memory: Beam's
     output buffers").
 
     Process-wide; idempotent. Returns whether the change is in place: False, and Beam left as it is, if
