@@ -19,8 +19,6 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.runners.direct.direct_runner import DirectRunner
 
-from dp_partition_beam.transforms.core.harness import release_output_buffers
-
 # Set by the Dataflow Flex Template launcher image (templates/Dockerfile): the launcher must submit
 # the job and return, never wait for it (the launch would time out).
 FLEX_TEMPLATE_ENV = "FLEX_TEMPLATE_PYTHON_PY_FILE"
@@ -72,11 +70,8 @@ def run(pipeline: beam.Pipeline):
     ``Pipeline.run`` first converts a pipeline to its portable form and back (a test of the conversion,
     about 1-2 s for the ~500 transforms of MAD-SIPS) unless the runner is Fn API compatible; it skips it for
     Beam's own DirectRunner in batch by that runner's class name, which our subclass does not carry. The
-    FnApiRunner then converts the pipeline itself, as every other runner does. Every step of an in-process
-    run frees its output buffer when its bundle ends (:func:`transforms.core.harness.release_output_buffers`,
-    also in place once our transforms are imported).
+    FnApiRunner then converts the pipeline itself, as every other runner does.
     """
-    release_output_buffers()
     if isinstance(pipeline.runner, LocalDirectRunner) and not pipeline.options.view_as(StandardOptions).streaming:
         return pipeline.run(test_runner_api=False)
     return pipeline.run()

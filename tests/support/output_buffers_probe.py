@@ -7,7 +7,7 @@ name, as they do ours.)
 
 Beam only, unless ``PROBE_OURS=1``: then every process that runs the probe's steps (the launcher, and each
 multi_processing worker when it unpickles them) imports ``dp_partition_beam.transforms.core`` first, as it
-does when it unpickles one of our DoFns. Used by tests/pipelines/test_output_buffers.py.
+does when it unpickles one of our DoFns. Used by tests/transforms/core/test_harness.py.
 """
 
 import gc

@@ -1,4 +1,4 @@
-"""Our steps free their output buffers when their bundles end (transforms/core/harness.release_output_buffers).
+"""Our steps free their output buffers when their bundles end (transforms/core/harness.py).
 
 Beam's SDK harness encodes a step's output into a stream that keeps its buffer after the bundle, and caches
 the finished bundle processor with it: every stage that ran kept up to ~20 MB per output until the process's
@@ -16,7 +16,7 @@ from dp_partition_beam.transforms.core import harness
 
 from tests.support.output_buffers_probe import CHUNKS, MB
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def retained(ours: bool, mode: str, tmp_path) -> int:
