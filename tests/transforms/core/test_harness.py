@@ -99,3 +99,40 @@ def test_the_runner_sends_a_bundles_input_in_chunks():
     assert len(chunks) > 1
     assert max(map(len, chunks)) <= data_plane._DEFAULT_SIZE_FLUSH_THRESHOLD + 3 * MB
     assert all(len(c) % (3 * MB) == 0 for c in chunks)  # cut only between the buffers given
+
+
+# --- the state sampler's wait at the end of every bundle (harness.shorten_state_sampling) -------------------
+
+
+def test_importing_our_transforms_shortens_the_samplers_period_only_by_default():
+    code = (
+        "from apache_beam.runners.worker.statesampler import StateSampler\n"
+        "from apache_beam.utils.counters import CounterFactory\n"
+        "before = StateSampler('s', CounterFactory()).sampling_period_ms\n"
+        "import dp_partition_beam.transforms.selection.basic\n"
+        "after = StateSampler('s', CounterFactory())\n"
+        "given = StateSampler('s', CounterFactory(), 50)\n"
+        "print(before, after.sampling_period_ms, given.sampling_period_ms)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["200", str(harness.SAMPLING_PERIOD_MS), "50"]  # Beam's default, ours, a caller's
+
+
+def test_the_shortened_sampler_still_samples_and_is_installed_once():
+    import time
+
+    from apache_beam.runners.worker import statesampler
+    from apache_beam.utils.counters import CounterFactory
+
+    init = statesampler.StateSampler.__init__
+    assert init._samples_often and harness.shorten_state_sampling() is True
+    assert statesampler.StateSampler.__init__ is init  # not wrapped twice
+    factory = CounterFactory()
+    sampler = statesampler.StateSampler("stage", factory)
+    sampler.start()
+    with sampler.scoped_state("step", "process"):
+        time.sleep(0.1)
+    sampler.stop()
+    sampler.commit_counters()
+    msecs = [c.value() for c in factory.get_counters() if "step" in str(c.name)]
+    assert msecs and sum(msecs) > 0  # the step's time was sampled (Beam's execution-time counter)
