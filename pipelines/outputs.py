@@ -26,15 +26,23 @@ def params_report(params) -> Dict[str, Any]:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(params).items()}
 
 
-def build_report(_, base: dict, plan, round_counts: Dict[int, int], cap: Optional[int] = None) -> str:
+def plan_reports(plan) -> Dict[Optional[int], dict]:
+    """The plan's part of the report for each cap the run can choose (:meth:`SelectionPlan.as_report`): every
+    value of the adaptive cap's grid, or ``None`` without it. Computed before the run, so that the report step
+    holds these dicts and not the plan (a keep table is ~340 KB pickled, docs/columnar.md)."""
+    caps = (None,) if plan.cap is None else tuple(plan.cap.grid)
+    return {cap: plan.as_report(cap) for cap in caps}
+
+
+def build_report(_, base: dict, reports: Dict[Optional[int], dict], round_counts: Dict[int, int], cap=None) -> str:
     """The selection report: privacy parameters, per-round noise/threshold and released counts (DP outputs).
 
-    ``plan`` is the run's :class:`privacy.selection.SelectionPlan`: its ``as_report(cap)`` gives the rounds
-    (those of the chosen ``cap``, a DP output, when the plan has an adaptive cap), the count release's
-    plan and the adaptive cap's. Nothing else about the data: exact input counts (e.g. skipped bad
+    ``reports`` is :func:`plan_reports` of the run's :class:`privacy.selection.SelectionPlan`: for ``cap``
+    (the chosen cap, a DP output, when the plan has an adaptive cap; else None) the rounds, the count
+    release's plan and the adaptive cap's. Nothing else about the data: exact input counts (e.g. skipped bad
     records) go to the opt-in NON-PRIVATE ``--diagnostics`` file only.
     """
-    report = {**base, **plan.as_report(cap)}
+    report = {**base, **reports[None if cap is None else int(cap)]}
     rounds = []
     for r in report["rounds"]:
         r = dict(r)
