@@ -109,8 +109,8 @@ def shorten_state_sampling() -> bool:
     1-2 ms at first and 1.2 times longer after each sample, up to the sampler's period (Beam's default
     200 ms). When the bundle ends, ``stop`` waits for that thread to wake up and exit: up to a whole period,
     with the bundle's thread idle. MAD-SIPS on the 4M-pair Zipf TSV (in-memory DirectRunner) ends ~110
-    samplers this way and waited 0.9 s in ``Thread.join``; with 5 ms the run takes ~1 s (~9%) less, basic's
-    ~0.3 s (docs/columnar.md, "Runner overhead: the state sampler's wait"). The sampler thread holds no GIL
+    samplers this way and waited 0.9 s in ``Thread.join``; with 5 ms the CLI's run took ~0.6 s (~5%) less,
+    basic's ~0.3 s (docs/columnar.md, "Runner overhead: the state sampler's wait"). The sampler thread holds no GIL
     while it sleeps or samples, and its samples (Beam's ``ptransform_execution_time`` counters, which
     ``--profile`` reports) get finer; nothing a step emits changes.
 

@@ -227,8 +227,8 @@ def without_keep_tables(plans_by_cap):
     """``plans_by_cap`` with no round's keep table, for the steps that read only noise scales, thresholds and
     tau (the statuses, tau). A keep table (37,362 entries, 337 KB pickled, at epsilon 1, delta 1e-5, Delta_0
     100) is pickled with every DoFn that holds it, and Beam pickles, compresses and unpickles each DoFn
-    several times: with the table in every step that holds the plans, MAD-SIPS's pipeline was 3.3 MB
-    instead of 0.9 MB. Only the last round's two steps keep it (:class:`LastRoundThresholdFn`,
+    several times: with the table in every step that holds the plans (and the report's), the CLI's MAD-SIPS
+    pipeline was 3.3 MB instead of 1.1 MB. Only the last round's two steps keep it (:class:`LastRoundThresholdFn`,
     ``TableRoundPartialsFn``)."""
     return {
         cap: tuple(p if p.keep_table is None else dataclasses.replace(p, keep_table=None) for p in rounds)
