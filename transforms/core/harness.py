@@ -14,6 +14,24 @@ import inspect
 __all__ = ["release_output_buffers", "chunk_runner_input", "shorten_state_sampling", "SAMPLING_PERIOD_MS"]
 
 
+def _replace(owner, name: str, marker: str, fits, make) -> bool:
+    """Put ``make(beams)`` in place of Beam's ``owner.name`` (``beams``) if ``fits(beams)``; marked with
+    ``marker``, so that a second call is a no-op, and with Beam's own as ``_replaced`` (for the tests).
+    Returns whether ours is in place: False, and Beam left as it is, if the class or attribute is missing
+    or ``fits`` says it is not the code ours was written for."""
+    beams = getattr(owner, name, None) if owner is not None else None
+    if getattr(beams, marker, False):
+        return True
+    if beams is None or not fits(beams):
+        return False
+    ours = make(beams)
+    setattr(ours, marker, True)
+    ours._replaced = beams
+    ours.__doc__ = beams.__doc__
+    setattr(owner, name, ours)
+    return True
+
+
 def release_output_buffers() -> bool:
     """Make the Beam SDK harness of this process free a step's output buffer when the step's bundle ends.
 
@@ -33,20 +51,15 @@ def release_output_buffers() -> bool:
     from apache_beam.runners.worker import bundle_processor
 
     op = getattr(bundle_processor, "DataOutputOperation", None)
-    finish = getattr(op, "finish", None)
-    if finish is None or not hasattr(op, "set_output_stream"):
-        return False
-    if getattr(finish, "_releases_output_stream", False):
-        return True
 
-    def finish_and_release(self):
-        finish(self)  # closes the stream: its bytes go to the runner
-        self.output_stream = None  # and its buffer is freed with it
+    def make(finish):
+        def finish_and_release(self):
+            finish(self)  # closes the stream: its bytes go to the runner
+            self.output_stream = None  # and its buffer is freed with it
 
-    finish_and_release._releases_output_stream = True
-    finish_and_release.__doc__ = finish.__doc__
-    op.finish = finish_and_release
-    return True
+        return finish_and_release
+
+    return _replace(op, "finish", "_releases_output_stream", lambda _: hasattr(op, "set_output_stream"), make)
 
 
 #: the body of ``BundleManager._send_input_to_worker`` that :func:`chunk_runner_input` replaces (Beam 2.51-2.77)
@@ -70,32 +83,26 @@ def chunk_runner_input() -> bool:
     """
     from apache_beam.runners.portability.fn_api_runner import fn_runner
 
+    def fits(send):
+        try:
+            source = inspect.getsource(send)
+        except (OSError, TypeError):
+            return False
+        return all(line in source for line in _SEND_INPUT_LINES)
+
+    def make(send):
+        def send_in_chunks(self, process_bundle_id, read_transform_id, byte_streams):
+            assert self._worker_handler is not None
+            data_out = self._worker_handler.data_conn.output_stream(process_bundle_id, read_transform_id)
+            for byte_stream in byte_streams or []:  # each a whole number of encoded elements
+                data_out.write(byte_stream)
+                data_out.maybe_flush()  # flushes past the threshold, between elements
+            data_out.close()
+
+        return send_in_chunks
+
     manager = getattr(fn_runner, "BundleManager", None)
-    send = getattr(manager, "_send_input_to_worker", None)
-    if send is None:
-        return False
-    if getattr(send, "_sends_in_chunks", False):
-        return True
-    try:
-        source = inspect.getsource(send)
-    except (OSError, TypeError):
-        return False
-    if not all(line in source for line in _SEND_INPUT_LINES):
-        return False
-
-    def send_in_chunks(self, process_bundle_id, read_transform_id, byte_streams):
-        assert self._worker_handler is not None
-        data_out = self._worker_handler.data_conn.output_stream(process_bundle_id, read_transform_id)
-        for byte_stream in byte_streams or []:  # each a whole number of encoded elements
-            data_out.write(byte_stream)
-            data_out.maybe_flush()  # flushes past the threshold, between elements
-        data_out.close()
-
-    send_in_chunks._sends_in_chunks = True
-    send_in_chunks._replaced = send  # Beam's own, for the tests
-    send_in_chunks.__doc__ = send.__doc__
-    manager._send_input_to_worker = send_in_chunks
-    return True
+    return _replace(manager, "_send_input_to_worker", "_sends_in_chunks", fits, make)
 
 
 #: the longest sleep of Beam's state sampler once :func:`shorten_state_sampling` is in place (Beam's: 200 ms)
@@ -121,24 +128,17 @@ def shorten_state_sampling() -> bool:
     """
     from apache_beam.runners.worker import statesampler
 
-    sampler = getattr(statesampler, "StateSampler", None)
-    init = getattr(sampler, "__init__", None)
-    if init is None:
-        return False
-    if getattr(init, "_samples_often", False):
-        return True
-    try:
-        names = list(inspect.signature(init).parameters)
-    except (TypeError, ValueError):
-        return False
-    if names[:4] != ["self", "prefix", "counter_factory", "sampling_period_ms"]:
-        return False
+    def fits(init):
+        try:
+            names = list(inspect.signature(init).parameters)
+        except (TypeError, ValueError):
+            return False
+        return names[:4] == ["self", "prefix", "counter_factory", "sampling_period_ms"]
 
-    def init_sampling_often(self, prefix, counter_factory, sampling_period_ms=SAMPLING_PERIOD_MS, *args, **kwargs):
-        init(self, prefix, counter_factory, sampling_period_ms, *args, **kwargs)
+    def make(init):
+        def init_sampling_often(self, prefix, counter_factory, sampling_period_ms=SAMPLING_PERIOD_MS, *args, **kw):
+            init(self, prefix, counter_factory, sampling_period_ms, *args, **kw)
 
-    init_sampling_often._samples_often = True
-    init_sampling_often._replaced = init  # Beam's own, for the tests
-    init_sampling_often.__doc__ = init.__doc__
-    sampler.__init__ = init_sampling_often
-    return True
+        return init_sampling_often
+
+    return _replace(getattr(statesampler, "StateSampler", None), "__init__", "_samples_often", fits, make)

@@ -136,3 +136,26 @@ def test_the_shortened_sampler_still_samples_and_is_installed_once():
     sampler.commit_counters()
     msecs = [c.value() for c in factory.get_counters() if "step" in str(c.name)]
     assert msecs and sum(msecs) > 0  # the step's time was sampled (Beam's execution-time counter)
+
+
+def test_a_replacement_goes_in_only_where_beams_code_fits_and_only_once():
+    class Beams:
+        def step(self):
+            """Beam's."""
+            return "beam"
+
+    def make(beams):
+        def ours(self):
+            return "ours:" + beams(self)
+
+        return ours
+
+    assert harness._replace(None, "step", "_mark", lambda _: True, make) is False  # no such class
+    assert harness._replace(Beams, "absent", "_mark", lambda _: True, make) is False  # no such attribute
+    assert harness._replace(Beams, "step", "_mark", lambda _: False, make) is False  # not the code it was written for
+    assert Beams().step() == "beam" and not hasattr(Beams, "absent")  # left as it was
+    assert harness._replace(Beams, "step", "_mark", lambda _: True, make) is True
+    replaced = Beams.step
+    assert Beams().step() == "ours:beam" and replaced.__doc__ == "Beam's." and replaced._replaced(Beams()) == "beam"
+    assert harness._replace(Beams, "step", "_mark", lambda _: True, make) is True  # a second call: no-op
+    assert Beams.step is replaced and Beams().step() == "ours:beam"
