@@ -463,6 +463,12 @@ class RoundPlan:
     keep_table: Optional[thresholding.KeepTable] = None  # threshold 'optimal': noise is 'keep_table'
     delta_conversion: Optional[float] = None  # its RDP -> DP conversion's delta
 
+    def without_keep_table(self) -> "RoundPlan":
+        """This plan without its keep table, for steps that read only its noise, threshold and tau: a table
+        (~340 KB pickled at epsilon 1) is pickled with every DoFn that holds it (docs/columnar.md, "Runner
+        overhead")."""
+        return self if self.keep_table is None else dataclasses.replace(self, keep_table=None)
+
     def as_report(self) -> dict:
         d = {
             "round": self.index,

@@ -316,7 +316,7 @@ class _MAD2R(beam.PTransform):
         status = barrier(
             capped
             | "R1MADWeights" >> MADWeights(r1.tau, p.d_max, 1.0, 1.0, shards_si)  # (item shard, [parts])
-            | "R1Status" >> beam.ParDo(Round1StatusFn(r1, r2, p, self._seed)),
+            | "R1Status" >> beam.ParDo(Round1StatusFn(r1, r2.without_keep_table(), p, self._seed)),  # reads rho_2
             "R1Checkpoint",
         )  # (item shard, Table(item, released, holders, bias)), materialised: one draw per item
         released1 = status | "R1Released" >> beam.FlatMap(released1_rows)  # (1, item bytes)

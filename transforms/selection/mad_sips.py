@@ -230,10 +230,7 @@ def without_keep_tables(plans_by_cap):
     several times: with the table in every step that holds the plans (and the report's), the CLI's MAD-SIPS
     pipeline was 3.3 MB instead of 1.1 MB. Only the last round's two steps keep it (:class:`LastRoundThresholdFn`,
     ``TableRoundPartialsFn``)."""
-    return {
-        cap: tuple(p if p.keep_table is None else dataclasses.replace(p, keep_table=None) for p in rounds)
-        for cap, rounds in plans_by_cap.items()
-    }
+    return {cap: tuple(p.without_keep_table() for p in rounds) for cap, rounds in plans_by_cap.items()}
 
 
 def round_tau(cap, plans_by_cap, round_: int) -> float:
