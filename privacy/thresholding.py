@@ -31,6 +31,11 @@ budget (eps c^2, delta c^2) (:func:`one_step`). F is nondecreasing, and every pa
 C the pair (Bern F(W), Bern F(W + c)) is (delta c^2)-approximately (alpha, eps c^2)-RDP in both
 directions, and a user with sum c^2 <= 1 changes the whole release by a delta-approximately
 (alpha, eps)-RDP pair. :func:`to_dp` converts that to (epsilon, delta)-DP.
+
+**A known domain.** When every candidate item is public (DPNE's levels k >= 2: V_k is a function of earlier
+releases) an item nobody holds may be kept too, with a chosen rate q (the spurious rate). The table then
+starts at F[0] = q (``keep_table(..., unseen=q)``) and the same recursion applies; with q > 0 every step is
+finite without a mixture, so delta may be 0 (pure RDP) and the argument above holds unchanged.
 """
 
 from __future__ import annotations
@@ -248,6 +253,8 @@ class KeepTable:
       alpha, epsilon_rdp, delta_rdp: the approximate-RDP guarantee of one release (per user).
       contributions: the contribution set C it was built for (increasing; :meth:`round_down` maps weights
         that are not from C onto it).
+      unseen: F[0], the keep probability of an item nobody holds: 0 (an unknown domain), or a known domain's
+        rate q rounded down to a multiple of 2^-64 (``keep_table(..., unseen=q)``).
     """
 
     grid_bits: int
@@ -256,6 +263,7 @@ class KeepTable:
     epsilon_rdp: float
     delta_rdp: float
     contributions: Tuple[float, ...]
+    unseen: float = 0.0
 
     @property
     def grid(self) -> float:
@@ -300,14 +308,16 @@ def _shift_budgets(contributions: Iterable[float], grid_bits: int) -> Tuple[np.n
     return ms, np.array([best[m] for m in ms], dtype=np.float64)
 
 
-def _build_rows(alphas, eps, deltas, contributions, grid_bits, limit, bisections, until):
+def _build_rows(alphas, eps, deltas, contributions, grid_bits, limit, bisections, until, start=0.0):
     """The recursion of the module docstring for one or many (alpha, eps, delta) at once (one row each):
-    ``(probs, n)``, probs of shape (rows, limit) filled up to index n, built until some row reaches ``until``
-    (or ``limit``). Every entry is a multiple of 2^-64 (exact in float)."""
+    ``(probs, n)``, probs of shape (rows, limit) filled up to index n from F[0] = ``start`` (a multiple of
+    2^-64), built until some row reaches ``until`` (or ``limit``). Every entry is a multiple of 2^-64 (exact
+    in float)."""
     a, e, d = (np.asarray(x, dtype=np.float64).reshape(-1, 1, 1) for x in np.broadcast_arrays(alphas, eps, deltas))
     ms, cs = _shift_budgets(contributions, grid_bits)
     eps_c, delta_c = e * cs**2, d * cs**2  # (rows, 1, |C|)
     probs = np.zeros((a.shape[0], limit), dtype=np.float64)
+    probs[:, 0] = start
     n = 1
     # F[j] reads F[j - m] for m >= ms[0] only: a block of ms[0] entries is computed at once
     while n < limit and not np.any(probs[:, n - 1] >= until):
@@ -330,29 +340,40 @@ def keep_table(
     grid_bits: int = DEFAULT_GRID_BITS,
     max_entries: int = 1 << 16,
     bisections: int = _BISECTIONS,
+    unseen: float = 0.0,
 ) -> KeepTable:
-    """The pointwise-largest table of the module docstring for one release at (alpha, eps, delta)."""
+    """The pointwise-largest table of the module docstring for one release at (alpha, eps, delta).
+
+    ``unseen``: F[0], the keep probability of an item nobody holds (0 unless the domain is known, module
+    docstring), rounded down to a multiple of 2^-64. With ``unseen`` 0 the table needs ``delta_rdp > 0``
+    (nothing may leave 0 otherwise); with ``unseen > 0``, ``delta_rdp`` 0 gives a pure-RDP table."""
     check_range("alpha", alpha, 1.0, math.inf)
     if alpha <= 1.0:
         raise ValueError(f"alpha must be > 1, got {alpha}")
     check_range("epsilon_rdp", epsilon_rdp, 0.0, math.inf)
     check_range("delta_rdp", delta_rdp, 0.0, 1.0)
     check_int("grid_bits", grid_bits, 0, 30)
+    unseen = check_range("unseen", unseen, 0.0, 1.0, hi_open=True)
+    start = math.floor(math.ldexp(unseen, KEEP_BITS)) / 2.0**KEEP_BITS  # never above the requested rate
+    if start == 0.0 and delta_rdp == 0.0:
+        raise ValueError("a table whose unseen items are never kept needs delta_rdp > 0 (or unseen > 0)")
     every_c = tuple(sorted({float(c) for c in contributions}))
     probs, n = _build_rows(
-        alpha, epsilon_rdp, delta_rdp, contributions, grid_bits, max_entries, bisections, _ALMOST_ONE
+        alpha, epsilon_rdp, delta_rdp, contributions, grid_bits, max_entries, bisections, _ALMOST_ONE, start
     )
     probs = probs[0]
     full = np.flatnonzero(probs[:n] >= _ALMOST_ONE)
     n = int(full[0]) + 1 if full.size else n
-    return KeepTable(grid_bits, tuple(probs[:n].tolist()), float(alpha), float(epsilon_rdp), float(delta_rdp), every_c)
+    return KeepTable(
+        grid_bits, tuple(probs[:n].tolist()), float(alpha), float(epsilon_rdp), float(delta_rdp), every_c, start
+    )
 
 
 def table_violations(table: KeepTable) -> dict:
     """Checks a table against the conditions of the proof; every entry is 0 for a sound table.
 
     ``decreasing``: pairs F[j] > F[j + 1]; ``above_step``: pairs (j, j + m), m <= m_c, with F[j + m] above
-    g_c(F[j]) at the exact budget; ``unseen``: F[0] != 0.
+    g_c(F[j]) at the exact budget; ``unseen``: F[0] != the table's ``unseen`` rate.
     """
     probs = np.asarray(table.probs, dtype=np.float64)
     ms, cs = _shift_budgets(table.contributions, table.grid_bits)
@@ -366,7 +387,7 @@ def table_violations(table: KeepTable) -> dict:
     return {
         "decreasing": int(np.count_nonzero(np.diff(probs) < 0)),
         "above_step": above,
-        "unseen": int(probs[0] != 0.0),
+        "unseen": int(probs[0] != table.unseen),
     }
 
 

@@ -8,7 +8,7 @@ A level k >= 2 works on a known domain V_k: its Gaussian histogram and threshold
 n-gram (kept or not), and the threshold only trades size against spurious n-grams (docs/dpne.md). A keep
 table (docs/thresholding.md) releases that bit directly: F(0) = q_k (the level's spurious rate, so the same
 expected spurious n-grams) and every step F[j] -> F[j + m_c] within (alpha, eps_R c^2)-RDP (pure, no
-delta: F(0) > 0), built by thresholding.py's recursion started at q_k instead of 0. The levels then compose
+delta: F(0) > 0), built by ``thresholding.keep_table(..., unseen=q_k)``. The levels then compose
 in RDP and convert to (epsilon, delta) once.
 
 This script estimates the gain before any of it is built: every level k >= 2 of the in-memory reference
@@ -43,19 +43,8 @@ GRID_BITS = 6
 
 
 def known_domain_table(q: float, alpha: float, eps_r: float, contributions) -> np.ndarray:
-    """F[0..n] with F[0] = q, the pointwise-largest pure-RDP table (thresholding._build_rows started at q)."""
-    ms, cs = th._shift_budgets(contributions, GRID_BITS)
-    a, e = np.full((1, 1, 1), alpha), np.full((1, 1, 1), eps_r)
-    eps_c, delta_c = e * cs**2, np.zeros((1, 1, 1)) * cs**2
-    limit = 1 << 16
-    probs = np.zeros((1, limit))
-    probs[0, 0], n = q, 1
-    while n < limit and probs[0, n - 1] < th._ALMOST_ONE:
-        js = np.arange(n, min(n + int(ms[0]), limit))
-        prev = probs[:, np.maximum(0, js[:, None] - ms[None, :])]
-        probs[:, js] = th._min_step(prev, a, eps_c, delta_c, th._BUILD_MARGIN, th._BISECTIONS) * (1 - th._SHAVE)
-        n = int(js[-1]) + 1
-    return probs[0, :n]
+    """F[0..n] with F[0] = q: the pointwise-largest pure-RDP table of a known domain (th.keep_table, unseen=q)."""
+    return np.asarray(th.keep_table(alpha, eps_r, 0.0, contributions, GRID_BITS, unseen=q).probs)
 
 
 def w50(probs: np.ndarray) -> float:
@@ -91,7 +80,8 @@ def main(argv=None):
     q0 = 1e-3
     alphas = np.geomspace(2, 200, 25)
     share = [(args.epsilon - conversion(a, delta / 2)) / T for a in alphas]
-    scores = [w50(known_domain_table(q0, a, e, contributions)) for a, e in zip(alphas, share)]
+    # orders whose conversion alone costs epsilon get no table
+    scores = [w50(known_domain_table(q0, a, e, contributions)) if e > 0 else math.inf for a, e in zip(alphas, share)]
     alpha = float(alphas[int(np.argmin(scores))])
     eps_r = (args.epsilon - conversion(alpha, delta / 2)) / T
     if args.level1_sigma is not None:  # level 1's 17 unigrams need little: its RDP, the rest to levels 2..T

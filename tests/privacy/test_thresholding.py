@@ -141,6 +141,66 @@ def test_the_theorem_on_random_neighbouring_datasets(seed):
     assert table.keep_probability(0.0) == 0.0  # an unseen item is never released
 
 
+@PROPS
+@given(
+    q=st.floats(1e-6, 0.05),
+    alpha=st.floats(2.0, 80.0),
+    eps=st.floats(0.02, 1.0),
+    d0=st.integers(1, 40),
+    bits=st.integers(3, 6),
+)
+def test_known_domain_tables_start_at_q_and_are_sound_without_delta(q, alpha, eps, d0, bits):
+    """A known domain's table (DPNE's levels k >= 2): F[0] is q rounded down to 2^-64 (never above the
+    requested spurious rate), the conditions of the proof hold at delta 0, and F reaches ~1."""
+    table = T.keep_table(alpha, eps, 0.0, T.basic_contributions(d0), bits, unseen=q)
+    assert table.unseen == table.probs[0] <= q and q - table.unseen <= 2.0**-64
+    assert T.table_violations(table) == {"decreasing": 0, "above_step": 0, "unseen": 0}
+    assert table.probs[-1] >= 1.0 - 1e-8
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_known_domain_tables_on_random_neighbouring_datasets(seed):
+    """The theorem's per-item terms for a known domain, pure RDP: every item of the domain (held or not) has
+    a pair of keep probabilities within (alpha, eps c^2)-RDP both ways, written out with bernoulli_renyi; an
+    item nobody holds in either dataset is kept with probability q in both."""
+    rnd = random.Random(100 + seed)
+    d0 = rnd.choice([1, 3, 10, 30])
+    q = 10 ** rnd.uniform(-5, -2)
+    table = T.keep_table(rnd.uniform(4, 40), rnd.uniform(0.05, 1.0), 0.0, T.basic_contributions(d0), 6, unseen=q)
+    domain = [f"g{k}" for k in range(rnd.randint(10, 80))]
+    sets = {u: rnd.sample(domain, rnd.randint(1, min(d0, len(domain)))) for u in range(rnd.randint(20, 400))}
+    v_items = rnd.sample(domain, rnd.randint(1, min(d0, len(domain))))
+    before, after = basic_weights(sets), basic_weights({**sets, "v": v_items})
+    c = 1.0 / math.sqrt(len(v_items))
+    e = table.epsilon_rdp * c * c
+    for item in domain:
+        p = float(table.keep_probability(before.get(item, 0.0)))
+        r = float(table.keep_probability(after.get(item, 0.0)))
+        if item not in v_items:
+            assert p == r
+        else:
+            tol = e * 1e-9 + 1e-12
+            assert T.bernoulli_renyi(table.alpha, p, r) <= e + tol, (item, p, r)
+            assert T.bernoulli_renyi(table.alpha, r, p) <= e + tol, (item, p, r)
+    assert float(table.keep_probability(0.0)) == table.unseen > 0.0
+
+
+def test_known_domain_table_beats_the_gaussian_threshold_of_a_dpne_level():
+    """One DPNE level k >= 2 of MSNBC's Table 5 setting (epsilon 1, delta 1e-7, T 6, Delta_k 10, spurious rate
+    q = 1e-3): the Gaussian level (sigma_k = AGM(1, delta/2) sqrt(6)) keeps half the time at rho_k = sigma_k
+    PhiInv(1 - q) = 36.4; a table at the same q and one sixth of the RDP budget left by the conversion at alpha
+    24.2 needs < 0.92 of that (docs/dpne.md: 33.0 on a 2^-6 grid)."""
+    from scipy.stats import norm
+
+    sigma_k = calibration.analytic_gaussian_sigma(1.0, 0.5e-7) * math.sqrt(6)
+    rho_k = sigma_k * norm.isf(1e-3)
+    alpha = 24.2
+    eps_r = (1.0 - T.rdp_to_dp_epsilon(0.0, alpha, 0.5e-7)) / 6
+    table = T.keep_table(alpha, eps_r, 0.0, T.basic_contributions(10), 6, unseen=1e-3)
+    assert 36.0 < rho_k < 37.0
+    assert table.weight_for(0.5) < 0.92 * rho_k
+
+
 def test_the_conversion_is_dp_accountings():
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
@@ -186,6 +246,12 @@ def test_bad_parameters():
         T.keep_table(4.0, 0.5, 1e-6, (0.0,))
     with pytest.raises(ValueError, match="delta"):
         T.calibrate_keep_table(1.0, 0.0, (1.0,))
+    with pytest.raises(ValueError, match="needs delta_rdp > 0"):
+        T.keep_table(4.0, 0.5, 0.0, (1.0,))  # F would stay 0: nothing could ever be kept
+    with pytest.raises(ValueError, match="unseen"):
+        T.keep_table(4.0, 0.5, 0.0, (1.0,), unseen=1.0)
+    with pytest.raises(ValueError, match="unseen"):
+        T.keep_table(4.0, 0.5, 1e-6, (1.0,), unseen=-0.1)
 
 
 def test_keep_realises_each_entry_exactly():
