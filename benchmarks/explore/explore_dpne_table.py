@@ -42,14 +42,9 @@ from dp_partition_beam.transforms.dpne.reference import dpne_reference, user_kgr
 GRID_BITS = 6
 
 
-def known_domain_table(q: float, alpha: float, eps_r: float, contributions) -> np.ndarray:
-    """F[0..n] with F[0] = q: the pointwise-largest pure-RDP table of a known domain (th.keep_table, unseen=q)."""
-    return np.asarray(th.keep_table(alpha, eps_r, 0.0, contributions, GRID_BITS, unseen=q).probs)
-
-
-def w50(probs: np.ndarray) -> float:
-    hit = np.flatnonzero(probs >= 0.5)
-    return math.inf if hit.size == 0 else hit[0] * 2.0**-GRID_BITS
+def known_domain_table(q: float, alpha: float, eps_r: float, contributions) -> th.KeepTable:
+    """The pointwise-largest pure-RDP table of a known domain, F[0] = q (th.keep_table, unseen=q)."""
+    return th.keep_table(alpha, eps_r, 0.0, contributions, GRID_BITS, unseen=q)
 
 
 def conversion(alpha: float, delta: float) -> float:
@@ -81,7 +76,10 @@ def main(argv=None):
     alphas = np.geomspace(2, 200, 25)
     share = [(args.epsilon - conversion(a, delta / 2)) / T for a in alphas]
     # orders whose conversion alone costs epsilon get no table
-    scores = [w50(known_domain_table(q0, a, e, contributions)) if e > 0 else math.inf for a, e in zip(alphas, share)]
+    scores = [
+        known_domain_table(q0, a, e, contributions).weight_for(0.5) if e > 0 else math.inf
+        for a, e in zip(alphas, share)
+    ]
     alpha = float(alphas[int(np.argmin(scores))])
     eps_r = (args.epsilon - conversion(alpha, delta / 2)) / T
     if args.level1_sigma is not None:  # level 1's 17 unigrams need little: its RDP, the rest to levels 2..T
@@ -96,12 +94,11 @@ def main(argv=None):
         q = float(norm.sf(rho / sigma))
         if q not in tables:
             tables[q] = known_domain_table(q, alpha, eps_r, contributions)
-        probs = tables[q]
+        table = tables[q]
         items = sorted(hist)
-        w = np.array([hist[g] for g in items])
-        f = probs[np.clip(np.floor(np.ldexp(w, GRID_BITS)).astype(np.int64), 0, len(probs) - 1)]
-        u = randomness.keyed_generator(seed, "explore_keep", round_, 0).random(len(items))
-        seen.append((round_, rho, w50(probs)))
+        f = table.keep_probability([hist[g] for g in items])
+        u = randomness.keyed_generator(seed, "explore_keep", round_, 0).random(len(items))  # an estimate's draws
+        seen.append((round_, rho, table.weight_for(0.5)))
         return {g for g, x, y in zip(items, f, u) if y < x}
 
     def gaussian_rescaled(hist, sigma, rho, round_, seed, rng):
