@@ -63,6 +63,9 @@ __all__ = [
     "GRID_STEPS_PER_OCTAVE",
     "geometric_contributions",
     "round_down",
+    "keep_rate",
+    "search_order",
+    "min_grid_bits",
 ]
 
 #: H = 2^-10: a shift c moves the index by ceil(c/H) + 1 (float totals), at most 2/1024 more than c
@@ -288,6 +291,12 @@ class KeepTable:
         """Weights rounded down onto C (:func:`round_down`): a user's contributions to a table round."""
         return round_down(weights, self.contributions)
 
+    @property
+    def complete(self) -> bool:
+        """Whether the table reaches probability ~1 (within 1e-8): heavy items are then kept, not left at the
+        last entry of a table cut at its length limit."""
+        return self.probs[-1] >= _ALMOST_ONE
+
     def weight_for(self, probability: float) -> float:
         """The smallest total weight kept with at least ``probability`` (``inf`` if none): W50 for 1/2."""
         probs = np.asarray(self.probs)
@@ -308,11 +317,11 @@ def _shift_budgets(contributions: Iterable[float], grid_bits: int) -> Tuple[np.n
     return ms, np.array([best[m] for m in ms], dtype=np.float64)
 
 
-def _build_rows(alphas, eps, deltas, contributions, grid_bits, limit, bisections, until, start=0.0):
+def _build_rows(alphas, eps, deltas, contributions, grid_bits, limit, bisections, until, start=0.0, every=False):
     """The recursion of the module docstring for one or many (alpha, eps, delta) at once (one row each):
     ``(probs, n)``, probs of shape (rows, limit) filled up to index n from F[0] = ``start`` (a multiple of
-    2^-64), built until some row reaches ``until`` (or ``limit``). Every entry is a multiple of 2^-64 (exact
-    in float)."""
+    2^-64), built until some row (``every``: every row) reaches ``until`` (or ``limit``). Every entry is a
+    multiple of 2^-64 (exact in float)."""
     a, e, d = (np.asarray(x, dtype=np.float64).reshape(-1, 1, 1) for x in np.broadcast_arrays(alphas, eps, deltas))
     ms, cs = _shift_budgets(contributions, grid_bits)
     eps_c, delta_c = e * cs**2, d * cs**2  # (rows, 1, |C|)
@@ -320,7 +329,8 @@ def _build_rows(alphas, eps, deltas, contributions, grid_bits, limit, bisections
     probs[:, 0] = start
     n = 1
     # F[j] reads F[j - m] for m >= ms[0] only: a block of ms[0] entries is computed at once
-    while n < limit and not np.any(probs[:, n - 1] >= until):
+    reached = np.all if every else np.any
+    while n < limit and not reached(probs[:, n - 1] >= until):
         js = np.arange(n, min(n + int(ms[0]), limit))
         prev = probs[:, np.maximum(0, js[:, None] - ms[None, :])]  # (rows, block, |C|)
         # a margin on eps, and a relative 1e-9 off the result: the float error of the divergences (and
@@ -330,6 +340,13 @@ def _build_rows(alphas, eps, deltas, contributions, grid_bits, limit, bisections
         probs[:, js] = np.floor(np.ldexp(step, KEEP_BITS)) / 2.0**KEEP_BITS
         n = int(js[-1]) + 1
     return probs, n
+
+
+def keep_rate(unseen: float) -> float:
+    """A known domain's rate q as a table's F[0]: rounded down to a multiple of 2^-64 (never above q), so that
+    64 random bits realise it exactly. The spurious step of such a table draws at this rate too."""
+    unseen = check_range("unseen", unseen, 0.0, 1.0, hi_open=True)
+    return math.floor(math.ldexp(unseen, KEEP_BITS)) / 2.0**KEEP_BITS
 
 
 def keep_table(
@@ -353,8 +370,7 @@ def keep_table(
     check_range("epsilon_rdp", epsilon_rdp, 0.0, math.inf)
     check_range("delta_rdp", delta_rdp, 0.0, 1.0)
     check_int("grid_bits", grid_bits, 0, 30)
-    unseen = check_range("unseen", unseen, 0.0, 1.0, hi_open=True)
-    start = math.floor(math.ldexp(unseen, KEEP_BITS)) / 2.0**KEEP_BITS  # never above the requested rate
+    start = keep_rate(unseen)
     if start == 0.0 and delta_rdp == 0.0:
         raise ValueError("a table whose unseen items are never kept needs delta_rdp > 0 (or unseen > 0)")
     every_c = tuple(sorted({float(c) for c in contributions}))
@@ -411,11 +427,14 @@ def _search_subset(contributions: Sequence[float]) -> Tuple[float, ...]:
     return tuple(cs[i] for i in picks)
 
 
-def _weights_kept(alphas, eps, deltas, contributions, grid_bits: int, probability: float) -> np.ndarray:
+def _weights_kept(
+    alphas, eps, deltas, contributions, grid_bits: int, probability: float, start: float = 0.0, every: bool = False
+):
     """The weight kept with ``probability`` (W50 for 1/2) by the tables of many (alpha, eps, delta) at once,
     for the search's argmin: :func:`keep_table`'s recursion with one row per candidate, built only until the
-    first row reaches ``probability``; the rows that reach it there get their weight, every other row
-    ``inf`` (as do rows with eps <= 0, and all rows if none gets there within 2^14 entries). Approximate
+    first row reaches ``probability`` (``every``: until every row does, so each gets its weight), from F[0] =
+    ``start`` (a known domain's :func:`keep_rate`); the rows that reach it there get their weight, every other
+    row ``inf`` (as do rows with eps <= 0, and all rows if none gets there within 2^14 entries). Approximate
     (20 bisection steps, a subset of C): it ranks candidates, the final table is built by keep_table."""
     alphas, eps, deltas = (np.asarray(x, dtype=np.float64).ravel() for x in np.broadcast_arrays(alphas, eps, deltas))
     out = np.full(alphas.shape, math.inf)
@@ -423,12 +442,55 @@ def _weights_kept(alphas, eps, deltas, contributions, grid_bits: int, probabilit
     if not live.any():
         return out
     probs, n = _build_rows(
-        alphas[live], eps[live], deltas[live], contributions, grid_bits, 1 << 14, _SEARCH_BISECTIONS, probability
+        alphas[live],
+        eps[live],
+        deltas[live],
+        contributions,
+        grid_bits,
+        1 << 14,
+        _SEARCH_BISECTIONS,
+        probability,
+        start,
+        every,
     )
     reached = probs[:, :n] >= probability
     first = np.where(reached.any(axis=1), reached.argmax(axis=1).astype(np.float64), math.inf)
     out[live] = first * math.ldexp(1.0, -grid_bits)
     return out
+
+
+def search_order(table_epsilon, w50, epsilon: float, delta_fractions: Sequence[float] = (0.25, 0.5, 0.75)):
+    """The order alpha and the split of delta whose tables keep the least weight: ``(alpha, f, w)``.
+
+    ``table_epsilon(alpha, f)``: the RDP budget the tables get at order alpha when a fraction f of delta is
+    the mixture's (the rest the conversion's); ``w50(alphas, fractions)``: the score of each candidate (the
+    weight kept with probability 1/2, ``inf`` where none is; smaller is better). The order is searched at
+    an even split of delta: a log grid of 16 orders from the smallest that leaves the tables 5% of
+    ``epsilon`` (a small epsilon needs a large order), then 12 around the best (the score is unimodal in
+    alpha); then the split over ``delta_fractions`` and 1/2 at that order. ``ValueError`` if no candidate
+    scores finite."""
+
+    def smallest_order(f: float) -> float:
+        smallest = 1.5
+        while table_epsilon(smallest, f) <= 0.05 * epsilon:
+            smallest *= 1.25
+            if smallest > 1e8:
+                return math.inf
+        return smallest
+
+    smallest = smallest_order(0.5)
+    if not math.isfinite(smallest):
+        raise ValueError(f"no order alpha leaves the tables a budget at epsilon {epsilon}")
+    grid = np.geomspace(smallest, max(512.0, 8.0 * smallest), 16)
+    i = int(np.argmin(w50(grid, 0.5)))
+    fine = np.geomspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], 12)
+    alpha = float(fine[int(np.argmin(w50(fine, 0.5)))])
+    fractions = np.array(sorted(set(delta_fractions) | {0.5}))
+    ws = w50(alpha, fractions)
+    w, f = float(np.min(ws)), float(fractions[int(np.argmin(ws))])
+    if not math.isfinite(w):
+        raise ValueError(f"no table reaches the score's probability at epsilon {epsilon}")
+    return alpha, f, w
 
 
 @functools.lru_cache(maxsize=64)
@@ -464,43 +526,22 @@ def calibrate_keep_table(
     def table_epsilon(alpha: float, f: float) -> float:
         return budget.epsilon - rdp_to_dp_epsilon(0.0, alpha, budget.delta * (1.0 - f)) - alpha * gaussian_rdp
 
-    def smallest_order(f: float) -> float:
-        # the smallest order whose conversion leaves the table at least 5% of epsilon (small epsilon needs a
-        # large order); inf if none below 1e8
-        smallest = 1.5
-        while table_epsilon(smallest, f) <= 0.05 * budget.epsilon:
-            smallest *= 1.25
-            if smallest > 1e8:
-                return math.inf
-        return smallest
-
     def w50(alphas, fractions) -> np.ndarray:
         alphas, fractions = np.broadcast_arrays(np.asarray(alphas, float), np.asarray(fractions, float))
         eps = np.array([table_epsilon(x, f) for x, f in zip(alphas.ravel(), fractions.ravel())])
         return _weights_kept(alphas, eps, budget.delta * fractions, sub, 5, probability)
 
-    # the order at an even split of delta: a log grid from the smallest feasible order, then a finer grid
-    # around the best (W50 is unimodal in alpha); then the split of delta at that order
-    smallest = smallest_order(0.5)
-    if not math.isfinite(smallest):
-        raise ValueError(f"no keep table reaches probability {probability} at ({epsilon}, {delta})")
-    grid = np.geomspace(smallest, max(512.0, 8.0 * smallest), 16)
-    i = int(np.argmin(w50(grid, 0.5)))
-    fine = np.geomspace(grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)], 12)
-    ws = w50(fine, 0.5)
-    alpha = float(fine[int(np.argmin(ws))])
-    fractions = np.array(sorted(set(delta_fractions) | {0.5}))
-    ws = w50(alpha, fractions)
-    w, f = float(np.min(ws)), float(fractions[int(np.argmin(ws))])
-    if not math.isfinite(w):
-        raise ValueError(f"no keep table reaches probability {probability} at ({epsilon}, {delta})")
+    try:
+        alpha, f, w = search_order(table_epsilon, w50, budget.epsilon, delta_fractions)
+    except ValueError:
+        raise ValueError(f"no keep table reaches probability {probability} at ({epsilon}, {delta})") from None
     eps_r = table_epsilon(alpha, f)
     # the grid: at most grid_bits, coarser when the table would be long (small epsilon: W50 in the hundreds),
     # keeping ceil(c/H) >= 8 for the smallest contribution (the +1 slack then costs <= 12%)
     span = 4.0 * w  # the table reaches 1 at a few times W50
-    bits = min(grid_bits, max(int(math.floor(math.log2(_MAX_FINAL_ENTRIES / span))), _min_bits(contributions)))
+    bits = min(grid_bits, max(int(math.floor(math.log2(_MAX_FINAL_ENTRIES / span))), min_grid_bits(contributions)))
     table = keep_table(alpha, eps_r, budget.delta * f, contributions, bits, _MAX_FINAL_ENTRIES)
-    if table.probs[-1] < _ALMOST_ONE:
+    if not table.complete:
         raise ValueError(
             f"the keep table at epsilon {epsilon:g}, delta {delta:g} does not reach probability 1 within "
             f"{len(table.probs)} entries (at small epsilon its tail is long: heavy items would be dropped); "
@@ -509,6 +550,6 @@ def calibrate_keep_table(
     return table, budget.delta * (1.0 - f)
 
 
-def _min_bits(contributions: Sequence[float]) -> int:
+def min_grid_bits(contributions: Sequence[float]) -> int:
     """The coarsest grid on which the smallest contribution moves the index by >= 8 steps."""
     return max(0, math.ceil(math.log2(8.0 / min(contributions))))
