@@ -145,9 +145,11 @@ def print_spurious(results: Dict[str, dict], truth: Dict[int, Dict[str, int]], T
 
 
 #: MSNBC's rows: name -> (algorithm, DPNEParams changes). 'dpne' is the paper's (one weighted-Gaussian round
-#: per level); 'dpne mad_sips' runs MAD-SIPS's rounds inside every level (docs/dpne.md).
+#: per level); 'dpne tables' keeps each level's n-grams by a keep table (the default since issue 30); 'dpne
+#: mad_sips' runs MAD-SIPS's rounds inside every level (docs/dpne.md).
 MSNBC_ROWS = {
-    "dpne": ("dpne", {"selection": "single"}),
+    "dpne": ("dpne", {"selection": "single", "threshold": "gaussian"}),
+    "dpne tables": ("dpne", {"selection": "single", "threshold": "optimal"}),
     "dpne mad_sips": ("dpne", {"selection": "mad_sips"}),
     "dpsu_all": ("dpsu_all", {}),
     "dpsu_even": ("dpsu_even", {}),
@@ -183,9 +185,10 @@ def bench_corpus(title, records, params: DPNEParams, seeds, Ks):
     ug = user_kgrams(records, T)
     truth = ngram_user_counts(ug)
     results = {}
-    single = params.replace(selection="single")  # the paper's levels (the default is mad_sips since issue 30)
+    single = params.replace(selection="single", threshold="gaussian")  # the paper's levels
     for label, alg, prm in [
         ("dpne (weighted_gaussian)", "dpne", single),
+        ("dpne (keep tables, default)", "dpne", single.replace(threshold="optimal")),
         ("dpne (mad)", "dpne", single.replace(weighting="mad")),
         ("dpne (mad_sips)", "dpne", params.replace(selection="mad_sips")),
         ("dpne single-side pruning", "dpne", single.replace(pruning="single")),
@@ -219,8 +222,9 @@ def bench_beam(path: str, mode: str = "in_memory"):
     recs = list(read_jsonl(path))
     prm = DPNEParams(epsilon=4.0, delta=1e-7, max_n=6, max_contributions=100, eta=0.01)
     print(f"\n### Beam DPNE on {os.path.relpath(path, REPO)} (DirectRunner {mode}, seed 1)\n")
-    configs = {  # the paper's levels with each weighting, and the default (MAD-SIPS's rounds inside the levels)
-        "single, weighted_gaussian": {"selection": "single", "weighting": "weighted_gaussian"},
+    configs = {  # the paper's levels with each weighting, the default (keep tables) and MAD-SIPS inside the levels
+        "single, weighted_gaussian": {"selection": "single", "weighting": "weighted_gaussian", "threshold": "gaussian"},
+        "single, keep tables (default)": {"selection": "single", "threshold": "optimal"},
         "single, mad": {"selection": "single", "weighting": "mad"},
         "mad_sips": {"selection": "mad_sips"},
     }

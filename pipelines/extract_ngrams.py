@@ -144,10 +144,15 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: DPNEParams) -> DPNE:
         summary["counts"] = dict(
             dpne.counts.as_report(), min_users=params.min_users, min_users_cost="none (post-processing)"
         )
-    # Theorem 2.1 recomputed from the noise levels actually used (GDP composition of all runs and the counts).
+    # Theorem 2.1 recomputed from the noise levels actually used (GDP composition of all runs and the counts);
+    # with keep tables the RDP composition of the levels (and counts) converted once (privacy.dpne.TablePlan)
     comp = release_privacy(dpne.runs, params, dpne.counts)
+    summary["threshold"] = dpne.threshold
     summary["composed_sigma"] = comp["sigma_composed"]
     summary["total_delta_bound"] = comp["total_delta"]
+    if dpne.threshold == "optimal":
+        summary["rdp"] = {k: comp[k] for k in ("alpha", "epsilon_rdp", "delta_level_1", "delta_conversion")}
+        summary["epsilon_bound"] = comp["epsilon_at_delta"]
     report = (
         pipeline
         | "ReportSeed" >> beam.Create([None])

@@ -40,13 +40,14 @@ Baselines (paper section 3.1.2), all with the same (eps, delta):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from scipy import special
 
-from dp_partition_beam.privacy import counts
+from dp_partition_beam.privacy import counts, thresholding
 from dp_partition_beam.privacy.accounting import gdp_compose, geometric_sigma_schedule
 from dp_partition_beam.privacy.calibration import (
     analytic_gaussian_sigma,
@@ -90,6 +91,11 @@ __all__ = [
     "rounds_report",
     "level_rounds",
     "round_id",
+    "THRESHOLDS",
+    "LevelTable",
+    "TablePlan",
+    "plan_tables",
+    "resolved_threshold",
 ]
 
 DPNE_ALGORITHMS = ("dpne", "dpsu_all", "dpsu_even", "dpsu_single")
@@ -99,6 +105,9 @@ LEVEL_SELECTIONS = ("single", "mad_sips")
 #: Randomness-contract round of round r >= 2 of level k: ``k + ROUND_STRIDE (r - 1)`` (round 1 is k).
 ROUND_STRIDE = 100
 PRUNINGS = ("both", "single")
+#: How a level releases (selection='single', weighting='weighted_gaussian'): Gaussian noise + threshold (the
+#: paper) or a keep-probability table under Renyi DP (docs/dpne.md, "Keep tables at every level")
+THRESHOLDS = ("gaussian", "optimal")
 VK_METHODS = ("exact", "sample")
 
 
@@ -132,6 +141,7 @@ FIELD_USE = use_table(
             "b_max",
             "c_lb",
             "c_ub",
+            "threshold",
         ),
         "dpsu_all": (),
         "dpsu_even": (),
@@ -153,6 +163,7 @@ FIELD_USE = use_table(
         "c_ub": (needs("selection", "mad_sips"),),
         "count_budget": (needs("release_counts", True),),
         "min_users": (needs("release_counts", True),),
+        "threshold": (_SINGLE, needs("weighting", "weighted_gaussian")),
     },
 )
 
@@ -184,6 +195,9 @@ class DPNEParams:
       sample_rate: p of the sampling estimator, in (0, 1].
       dpsu_single_length: the length L of 'dpsu_single' (default T).
       beta, d_max: MAD's adaptive threshold offset (tau = rho + beta sigma) and max adaptive degree.
+      threshold: 'gaussian' (the paper) or 'optimal' (keep tables, :func:`plan_tables`; dpne only, with
+        selection 'single' and weighting 'weighted_gaussian'); None: 'optimal' where it applies, else
+        'gaussian' (:func:`resolved_threshold`).
       release_counts, count_budget, min_users: a DP count of users for every released n-gram (exact
         discrete Gaussian; ``count_budget`` of epsilon and delta, composed in GDP with the levels) and
         the floor on it (post-processing); docs/counts.md.
@@ -241,6 +255,13 @@ class DPNEParams:
         "keep only released n-grams whose noisy count is >= min_users (post-processing of the noisy counts: "
         "no privacy cost; needs release_counts); 0 keeps all",
     )
+    threshold: Optional[str] = _field(
+        None,
+        "how dpne's levels release (selection single, weighting weighted_gaussian): gaussian (noise + threshold "
+        "rho_k, the paper) or optimal (a keep-probability table per level under Renyi DP, the same spurious rate; "
+        "docs/dpne.md). unset: optimal where it applies and tables exist at the budget, else gaussian",
+        THRESHOLDS,
+    )
 
     def __post_init__(self):
         s = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass setter)
@@ -289,6 +310,14 @@ class DPNEParams:
         s("release_counts", check_bool("release_counts", self.release_counts))
         s("count_budget", counts.check_count_budget(self.count_budget))
         s("min_users", counts.check_min_users(self.min_users))
+        if self.threshold is not None:
+            s("threshold", check_choice("threshold", self.threshold, THRESHOLDS))
+        if self.threshold == "optimal" and (self.selection != "single" or self.weighting != "weighted_gaussian"):
+            raise ValueError(
+                "threshold='optimal' (keep tables) is proven for selection='single' with weighting="
+                f"'weighted_gaussian' (got selection={self.selection!r}, weighting={self.weighting!r}): MAD's "
+                "weights are rerouted by other users and MAD-SIPS's rounds need noisy weights (docs/dpne.md)"
+            )
         if self.min_users > 0 and not self.release_counts:
             raise ValueError(
                 f"min_users={self.min_users} filters on the released noisy counts: it needs release_counts=True"
@@ -357,7 +386,12 @@ def dpne_composed_privacy(sigmas: Sequence[float], epsilon: float, delta: float)
 def release_privacy(runs: Sequence["RunPlan"], params: DPNEParams, count_plan=None) -> Dict[str, float]:
     """:func:`dpne_composed_privacy` of a plan's runs, with the counts when released: their continuous
     equivalent (privacy/counts.py, kernel lemma) joins the GDP composition, and the thresholds' delta
-    is ``(1 - count_budget) delta / 2``. ``total_delta`` must be <= delta (the tests check it)."""
+    is ``(1 - count_budget) delta / 2``. ``total_delta`` must be <= delta (the tests check it).
+
+    With keep tables (``threshold='optimal'``): the RDP composition of :class:`TablePlan` converted once,
+    ``sigma_composed`` and ``gaussian_delta`` None, ``epsilon_at_delta`` its epsilon."""
+    if any(r.table is not None for r in runs):
+        return plan_tables(params).privacy()
     sigmas = [r.sigma for r in runs]
     if count_plan is not None:
         sigmas.append(count_plan.sigma_continuous / math.sqrt(count_plan.l0))
@@ -377,19 +411,24 @@ class RunPlan:
     """One noisy-histogram run: the n-gram lengths it covers, its noise, cap and (fixed) threshold.
 
     For DPNE levels k >= 2 ``rho`` is None here: it depends on the released S_{k-1} and |V_k| and is
-    computed during the run (:func:`dpne_rho_k`). ``round_`` is the randomness-contract round.
+    computed during the run (:func:`dpne_rho_k`). ``round_`` is the randomness-contract round. With
+    ``threshold='optimal'`` the level releases by its keep table (``table``, :class:`LevelTable`) and has no
+    noise or threshold (``sigma``, ``rho`` and ``delta_threshold`` None).
     """
 
     name: str
     lengths: Tuple[int, ...]
-    sigma: float
+    sigma: Optional[float]
     max_contributions: int
     rho: Optional[float]
     delta_threshold: Optional[float]
     round_: int
+    table: Optional["LevelTable"] = None
 
     def as_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["table"] = None if self.table is None else self.table.as_report()
+        return d
 
 
 def count_l0(algorithm: str, params: DPNEParams) -> int:
@@ -414,8 +453,11 @@ def plan_dpne_counts(algorithm: str, params: DPNEParams) -> Optional[counts.Coun
     return None if share is None else share.counts
 
 
-def plan_runs(algorithm: str, params: DPNEParams) -> Tuple[float, List[RunPlan]]:
+def plan_runs(algorithm: str, params: DPNEParams) -> Tuple[Optional[float], List[RunPlan]]:
     """``(sigma*, runs)`` of ``algorithm`` (one of :data:`DPNE_ALGORITHMS`; see the module docstring).
+
+    With ``threshold='optimal'`` (dpne only) every level is a keep table (:func:`plan_tables`) and sigma* is
+    None: there is no Gaussian to compose.
 
     With ``release_counts`` the levels get the selection's share of the GDP budget (``sigma*`` is
     ``1 / mu_sel``) and the thresholds ``(1 - count_budget)`` of ``delta`` (privacy/counts.py, 'gdp').
@@ -423,6 +465,8 @@ def plan_runs(algorithm: str, params: DPNEParams) -> Tuple[float, List[RunPlan]]
     algorithm = check_choice("algorithm", algorithm, DPNE_ALGORITHMS)
     if not isinstance(params, DPNEParams):
         raise TypeError(f"params must be a DPNEParams, got {type(params).__name__}")
+    if params.threshold == "optimal" and algorithm != "dpne":
+        raise ValueError(f"threshold='optimal' is a dpne option ({algorithm} is the paper's Gaussian baseline)")
     share = _count_share(algorithm, params)
     if share is None:
         sigma_star = analytic_gaussian_sigma(params.epsilon, params.delta / 2.0)
@@ -431,6 +475,9 @@ def plan_runs(algorithm: str, params: DPNEParams) -> Tuple[float, List[RunPlan]]
         sigma_star, delta_thr = share.sigma, share.delta_threshold
     T = params.max_n
     deltas = params.deltas
+    if algorithm == "dpne" and resolved_threshold(algorithm, params) == "optimal":
+        tp = plan_tables(params)
+        return None, [RunPlan(f"level_{t.k}", (t.k,), None, deltas[t.k - 1], None, None, t.k, t) for t in tp.levels]
     if algorithm == "dpne":
         _, sigmas = dpne_level_sigmas(params)
         runs = [
@@ -546,6 +593,218 @@ def level_rounds(run: RunPlan, params: DPNEParams, q: Optional[float] = None) ->
 
 
 # ---------------------------------------------------------------------------------------------
+# Keep tables at every level (threshold='optimal'; docs/dpne.md, "Keep tables at every level")
+# ---------------------------------------------------------------------------------------------
+
+#: the levels' table grid H = 2^-8 (finer when the smallest contribution needs it,
+#: :func:`thresholding.min_grid_bits`): W50 within ~0.6% of 2^-10's, a quarter of the entries (0.2 s a table
+#: at Delta_k 10, 1 s at 300)
+TABLE_GRID_BITS = 8
+#: a level table's length limit (2 MB of floats); a table that does not reach ~1 within it is an error
+TABLE_MAX_ENTRIES = 1 << 18
+#: the fractions of delta tried for level 1's mixture (the rest is the conversion's)
+TABLE_DELTA_FRACTIONS = (0.05, 0.1, 0.25, 0.5)
+#: the search ranks orders at the spurious rate eta / 100 (q_k = eta min(1, |S_{k-1}|/|V_k|) is known only at
+#: run time; the best order barely moves with q: docs/dpne.md)
+TABLE_RATE_REF = 0.01
+#: the smallest rate a level's table is checked at in the plan, times eta
+TABLE_RATE_MIN = 1e-9
+
+
+@dataclasses.dataclass(frozen=True)
+class LevelTable:
+    """Level k's keep table, as parameters (public, fixed before any data is read): level 1's table is built
+    from them in the plan; a level k >= 2 builds its own once its spurious rate q_k is known (:meth:`build`).
+
+    Attributes:
+      k: the level.
+      alpha, epsilon_rdp: the table's Renyi order and budget (one user changes the level's release by an
+        (alpha, epsilon_rdp)-RDP pair; docs/thresholding.md).
+      delta_rdp: level 1's mixture delta (an unknown domain: n-grams nobody holds are never kept); 0 at
+        levels k >= 2 (a known domain V_k: F(0) = q_k > 0 and the table is pure RDP).
+      contributions: C = {1/sqrt(d) : d <= Delta_k}, the weighted-Gaussian weights.
+      grid_bits: the table's grid H = 2^-grid_bits.
+    """
+
+    k: int
+    alpha: float
+    epsilon_rdp: float
+    delta_rdp: float
+    contributions: Tuple[float, ...]
+    grid_bits: int
+
+    def build(self, unseen: float = 0.0) -> thresholding.KeepTable:
+        """The table (cached per process): F(0) = ``unseen`` (level k >= 2: its rate q_k), each step the
+        largest the budget allows (:func:`thresholding.keep_table`). ``ValueError`` if it does not reach ~1."""
+        return _build_level_table(self, thresholding.keep_rate(unseen))
+
+    def as_report(self) -> Dict[str, Any]:
+        return {
+            "alpha": self.alpha,
+            "epsilon_rdp": self.epsilon_rdp,
+            "delta_rdp": self.delta_rdp,
+            "grid": math.ldexp(1.0, -self.grid_bits),
+        }
+
+
+@functools.lru_cache(maxsize=256)
+def _keep_table(alpha, epsilon_rdp, delta_rdp, contributions, grid_bits, unseen) -> thresholding.KeepTable:
+    return thresholding.keep_table(
+        alpha, epsilon_rdp, delta_rdp, contributions, grid_bits, TABLE_MAX_ENTRIES, unseen=unseen
+    )
+
+
+def _build_level_table(spec: LevelTable, unseen: float) -> thresholding.KeepTable:
+    table = _keep_table(spec.alpha, spec.epsilon_rdp, spec.delta_rdp, spec.contributions, spec.grid_bits, unseen)
+    if not table.complete:
+        raise ValueError(
+            f"level {spec.k}'s keep table (alpha {spec.alpha:.3g}, RDP budget {spec.epsilon_rdp:.3g}, rate "
+            f"{unseen:.3g}) does not reach probability 1 within {len(table.probs)} entries: the budget is too "
+            "small for tables; use threshold='gaussian'"
+        )
+    return table
+
+
+def table_report(table: thresholding.KeepTable) -> Dict[str, Any]:
+    """What a level's report prints of its built table: its rate F(0), length and the weights kept with
+    probability 0.1, 0.5 and 0.9 (W50 plays the role of the Gaussian's rho_k)."""
+    return {
+        "unseen": table.unseen,
+        "entries": len(table.probs),
+        "weight_kept_10_50_90": [table.weight_for(0.1), table.weight_for(0.5), table.weight_for(0.9)],
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class TablePlan:
+    """DPNE with a keep table at every level (``threshold='optimal'``; docs/dpne.md, "Keep tables at every
+    level"): one Renyi order alpha for all, each level a share of one RDP budget, converted once.
+
+    Level 1 (unknown domain) is ``delta_level_1``-approximately (alpha, eps_1)-RDP, level k >= 2 (known domain
+    V_k) (alpha, eps_k)-RDP, the counts (with ``release_counts``) (alpha, ``counts_rdp``)-RDP (their continuous
+    equivalent, docs/counts.md (b)). Adaptive composition adds the eps and the deltas; the conversion at
+    ``delta_conversion`` (Balle et al. 2020, Thm 21) gives (epsilon, delta_level_1 + delta_conversion
+    [+ the counts' kernel slack]) <= (epsilon, delta).
+
+    Attributes:
+      alpha: the common order.
+      levels: level k's :class:`LevelTable` (k = 1..T); eps_k is the budget's share ``c^{-2(k-1)} /
+        sum_j c^{-2(j-1)}`` (``sigma_decay`` c, as the paper's sigma_k = c sigma_{k-1}: RDP ~ 1/sigma^2).
+      delta_level_1, delta_conversion: level 1's mixture delta and the conversion's.
+      counts_rdp: the counts' RDP at alpha (0 without counts).
+      delta_slack: delta reserved for the counts' discrete kernel (0 without counts).
+      epsilon, delta: the run's budget.
+    """
+
+    alpha: float
+    levels: Tuple[LevelTable, ...]
+    delta_level_1: float
+    delta_conversion: float
+    counts_rdp: float
+    delta_slack: float
+    epsilon: float
+    delta: float
+
+    def privacy(self) -> Dict[str, Any]:
+        """The composed guarantee: ``epsilon_at_delta`` (<= epsilon to rounding), ``total_delta`` (<= delta)."""
+        rdp = math.fsum([t.epsilon_rdp for t in self.levels] + [self.counts_rdp])
+        return {
+            "sigma_composed": None,
+            "gaussian_delta": None,
+            "total_delta": self.delta_level_1 + self.delta_conversion + self.delta_slack,
+            "epsilon_at_delta": thresholding.rdp_to_dp_epsilon(rdp, self.alpha, self.delta_conversion),
+            "alpha": self.alpha,
+            "epsilon_rdp": rdp,
+            "delta_level_1": self.delta_level_1,
+            "delta_conversion": self.delta_conversion,
+        }
+
+
+def resolved_threshold(algorithm: str, params: DPNEParams) -> str:
+    """The threshold a run uses: ``params.threshold``; for None 'optimal' where keep tables apply (dpne with
+    selection 'single' and weighting 'weighted_gaussian') and :func:`plan_tables` finds tables at the budget
+    (they release ~13% more n-grams on MSNBC, docs/dpne.md), else 'gaussian'."""
+    if params.threshold is not None:
+        return params.threshold
+    if algorithm != "dpne" or params.selection != "single" or params.weighting != "weighted_gaussian":
+        return "gaussian"
+    try:
+        plan_tables(params)
+    except ValueError:  # too small a budget for tables: the paper's Gaussian levels
+        return "gaussian"
+    return "optimal"
+
+
+def level_shares(params: DPNEParams) -> np.ndarray:
+    """Level k's fraction of the tables' RDP budget: ``c^{-2(k-1)}`` normalised (``sigma_decay`` c)."""
+    w = np.asarray(params.sigma_decay, dtype=np.float64) ** (-2.0 * np.arange(params.max_n))
+    return w / w.sum()
+
+
+@functools.lru_cache(maxsize=32)
+def plan_tables(params: DPNEParams) -> TablePlan:
+    """The keep tables of every level (pure function of the parameters, cached).
+
+    The budget: ``E(alpha, f) = epsilon - conv(alpha, (1 - f) delta_P) - alpha counts_rdp`` (``delta_P`` =
+    delta, less the counts' kernel slack), level k gets ``share_k E`` and level 1 the mixture delta ``f
+    delta_P``. The order alpha and f minimise, at equal shares, level 1's W50 plus (T - 1) times a level
+    k >= 2's W50 at the rate ``eta / 100`` (:func:`thresholding.search_order`, on a coarse grid)."""
+    if not isinstance(params, DPNEParams):
+        raise TypeError(f"params must be a DPNEParams, got {type(params).__name__}")
+    T, deltas = params.max_n, params.deltas
+    delta_p, counts_coef, slack = params.delta, 0.0, 0.0
+    plan = plan_dpne_counts("dpne", params)
+    if plan is not None:  # the counts' noise of the gdp split, in RDP (privacy/selection.py does the same)
+        counts_coef = plan.l0 / (2.0 * plan.sigma_continuous**2)
+        counts.check_kernel_slack(plan.l0, delta_p, plan.tau2)
+        slack = delta_p * counts.DELTA_SLACK
+        delta_p -= slack
+    contributions = [thresholding.basic_contributions(d) for d in deltas]
+    sub_1 = thresholding._search_subset(contributions[0])
+    sub_k = thresholding._search_subset(contributions[min(1, T - 1)])
+    q_ref = params.eta * TABLE_RATE_REF
+
+    def budget(alpha: float, f: float) -> float:
+        return params.epsilon - thresholding.rdp_to_dp_epsilon(0.0, alpha, (1.0 - f) * delta_p) - alpha * counts_coef
+
+    def score(alphas, fractions) -> np.ndarray:
+        alphas, fractions = np.broadcast_arrays(np.asarray(alphas, float), np.asarray(fractions, float))
+        alphas, fractions = alphas.ravel(), fractions.ravel()
+        eps = np.array([budget(a, f) for a, f in zip(alphas, fractions)]) / T
+        w = thresholding._weights_kept(alphas, eps, fractions * delta_p, sub_1, 5, 0.5, every=True)
+        if T > 1:
+            w = w + (T - 1) * thresholding._weights_kept(alphas, eps, 0.0, sub_k, 5, 0.5, q_ref, True)
+        return w
+
+    try:
+        alpha, f, _ = thresholding.search_order(budget, score, params.epsilon, TABLE_DELTA_FRACTIONS)
+    except ValueError:
+        raise ValueError(
+            f"no keep tables at epsilon {params.epsilon:g}, delta {params.delta:g}: use threshold='gaussian'"
+        ) from None
+    total = budget(alpha, f) * (1.0 - 1e-12)  # float error of the sum of shares stays below the budget
+    shares = level_shares(params)
+    levels = tuple(
+        LevelTable(
+            k,
+            alpha,
+            float(total * shares[k - 1]),
+            f * delta_p if k == 1 else 0.0,
+            contributions[k - 1],
+            max(TABLE_GRID_BITS, thresholding.min_grid_bits(contributions[k - 1])),
+        )
+        for k in range(1, T + 1)
+    )
+    levels[0].build()  # level 1's table is data-independent: built (and checked) with the plan
+    # a level k >= 2 builds its table at run time from q_k >= eta / |S_1| (|V_k| <= |S_{k-1}| |S_1|): checked here
+    # at a rate below that of a billion released words, so that a run never stops on a table cut short
+    for spec in {dataclasses.replace(t, k=2): t for t in levels[1:]}.values():
+        spec.build(params.eta * TABLE_RATE_MIN)
+    delta_1, delta_conversion = f * delta_p, (1.0 - f) * delta_p
+    return TablePlan(alpha, levels, delta_1, delta_conversion, alpha * counts_coef, slack, params.epsilon, params.delta)
+
+
+# ---------------------------------------------------------------------------------------------
 # Level reports (the public parameters of each run; the Beam transform and the reference share them)
 # ---------------------------------------------------------------------------------------------
 
@@ -556,8 +815,17 @@ def _with_tau(level: Dict[str, Any], rho: Optional[float], sigma: float, weighti
     return level
 
 
+def _table_level(level: Dict[str, Any], spec: LevelTable, unseen: float) -> Dict[str, Any]:
+    level["threshold"] = "optimal"
+    level["keep_table"] = {**spec.as_report(), **table_report(spec.build(unseen))}
+    return level
+
+
 def level_one_report(plan: RunPlan, weighting: str, beta: float) -> Dict[str, Any]:
-    """DPNE's level 1 (fixed rho_1): k, sigma, rho, max_contributions and MAD's tau."""
+    """DPNE's level 1 (fixed rho_1): k, sigma, rho, max_contributions and MAD's tau; with a keep table
+    (``plan.table``) k, max_contributions and the table (no sigma, rho)."""
+    if plan.table is not None:
+        return _table_level({"k": 1, "max_contributions": plan.max_contributions}, plan.table, 0.0)
     level = {"k": 1, "sigma": plan.sigma, "rho": plan.rho, "max_contributions": plan.max_contributions}
     return _with_tau(level, plan.rho, plan.sigma, weighting, beta)
 
@@ -583,10 +851,35 @@ def rounds_report(level: Dict[str, Any], rounds: Sequence[LevelRound], released:
 
 
 def level_k_report(
-    k: int, sigma: float, max_contributions: int, eta: float, weighting: str, beta: float, s_prev_size: int, v_size: int
+    k: int,
+    sigma: Optional[float],
+    max_contributions: int,
+    eta: float,
+    weighting: str,
+    beta: float,
+    s_prev_size: int,
+    v_size: int,
+    table: Optional[LevelTable] = None,
 ) -> Dict[str, Any]:
     """DPNE's level k >= 2, from the released |S_{k-1}| and |V_k| (public): rho_k, q_k and the bound
-    on the expected number of spurious k-grams (rho None when V_k is empty)."""
+    on the expected number of spurious k-grams (rho None when V_k is empty).
+
+    With a keep table (``table``): q_k rounded down to 2^-64 (:func:`thresholding.keep_rate`, the table's
+    F(0) and the spurious step's rate) and the built table's report instead of sigma and rho
+    (``keep_table`` None when V_k is empty: q_k = 0, nothing is released)."""
+    if table is not None:
+        q = thresholding.keep_rate(spurious_probability(eta, s_prev_size, v_size))
+        level = {
+            "k": k,
+            "max_contributions": max_contributions,
+            "s_prev": int(s_prev_size),
+            "v_k": int(v_size),
+            "spurious_prob": q,
+            "expected_spurious_bound": v_size * q,
+        }
+        if q > 0.0:
+            return _table_level(level, table, q)
+        return dict(level, threshold="optimal", keep_table=None)
     rho = dpne_rho_k(sigma, eta, s_prev_size, v_size)
     q = spurious_probability(eta, s_prev_size, v_size)
     level = {

@@ -39,6 +39,8 @@ RUNS = {
     "dpne/tip": 4000,
     "dpne/mad_sips_tip": 4000,
     "dpne/bigram": 1500,  # 100 copies of 84 users per call
+    "dpne/optimal_tip": 4000,
+    "dpne/optimal_bigram": 1500,
     "dpne/mad_sips_bigram": 1500,
     "count_gaussian/all": 3000,
     "count_laplace/all": 3000,
@@ -128,7 +130,7 @@ def test_copies_are_independent_runs():
     assert lo_a <= hi_b and lo_b <= hi_a, (in_one_call, separate)
 
 
-@pytest.mark.parametrize("name", ["dpne/bigram", "dpne/mad_sips_bigram"])
+@pytest.mark.parametrize("name", ["dpne/bigram", "dpne/mad_sips_bigram", "dpne/optimal_bigram"])
 def test_bigram_copies_share_one_public_level_two(name):
     # The DPNE level-2 cases rely on level 1 releasing every copy's words (module docstring of
     # transforms/testing/audit.py): then |S_1|, |V_2| and level 2's thresholds are the same in every call
@@ -143,7 +145,8 @@ def test_bigram_copies_share_one_public_level_two(name):
         words = {w for items in data.values() for w in items}
         assert res.ngrams[1] == words
         lvl = res.levels[1]
-        levels.append((lvl["s_prev"], lvl["v_k"], lvl.get("rho"), [r["rho"] for r in lvl.get("rounds", [])]))
+        rounds = [r["rho"] for r in lvl.get("rounds", [])]
+        levels.append((lvl["s_prev"], lvl["v_k"], lvl.get("rho"), lvl["spurious_prob"], rounds))
     assert len(set(map(repr, levels))) == 1, levels
     assert levels[0][:2] == (2 * case.copies_per_call, (2 * case.copies_per_call) ** 2)
 
@@ -169,7 +172,7 @@ def test_single_user_items_never_released(algorithm):
     assert (e0, e1) == (0, 0), f"{case.name}: an item held by one user was released in {e1} of {runs} runs"
 
 
-@pytest.mark.parametrize("algorithm", ["basic", "dp_sips", "mad2r", "mad_sips"])
+@pytest.mark.parametrize("algorithm", ["basic", "dp_sips", "mad2r", "mad_sips", "dpne"])
 def test_single_user_items_never_released_by_the_keep_table(algorithm):
     """threshold 'optimal' (basic's round, MAD-SIPS's last round; docs/thresholding.md, docs/mad_sips.md): an
     item of one user is kept with probability F(its weight) <= delta_rdp c^2 <= 1e-12 per run (and MAD-SIPS's

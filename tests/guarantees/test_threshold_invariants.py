@@ -87,7 +87,7 @@ RELEASE_STEPS = {
     "transforms/selection/mad.py": 1,  # MAD2R's Round1StatusFn (round 2 and MAD: basic's NoisyThresholdFn)
     "transforms/selection/mad_sips.py": 1,  # MAD-SIPS's RoundStatusFn
     "transforms/core/noise.py": 1,  # the sequential policies' NoisyThreshold
-    "transforms/dpne/dpne.py": 2,  # NoisyKeepFn, DPNE's baselines
+    "transforms/dpne/dpne.py": 1,  # NoisyKeepFn (levels and the baselines; keep tables: KeepTable.keep)
     "transforms/selection/reference.py": 4,
     "transforms/dpne/reference.py": 2,  # noisy_release, level_mad_sips
     "transforms/dpne/dpne_kernels.py": 1,  # level_round_status (DPNE's MAD-SIPS rounds on Beam)

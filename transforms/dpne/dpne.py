@@ -31,7 +31,9 @@ side inputs):
   Partials     (item shard, Packed(item, hi, mid, lo, holders))  exact fixed-point sums of 1/sqrt(d)
   GroupItems   (item shard, [Packed])                   a hot k-gram is one row per user shard
   Merge        (item shard, Table(item, weight, holders))  H_k over its support
-  NoisyKeep    (item bytes, holders)                    H_k + sigma_k Z >= rho_k (rho_k: side input)
+  NoisyKeep    (item bytes, holders)                    H_k + sigma_k Z >= rho_k (rho_k: side input); with
+                                                       threshold='optimal' kept with probability F_k(H_k),
+                                                       the level's keep table (F_k(0) = q_k at k >= 2)
   Spurious     n-gram                                   B_k ~ Bin(|V_k| - |supp H_k|, q_k) uniform
                                                        k-grams of V_k minus supp(H_k): candidates
                                                        drawn uniformly from V_k (y ~ L(y)R(y), then
@@ -111,7 +113,7 @@ from dp_partition_beam.transforms.core.batches import (
 from dp_partition_beam.transforms.core.dofns import SideInputCache, WorkerRngDoFn, in_global_window
 from dp_partition_beam.transforms.core.engine import RunSeed, barrier, checkpoint, per_user_step
 from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
-from dp_partition_beam.transforms.core.tables import merge_partials, noisy_weights
+from dp_partition_beam.transforms.core.tables import item_bits, merge_partials, noisy_weights
 from dp_partition_beam.transforms.dpne import dpne_kernels
 from dp_partition_beam.transforms.selection.basic import BasicPartialsFn
 from dp_partition_beam.transforms.selection.counts import NoisyCounts
@@ -295,13 +297,20 @@ def merge_shard(shard, partials):
 
 class NoisyKeepFn(WorkerRngDoFn):
     """(item shard, Table(item, weight, holders)) -> (item key bytes, holders) with
-    ``weight + sigma Z >= rho`` (rho from the level side input; Z keyed (seed, 'noise', round, item))."""
+    ``weight + sigma Z >= rho`` (rho from the level side input; Z keyed (seed, 'noise', round, item)).
 
-    def __init__(self, sigma: float, round_: int, seed: Optional[int]):
+    With a keep table (``table``, :class:`privacy.dpne.LevelTable`): kept iff 64 bits keyed (seed, 'noise',
+    round, item) are below F(weight) 2^64, the table built from the level's rate q_k at k >= 2 (its
+    'spurious_prob'; no table, ``keep_table`` None, when V_k is empty)."""
+
+    def __init__(self, sigma: Optional[float], round_: int, seed: Optional[int], table=None):
         super().__init__(seed)
-        self._sigma, self._round = sigma, round_
+        self._sigma, self._round, self._table = sigma, round_, table
 
     def process(self, element, level):
+        if self._table is not None:
+            yield from self._keep(element, level)
+            return
         rho = level["rho"]
         if rho is None:
             return
@@ -310,6 +319,15 @@ class NoisyKeepFn(WorkerRngDoFn):
             w.column(ITEM), w.column("weight").to_numpy(), "gaussian", self._sigma, self._seed, self._round, self._rng
         )
         idx = pa.array(np.flatnonzero(passes_threshold(noisy, rho)))
+        yield from zip(w.column(ITEM).take(idx).to_pylist(), w.column("holders").take(idx).to_pylist())
+
+    def _keep(self, element, level):
+        if level["keep_table"] is None:  # V_k empty
+            return
+        table = self._table.build(level.get("spurious_prob", 0.0))  # level 1: F(0) = 0; cached per process
+        _, w = element
+        bits = item_bits(w.column(ITEM), self._seed, self._round, self._rng)
+        idx = pa.array(np.flatnonzero(table.keep(w.column("weight").to_numpy(), bits)))
         yield from zip(w.column(ITEM).take(idx).to_pylist(), w.column("holders").take(idx).to_pylist())
 
 
@@ -365,11 +383,6 @@ def level_sizes(grams, pruning, s1):
     return len(grams), dpne_kernels.valid_count_exact(grams, s1, pruning), grams
 
 
-def keep_at_or_above_rho(element, level):
-    rho = level["rho"]
-    return rho is not None and passes_threshold(element[1], rho)
-
-
 def first(element):
     return element[0]
 
@@ -408,18 +421,19 @@ def baseline_level(_, plan: RunPlan, weighting, beta):
     return baseline_run_report(plan, weighting, beta)
 
 
-def level_k(_, k, sigma, max_contributions, eta, weighting, beta, sizes, v_estimate=None):
+def level_k(_, k, sigma, max_contributions, eta, weighting, beta, sizes, v_estimate=None, table=None):
     """The public parameters of level k >= 2, from the released sizes (|S_{k-1}|, |V_k|, ...) (``v_estimate``:
-    supplement Alg. 2's estimate of |V_k|, which then sets rho_k instead)."""
+    supplement Alg. 2's estimate of |V_k|, which then sets rho_k instead; ``table``: the level's
+    :class:`privacy.dpne.LevelTable`, whose table is built here from q_k)."""
     s_prev_size, v_size = sizes[0], sizes[1]
     v_size = v_size if v_estimate is None else v_estimate
-    return level_k_report(k, sigma, max_contributions, eta, weighting, beta, s_prev_size, v_size)
+    return level_k_report(k, sigma, max_contributions, eta, weighting, beta, s_prev_size, v_size, table)
 
 
-def spurious_level_k(_, k, sigma, max_contributions, eta, weighting, beta, sizes, v_estimate=None):
-    """What the spurious step of level k >= 2 reads, in one singleton: the level dict (rho_k, q_k), the exact
-    |V_k| (``v_exact``) and S_{k-1} (``s_prev``, the list)."""
-    level = level_k(_, k, sigma, max_contributions, eta, weighting, beta, sizes, v_estimate)
+def spurious_level_k(_, k, sigma, max_contributions, eta, weighting, beta, sizes, v_estimate=None, table=None):
+    """What the spurious step of level k >= 2 reads, in one singleton: the level dict (rho_k or the table, q_k),
+    the exact |V_k| (``v_exact``) and S_{k-1} (``s_prev``, the list)."""
+    level = level_k(_, k, sigma, max_contributions, eta, weighting, beta, sizes, v_estimate, table)
     return dict(level, v_exact=sizes[1], s_prev=sizes[2])
 
 
@@ -459,7 +473,7 @@ class SpuriousCandidatesFn(WorkerRngDoFn):
         self._k, self._seed, self._pruning = k, seed, pruning
 
     def process(self, _, level, n_supp, s1, num_shards, s_prev=None, v_exact=None):
-        if level["rho"] is None:
+        if not level["spurious_prob"] > 0.0:  # V_k empty (rho_k None)
             return
         # Always the exact |V_k| here (also with vk_method='sample', whose estimate only sets rho_k):
         # then the spurious k-grams are exactly the zero-weight part of the Gaussian mechanism on V_k.
@@ -532,9 +546,10 @@ class _NoisyRun(beam.PTransform):
       support    (item shard, Table(item, weight, holders)): H over supp(H), partitioned by item shard
     """
 
-    def __init__(self, run_args, level, seed, seed_arg, num_shards, side_args, label=None):
+    def __init__(self, run_args, level, seed, seed_arg, num_shards, side_args, table=None, label=None):
         super().__init__(label)
         self._lengths, self._pruning, self._sigma, self._cap, self._round, self._weighting, self._d_max = run_args
+        self._table = table  # privacy.dpne.LevelTable: keep table instead of noise + rho
         self._level, self._seed, self._seed_arg = level, seed, seed_arg
         self._num_shards, self._side_args = num_shards, side_args
 
@@ -557,8 +572,8 @@ class _NoisyRun(beam.PTransform):
         merged = grouped | "Merge" >> beam.MapTuple(merge_shard)  # (item shard, Table(item, weight, holders)) = H
         kept = (
             merged
-            | "NoisyKeep" >> beam.ParDo(NoisyKeepFn(self._sigma, self._round, self._seed), level_si)
-            # (item bytes, holders), noisy >= rho
+            | "NoisyKeep" >> beam.ParDo(NoisyKeepFn(self._sigma, self._round, self._seed, self._table), level_si)
+            # (item bytes, holders), noisy >= rho (or kept by the level's table)
             | "Decode" >> beam.Map(decode_holders)  # (g, holders)
         )
         return kept, merged
@@ -914,6 +929,8 @@ class DPNE(beam.PTransform):
     ):
         super().__init__(label)
         self.sigma_star, self.runs = plan_runs(algorithm, params)  # validates; calibrated before any data is read
+        #: 'optimal' (keep tables, privacy.dpne.plan_tables) or 'gaussian' (the paper's noise + threshold)
+        self.threshold = "optimal" if any(r.table is not None for r in self.runs) else "gaussian"
         self.algorithm = algorithm
         self._params = params
         self._seed = seed
@@ -954,7 +971,7 @@ class DPNE(beam.PTransform):
             self._allow_arg,
         ]
         return tokens | f"{name}/Run" >> _NoisyRun(
-            run_args, level, self._seed, self._seed_arg, self._num_shards, side
+            run_args, level, self._seed, self._seed_arg, self._num_shards, side, run.table
         )  # (g, holders), H by item shard
 
     def _mad_sips(self, name, tokens, run, level, s_prev=None, s1=None, v_exact=None):
@@ -1014,8 +1031,10 @@ class DPNE(beam.PTransform):
                 level_args = (k, run.sigma, run.max_contributions, prm.eta, prm.weighting, prm.beta)
                 level_args += (beam.pvalue.AsSingleton(sizes), *estimate)
                 level = (
-                    p | f"{name}/LevelSeed" >> beam.Create([None]) | f"{name}/Level" >> beam.Map(level_k, *level_args)
-                )  # {rho_k, q_k, |V_k|, ...}
+                    p
+                    | f"{name}/LevelSeed" >> beam.Create([None])
+                    | f"{name}/Level" >> beam.Map(level_k, *level_args, table=run.table)
+                )  # {rho_k (or the keep table), q_k, |V_k|, ...}
             if k >= 2 and mad:
                 v_exact = sizes | f"{name}/ValidCount" >> beam.Map(valid_size)  # |V_k|
                 released, level = self._mad_sips(name, tokens, run, level, s_prev, s1, v_exact)
@@ -1025,7 +1044,7 @@ class DPNE(beam.PTransform):
                 spurious_level = (
                     p
                     | f"{name}/SpuriousSeed" >> beam.Create([None])
-                    | f"{name}/SpuriousLevel" >> beam.Map(spurious_level_k, *level_args)
+                    | f"{name}/SpuriousLevel" >> beam.Map(spurious_level_k, *level_args, table=run.table)
                 )  # {rho_k, q_k, exact |V_k|, S_{k-1}}: one singleton (Flink's plan walk, _Spurious)
                 spurious = support | f"{name}/Spurious" >> _Spurious(
                     k, spurious_level, None, None, s1, prm.pruning, self._seed, self._num_shards

@@ -5,7 +5,8 @@ kernels (:mod:`transforms.dpne.dpne_kernels`), the same accounting (:mod:`privac
 randomness contract, so under a seed the Beam transform returns exactly the same n-grams:
 
 * subsample of user u at level k: ``randomness.subsample(items, Delta_k, u, round_=k, seed)``;
-* noise of k-gram g: ``sigma_k * keyed_normal(seed, 'noise', k, [g])``;
+* noise of k-gram g: ``sigma_k * keyed_normal(seed, 'noise', k, [g])``; with keep tables
+  (``threshold='optimal'``) the 64 bits ``random_bits([g], 'noise', k, seed)`` (keep iff below F(H[g]) 2^64);
 * spurious k-grams: count ``Binomial`` from ``keyed_generator(seed, 'spurious', k, 'count')``,
   candidates from ``keyed_generator(seed, 'spurious', k, ('candidates', chunk))``, priorities
   ``keyed_uniform(seed, 'spurious_priority', k, [g])``;
@@ -132,6 +133,17 @@ def noisy_release(hist: Mapping[str, float], sigma: float, rho: float, round_: i
     return {g for g, w in add_noise(hist, "gaussian", sigma, seed, round_, rng).items() if passes_threshold(w, rho)}
 
 
+def table_release(hist: Mapping[str, float], table, round_: int, seed, rng) -> Set[str]:
+    """Items kept by a keep table: ``bits < F(H[g]) 2^64`` with 64 bits keyed by (seed, 'noise', round, g) if
+    seeded (the draws of selection's tables, :func:`transforms.selection.reference.noisy_threshold`)."""
+    if not hist:
+        return set()
+    items = list(hist)
+    bits = randomness.random_bits(items, "noise", round_, seed, rng)
+    kept = table.keep(np.array([float(hist[g]) for g in items], dtype=np.float64), bits)
+    return {g for g, k in zip(items, kept) if k}
+
+
 def sample_spurious(sampler: dpne_kernels.ValidSampler, supp: Set[str], q: float, k: int, seed, rng) -> List[str]:
     """Supplement Alg. 1's spurious step: ``B ~ Bin(|V_k| - |supp(H_k)|, q)`` uniform k-grams of
     ``V_k \\ supp(H_k)`` (oversampled candidates, filtered, deduplicated, N smallest priorities).
@@ -255,6 +267,9 @@ def _summary(algorithm: str, params: DPNEParams, sigma_star: float, runs: List[R
         "composed_gaussian_delta": comp["gaussian_delta"],
         "total_delta_bound": comp["total_delta"],
         "counts": None if count_plan is None else count_plan.as_report(),
+        "threshold": "optimal" if any(r.table is not None for r in runs) else "gaussian",
+        "rdp": {k: comp[k] for k in ("alpha", "epsilon_rdp", "delta_level_1", "delta_conversion") if k in comp},
+        "epsilon_at_delta": comp["epsilon_at_delta"],
     }
 
 
@@ -325,6 +340,7 @@ def _dpne(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng, second
         if k == 1:
             level = level_one_report(run, params.weighting, params.beta)
             rho = run.rho
+            live = True  # level 1 always runs
             users = user_grams[1]
         else:
             # V_k is a function of the released S_1, S_{k-1}: public.
@@ -336,10 +352,19 @@ def _dpne(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng, second
             else:
                 v_used = v_exact
             level = level_k_report(
-                k, run.sigma, run.max_contributions, params.eta, params.weighting, params.beta, len(s_prev), v_used
+                k,
+                run.sigma,
+                run.max_contributions,
+                params.eta,
+                params.weighting,
+                params.beta,
+                len(s_prev),
+                v_used,
+                run.table,
             )
-            rho = dpne_rho_k(run.sigma, params.eta, len(s_prev), v_used)
             q = level["spurious_prob"]
+            rho = None if run.table is not None else dpne_rho_k(run.sigma, params.eta, len(s_prev), v_used)
+            live = q > 0.0  # V_k empty: rho_k = inf (a table's rate 0), nothing can be released
             users = {
                 u: {g for g in gs if dpne_kernels.is_valid(g, s_prev, s1, params.pruning)}
                 for u, gs in user_grams[k].items()
@@ -347,17 +372,20 @@ def _dpne(user_grams, params: DPNEParams, runs: List[RunPlan], seed, rng, second
         released: Set[str] = set()
         if params.selection == "mad_sips":
             rounds = level_rounds(run, params, None if k == 1 else level["spurious_prob"])
-            sampler = dpne_kernels.ValidSampler(s_prev, s1, params.pruning) if k >= 2 and math.isfinite(rho) else None
+            sampler = dpne_kernels.ValidSampler(s_prev, s1, params.pruning) if k >= 2 and live else None
             cap = run.max_contributions
             released, per_round, capped = level_mad_sips(users, cap, rounds, params, seed, rng, sampler)
             level = rounds_report(level, rounds, per_round)
-            if math.isfinite(rho):
+            if live:
                 _count_run(counted, count_plan, capped, released, run, params, seed)
         tau = mad_tau(rho, run.sigma, params.beta) if params.weighting == "mad" else None
-        if params.selection == "single" and math.isfinite(rho):
+        if params.selection == "single" and live:
             capped = _capped(users, run.max_contributions, k, seed, rng)
             hist = histogram(capped, params.weighting, tau, params.d_max)
-            released = noisy_release(hist, run.sigma, rho, k, seed, rng)
+            if run.table is None:
+                released = noisy_release(hist, run.sigma, rho, k, seed, rng)
+            else:  # keep tables (docs/dpne.md): F(0) = q_k at k >= 2, the spurious step below at the same rate
+                released = table_release(hist, run.table.build(0.0 if k == 1 else q), k, seed, rng)
             if k >= 2:
                 sampler = dpne_kernels.ValidSampler(s_prev, s1, params.pruning)
                 released |= set(sample_spurious(sampler, set(hist), q, k, seed, rng))

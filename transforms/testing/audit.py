@@ -15,7 +15,8 @@ This does not hold in general for DPNE levels k >= 2 (rho_k depends on |S_{k-1}|
 'tip' cases use events on 1-grams (level 1 has a fixed rho_1). The 'bigram' cases audit level 2: there
 every copy's two words are held by BIGRAM_BACKGROUND users alone, so level 1 releases all of them (each
 word's weight is >= 40 against rho_1 = 9.5 at sigma 1.7, or rho 10.5 at sigma 1.8 in mad_sips's round 2:
-a miss has probability < 1e-30), hence |S_1| = 2B, |V_2| = 4B^2 and rho_2 are the same in every call and on
+a miss has probability < 1e-30; level 1's keep table is at 1 - 1e-8 from weight 17.3),
+hence |S_1| = 2B, |V_2| = 4B^2 and rho_2 are the same in every call and on
 D and D', and the target bigram is always in the support, so it passes by its own noise only: the copies
 are again independent runs.
 The policy algorithms (sequential, order-dependent) run one copy per call (``copies_per_call=1``).
@@ -266,11 +267,31 @@ def standard_cases() -> List[AuditCase]:
         AuditCase(
             "basic/counts", "basic", _sel(1, release_counts=True, count_budget=0.5), "tip", holders=7, min_count=9
         ),
-        AuditCase("dpne/tip", "dpne", _dpne_params(), "tip", holders=6),
+        AuditCase("dpne/tip", "dpne", _dpne_params(threshold="gaussian"), "tip", holders=6),
         # MAD-SIPS inside the levels (docs/dpne.md): level 1's rounds (unknown domain) and level 2's (known domain,
         # thresholds from the spurious rate; the event is the bigram, its words released by level 1)
         AuditCase("dpne/mad_sips_tip", "dpne", _dpne_params(selection="mad_sips"), "tip", holders=6),
-        AuditCase("dpne/bigram", "dpne", _dpne_params(), "bigram", holders=4, targets=2, copies_per_call=100),
+        AuditCase(
+            "dpne/bigram",
+            "dpne",
+            _dpne_params(threshold="gaussian"),
+            "bigram",
+            holders=4,
+            targets=2,
+            copies_per_call=100,
+        ),
+        # DPNE's keep tables (the default, docs/dpne.md): level 1's table (unknown domain; F(6), F(7) ~ 0.03, 0.10)
+        # and level 2's (known domain, F(0) = q_2; F(4), F(5) ~ 0.08, 0.24 at 100 copies a call)
+        AuditCase("dpne/optimal_tip", "dpne", _dpne_params(threshold="optimal"), "tip", holders=6),
+        AuditCase(
+            "dpne/optimal_bigram",
+            "dpne",
+            _dpne_params(threshold="optimal"),
+            "bigram",
+            holders=4,
+            targets=2,
+            copies_per_call=100,
+        ),
         AuditCase(
             "dpne/mad_sips_bigram",
             "dpne",
@@ -297,8 +318,8 @@ def unique_item_cases(algorithms: Sequence[str], **selection) -> List[AuditCase]
     more :class:`SelectionParams` fields (``threshold='optimal'``: basic's keep table, ``basic/optimal_unique``)."""
     cases = []
     for a in algorithms:
-        if a == "dpne":
-            params = _dpne_params(_UNIQUE_DELTA)
+        if a == "dpne":  # the paper's Gaussian levels unless asked (its default is keep tables)
+            params = _dpne_params(_UNIQUE_DELTA, threshold=selection.get("threshold", "gaussian"))
         else:  # the Gaussian threshold unless asked (mad_sips's default is its keep table)
             params = _sel(4, delta=_UNIQUE_DELTA, **{"threshold": "gaussian", **selection})
         per_call = 1 if a.startswith("policy_") else 500

@@ -71,6 +71,27 @@ CONFIGS = [
         ),
         id="dpne-single-sample",
     ),
+    pytest.param(
+        "dpne",
+        DPNEParams(epsilon=4, delta=1e-5, max_n=4, max_contributions=15, eta=0.3, threshold="optimal"),
+        id="dpne-both-tables",
+    ),
+    pytest.param(
+        "dpne",
+        DPNEParams(
+            epsilon=4,
+            delta=1e-5,
+            max_n=4,
+            max_contributions=(15, 10, 10, 5),
+            eta=0.3,
+            pruning="single",
+            vk_method="sample",
+            sample_rate=0.3,
+            sigma_decay=0.8,
+            threshold="optimal",
+        ),
+        id="dpne-single-sample-tables",
+    ),
     pytest.param("dpsu_all", DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10), id="dpsu_all"),
     pytest.param("dpsu_even", DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10), id="dpsu_even"),
     pytest.param(
@@ -101,8 +122,9 @@ def test_beam_equals_reference_mad(records):
     assert sorted(levels, key=level_key) == sorted(want.levels, key=level_key)
 
 
-def test_beam_equals_reference_multi_processing(records):
-    params = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=15, eta=0.3)
+@pytest.mark.parametrize("threshold", ["gaussian", "optimal"])
+def test_beam_equals_reference_multi_processing(records, threshold):
+    params = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=15, eta=0.3, threshold=threshold)
     want = dpne_reference(records, "dpne", params, seed=SEED)
     got, _ = run_beam(records, params, SEED, mode="multi_processing", workers=2)
     assert got == want.lines()
@@ -239,8 +261,11 @@ def test_cli_end_to_end(records, tmp_path):
         report = json.loads(rep.read_text())
         assert report["released"] == len(lines) and report["epsilon"] == 4 and report["delta"] == 1e-5
         assert [l["k"] for l in report["levels"]] == [1, 2, 3]
+        assert report["threshold"] == "optimal" and report["sigma_star"] is None  # keep tables, the default
+        assert 4 * (1 - 1e-9) <= report["epsilon_bound"] <= 4 and report["total_delta_bound"] <= 1e-5
         for l in report["levels"][1:]:
-            assert {"sigma", "rho", "v_k", "s_prev", "expected_spurious_bound", "released"} <= set(l)
+            assert {"keep_table", "v_k", "s_prev", "spurious_prob", "expected_spurious_bound", "released"} <= set(l)
+            assert l["keep_table"]["alpha"] == report["rdp"]["alpha"]
         text = rep.read_text()
         assert "supp" not in text  # |supp(H_k)| is private
 

@@ -12,7 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dp_partition_beam.privacy import counts as C
-from dp_partition_beam.privacy.dpne import DPNEParams, count_l0, plan_dpne_counts, plan_runs
+from dp_partition_beam.privacy.dpne import (
+    DPNEParams,
+    count_l0,
+    plan_dpne_counts,
+    plan_runs,
+    plan_tables,
+    release_privacy,
+)
 from dp_partition_beam.transforms.dpne.dpne import DPNE
 from dp_partition_beam.transforms.dpne.reference import _capped, dpne_reference, user_kgrams
 from dp_partition_beam.transforms.selection import counts_kernels
@@ -61,10 +68,23 @@ def run_beam_counts(records, algorithm, params, seed):
             "dpne",
             DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=12, eta=0.3, release_counts=True, min_users=2),
         ),
+        (
+            "dpne",
+            DPNEParams(
+                epsilon=4,
+                delta=1e-5,
+                max_n=3,
+                max_contributions=12,
+                eta=0.3,
+                release_counts=True,
+                min_users=2,
+                threshold="gaussian",
+            ),
+        ),
         ("dpsu_even", DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=12, release_counts=True)),
         ("dpsu_all", DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=12, release_counts=True)),
     ],
-    ids=["dpne", "dpsu_even", "dpsu_all"],
+    ids=["dpne-tables", "dpne-gaussian", "dpsu_even", "dpsu_all"],
 )
 def test_dpne_counts_beam_equal_the_reference(records, algorithm, params):
     want = dpne_reference(records, algorithm, params, seed=SEED)
@@ -90,7 +110,9 @@ def test_dpne_counts_are_near_the_level_counts(records):
 
 @pytest.mark.parametrize("algorithm", ["dpne", "dpsu_all", "dpsu_even", "dpsu_single"])
 def test_dpne_plan_with_counts_spends_exactly_the_budget(algorithm):
-    params = DPNEParams(epsilon=2, delta=1e-6, max_n=4, max_contributions=(20, 10, 10, 5))
+    params = DPNEParams(epsilon=2, delta=1e-6, max_n=4, max_contributions=(20, 10, 10, 5), threshold="gaussian")
+    if algorithm != "dpne":
+        params = params.replace(threshold=None)
     with_counts = params.replace(release_counts=True, count_budget=0.3)
     plan = plan_dpne_counts(algorithm, with_counts)
     assert plan_dpne_counts(algorithm, params) is None and plan.l0 == count_l0(algorithm, with_counts)
@@ -101,6 +123,20 @@ def test_dpne_plan_with_counts_spends_exactly_the_budget(algorithm):
     thresholds = sum(r.delta_threshold for r in runs if r.delta_threshold is not None) / 2
     assert 1e-6 * (1 - 1e-6) <= gdp_delta + thresholds <= 1e-6
     assert sigma_star > plan_runs(algorithm, params)[0]  # the levels pay for the counts
+
+
+def test_dpne_tables_with_counts_spend_at_most_the_budget():
+    """threshold='optimal': the levels' tables and the counts compose in RDP at one order to (epsilon, delta)."""
+    params = DPNEParams(epsilon=2, delta=1e-6, max_n=4, max_contributions=(20, 10, 10, 5), threshold="optimal")
+    with_counts = params.replace(release_counts=True, count_budget=0.3)
+    plan = plan_dpne_counts("dpne", with_counts)
+    tables, alone = plan_tables(with_counts), plan_tables(params)
+    assert tables.counts_rdp == pytest.approx(tables.alpha * plan.l0 / (2 * plan.sigma_continuous**2), rel=1e-12)
+    priv = release_privacy(plan_runs("dpne", with_counts)[1], with_counts, plan)
+    assert 2 * (1 - 1e-9) <= priv["epsilon_at_delta"] <= 2 and priv["total_delta"] <= 1e-6
+    assert priv["epsilon_rdp"] == pytest.approx(sum(t.epsilon_rdp for t in tables.levels) + tables.counts_rdp)
+    assert alone.counts_rdp == 0 and 2 * (1 - 1e-9) <= alone.privacy()["epsilon_at_delta"] <= 2
+    assert tables.delta_slack == pytest.approx(1e-6 * 1e-9) and alone.delta_slack == 0  # the discrete kernel's
 
 
 @settings(max_examples=100, deadline=None)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from dp_partition_beam.privacy.dpne import DPNEParams
+from dp_partition_beam.privacy.dpne import DPNEParams, plan_tables
 from dp_partition_beam.transforms.core import text as tx
 from dp_partition_beam.transforms.dpne import dpne_kernels
 from dp_partition_beam.transforms.dpne.reference import dpne_reference, ngram_user_counts, user_kgrams
@@ -85,7 +85,17 @@ def test_spurious_fraction_at_most_eta_in_expectation(corpus, selection):
     assert m > 0  # the spurious mechanism is active in this setting
 
 
-def test_no_single_user_ngram_released_at_eps1(corpus):
+def single_user_rate(prm, lvl) -> float:
+    """The chance a valid k-gram of weight <= 1 passes level k: Phi((1 - rho_k)/sigma_k), or the level's keep
+    table at weight 1 (threshold='optimal')."""
+    if "rho" in lvl:
+        return stats.norm.sf((lvl["rho"] - 1.0) / lvl["sigma"])
+    table = plan_tables(prm).levels[lvl["k"] - 1].build(lvl["spurious_prob"])
+    return float(table.keep_probability([1.0])[0])
+
+
+@pytest.mark.parametrize("threshold", ["gaussian", "optimal"])
+def test_no_single_user_ngram_released_at_eps1(corpus, threshold):
     recs, _, _ = corpus
     recs = dict(recs)
     # Canary users: each has a line made of words nobody else uses, plus one of common words.
@@ -94,7 +104,7 @@ def test_no_single_user_ngram_released_at_eps1(corpus):
     ug = user_kgrams(recs, 4)
     truth = ngram_user_counts(ug)
     single = {k: {g for g, c in truth[k].items() if c == 1} for k in truth}
-    prm = DPNEParams(epsilon=1, delta=1e-7, max_n=4, max_contributions=20)
+    prm = DPNEParams(epsilon=1, delta=1e-7, max_n=4, max_contributions=20, threshold=threshold)
     observed, expected = 0, 0.0
     for seed in range(6):
         res = dpne_reference(None, "dpne", prm, rng=np.random.default_rng(seed), user_grams=ug)
@@ -107,10 +117,10 @@ def test_no_single_user_ngram_released_at_eps1(corpus):
         # as a spurious k-gram, which DP allows. Check the observed count against that bound.
         for lvl in res.levels[1:]:
             k = lvl["k"]
-            if lvl["rho"] is None:
+            if lvl["spurious_prob"] == 0:  # V_k empty
                 continue
             valid_single = [g for g in single[k] if dpne_kernels.is_valid(g, out[k - 1], out[1])]
-            expected += len(valid_single) * stats.norm.sf((lvl["rho"] - 1.0) / lvl["sigma"])
+            expected += len(valid_single) * single_user_rate(prm, lvl)
             observed += len(out[k] & single[k])
     assert observed <= expected + 4 * math.sqrt(expected) + 1
 
@@ -125,9 +135,12 @@ def test_seeded_reproducible_and_unseeded_random(corpus):
     assert a.levels == b.levels
 
 
-def test_report_has_only_public_quantities(corpus):
+@pytest.mark.parametrize("threshold", ["gaussian", "optimal"])
+def test_report_has_only_public_quantities(corpus, threshold):
     _, ug, _ = corpus
-    prm = DPNEParams(epsilon=4, delta=1e-6, max_n=3, max_contributions=10, vk_method="sample", sample_rate=0.2)
+    prm = DPNEParams(
+        epsilon=4, delta=1e-6, max_n=3, max_contributions=10, vk_method="sample", sample_rate=0.2, threshold=threshold
+    )
     res = dpne_reference(None, "dpne", prm, seed=1, user_grams=ug)
     allowed = {
         "k",
@@ -140,9 +153,14 @@ def test_report_has_only_public_quantities(corpus):
         "spurious_prob",
         "expected_spurious_bound",
         "tau",
+        "threshold",  # with keep tables: the tables' parameters (public) and W10/W50/W90 of the built table
+        "keep_table",
     }
+    table_keys = {"alpha", "epsilon_rdp", "delta_rdp", "grid", "unseen", "entries", "weight_kept_10_50_90"}
     for lvl in res.levels:
         assert set(lvl) <= allowed
+        assert ("keep_table" in lvl) == (threshold == "optimal") and ("rho" in lvl) == (threshold == "gaussian")
+        assert set(lvl.get("keep_table") or {}) <= table_keys
         if lvl["k"] >= 2:  # |V_k| is the estimate, a function of the released S_1, S_{k-1}
             assert lvl["s_prev"] == len(res.ngrams[lvl["k"] - 1])
     assert res.summary["total_delta_bound"] == pytest.approx(1e-6, rel=1e-6)
@@ -158,7 +176,8 @@ def test_baselines_release_only_used_ngrams(corpus, alg):
         assert gs <= set(truth[k])
 
 
-def test_valid_single_user_kgrams_released_at_most_at_spurious_rate():
+@pytest.mark.parametrize("threshold", ["gaussian", "optimal"])
+def test_valid_single_user_kgrams_released_at_most_at_spurious_rate(threshold):
     # 2-grams "a_i hub" and "hub c_i" are popular; each 3-gram "a_i hub c_j" (i != j) is used by one
     # canary user only, yet valid. DP allows releasing it with probability about q_3 (it could be a
     # spurious 3-gram without that user): the weight-1 bound is Phi((1 - rho_3)/sigma_3).
@@ -170,13 +189,13 @@ def test_valid_single_user_kgrams_released_at_most_at_spurious_rate():
     for n, g in enumerate(sorted(canaries)):
         recs[f"canary{n}"] = g
     ug = user_kgrams(recs, 3)
-    prm = DPNEParams(epsilon=1, delta=1e-7, max_n=3, max_contributions=5)
+    prm = DPNEParams(epsilon=1, delta=1e-7, max_n=3, max_contributions=5, threshold=threshold)
     observed, bound = 0, 0.0
     for seed in range(20):
         res = dpne_reference(None, "dpne", prm, rng=np.random.default_rng(seed), user_grams=ug)
         lvl = res.levels[2]
         valid = [g for g in canaries if dpne_kernels.is_valid(g, res.ngrams[2], res.ngrams[1])]
-        bound += len(valid) * stats.norm.sf((lvl["rho"] - 1.0) / lvl["sigma"])
+        bound += len(valid) * single_user_rate(prm, lvl)
         observed += len(res.ngrams[3] & canaries)
         assert not ({f"a{i}" for i in range(10)} - res.ngrams[1])  # popular words all released
     assert observed <= bound + 4 * math.sqrt(bound) + 1
