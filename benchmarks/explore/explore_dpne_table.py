@@ -67,7 +67,10 @@ def main(argv=None):
     )
     args = ap.parse_args(argv)
     T, delta, d0 = 6, 1e-7, 10
-    params = DPNEParams(epsilon=args.epsilon, delta=delta, max_n=T, max_contributions=d0, eta=0.01)
+    # the Gaussian levels (their noisy_release is what the estimate swaps out; the default is now the tables)
+    params = DPNEParams(
+        epsilon=args.epsilon, delta=delta, max_n=T, max_contributions=d0, eta=0.01, threshold="gaussian"
+    )
     contributions = th.basic_contributions(d0)
     sigma_k = analytic_gaussian_sigma(args.epsilon, delta / 2) * math.sqrt(T)
     t0 = time.perf_counter()
