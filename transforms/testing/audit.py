@@ -216,6 +216,11 @@ def _dpne_params(delta: float = _DELTA, **kw) -> DPNEParams:
     return DPNEParams(epsilon=_EPS, delta=delta, max_n=2, max_contributions=4, **kw)
 
 
+def _bigram_case(name: str, **kw) -> AuditCase:
+    """A DPNE level-2 case (module docstring): 4 holders of the bigram, 100 copies a call."""
+    return AuditCase(name, "dpne", _dpne_params(**kw), "bigram", holders=4, targets=2, copies_per_call=100)
+
+
 #: users holding each word of a 'bigram' case alone (enough for level 1 to release both words every time)
 BIGRAM_BACKGROUND = 40
 
@@ -271,36 +276,12 @@ def standard_cases() -> List[AuditCase]:
         # MAD-SIPS inside the levels (docs/dpne.md): level 1's rounds (unknown domain) and level 2's (known domain,
         # thresholds from the spurious rate; the event is the bigram, its words released by level 1)
         AuditCase("dpne/mad_sips_tip", "dpne", _dpne_params(selection="mad_sips"), "tip", holders=6),
-        AuditCase(
-            "dpne/bigram",
-            "dpne",
-            _dpne_params(threshold="gaussian"),
-            "bigram",
-            holders=4,
-            targets=2,
-            copies_per_call=100,
-        ),
+        _bigram_case("dpne/bigram", threshold="gaussian"),
         # DPNE's keep tables (the default, docs/dpne.md): level 1's table (unknown domain; F(6), F(7) ~ 0.03, 0.10)
         # and level 2's (known domain, F(0) = q_2; F(4), F(5) ~ 0.08, 0.24 at 100 copies a call)
         AuditCase("dpne/optimal_tip", "dpne", _dpne_params(threshold="optimal"), "tip", holders=6),
-        AuditCase(
-            "dpne/optimal_bigram",
-            "dpne",
-            _dpne_params(threshold="optimal"),
-            "bigram",
-            holders=4,
-            targets=2,
-            copies_per_call=100,
-        ),
-        AuditCase(
-            "dpne/mad_sips_bigram",
-            "dpne",
-            _dpne_params(selection="mad_sips"),
-            "bigram",
-            holders=4,
-            targets=2,
-            copies_per_call=100,
-        ),
+        _bigram_case("dpne/optimal_bigram", threshold="optimal"),
+        _bigram_case("dpne/mad_sips_bigram", selection="mad_sips"),
         # basic's keep-probability table (threshold 'optimal', docs/thresholding.md)
         AuditCase("basic/optimal_tip", "basic", _sel(4, threshold="optimal"), "tip", holders=5),
         # MAD-SIPS's last round as a keep table (docs/mad_sips.md): the target is out of reach of rounds 1-2

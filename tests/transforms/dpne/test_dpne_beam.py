@@ -54,43 +54,25 @@ def level_key(d):
     return d.get("k", 0), d.get("run", "")
 
 
+BOTH = DPNEParams(epsilon=4, delta=1e-5, max_n=4, max_contributions=15, eta=0.3)
+SINGLE_SAMPLE = DPNEParams(
+    epsilon=4,
+    delta=1e-5,
+    max_n=4,
+    max_contributions=(15, 10, 10, 5),
+    eta=0.3,
+    pruning="single",
+    vk_method="sample",
+    sample_rate=0.3,
+    sigma_decay=0.8,
+)
+
 CONFIGS = [
-    pytest.param("dpne", DPNEParams(epsilon=4, delta=1e-5, max_n=4, max_contributions=15, eta=0.3), id="dpne-both"),
-    pytest.param(
-        "dpne",
-        DPNEParams(
-            epsilon=4,
-            delta=1e-5,
-            max_n=4,
-            max_contributions=(15, 10, 10, 5),
-            eta=0.3,
-            pruning="single",
-            vk_method="sample",
-            sample_rate=0.3,
-            sigma_decay=0.8,
-        ),
-        id="dpne-single-sample",
-    ),
-    pytest.param(
-        "dpne",
-        DPNEParams(epsilon=4, delta=1e-5, max_n=4, max_contributions=15, eta=0.3, threshold="optimal"),
-        id="dpne-both-tables",
-    ),
-    pytest.param(
-        "dpne",
-        DPNEParams(
-            epsilon=4,
-            delta=1e-5,
-            max_n=4,
-            max_contributions=(15, 10, 10, 5),
-            eta=0.3,
-            pruning="single",
-            vk_method="sample",
-            sample_rate=0.3,
-            sigma_decay=0.8,
-            threshold="optimal",
-        ),
-        id="dpne-single-sample-tables",
+    # the paper's Gaussian levels and the keep tables (the default) on each pruning
+    *(
+        pytest.param("dpne", params.replace(threshold=threshold), id=f"dpne-{name}-{threshold}")
+        for name, params in (("both", BOTH), ("single-sample", SINGLE_SAMPLE))
+        for threshold in ("gaussian", "optimal")
     ),
     pytest.param("dpsu_all", DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10), id="dpsu_all"),
     pytest.param("dpsu_even", DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10), id="dpsu_even"),

@@ -61,28 +61,17 @@ def run_beam_counts(records, algorithm, params, seed):
         return got, sorted(read("n"))
 
 
+COUNTS = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=12, release_counts=True)
+DPNE_COUNTS = COUNTS.replace(eta=0.3, min_users=2)
+
+
 @pytest.mark.parametrize(
     "algorithm,params",
     [
-        (
-            "dpne",
-            DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=12, eta=0.3, release_counts=True, min_users=2),
-        ),
-        (
-            "dpne",
-            DPNEParams(
-                epsilon=4,
-                delta=1e-5,
-                max_n=3,
-                max_contributions=12,
-                eta=0.3,
-                release_counts=True,
-                min_users=2,
-                threshold="gaussian",
-            ),
-        ),
-        ("dpsu_even", DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=12, release_counts=True)),
-        ("dpsu_all", DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=12, release_counts=True)),
+        ("dpne", DPNE_COUNTS),  # keep tables (the default)
+        ("dpne", DPNE_COUNTS.replace(threshold="gaussian")),
+        ("dpsu_even", COUNTS),
+        ("dpsu_all", COUNTS),
     ],
     ids=["dpne-tables", "dpne-gaussian", "dpsu_even", "dpsu_all"],
 )
