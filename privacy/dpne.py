@@ -797,8 +797,9 @@ def plan_tables(params: DPNEParams) -> TablePlan:
     )
     levels[0].build()  # level 1's table is data-independent: built (and checked) with the plan
     # a level k >= 2 builds its table at run time from q_k >= eta / |S_1| (|V_k| <= |S_{k-1}| |S_1|): checked here
-    # at a rate below that of a billion released words, so that a run never stops on a table cut short
-    for spec in {dataclasses.replace(t, k=2): t for t in levels[1:]}.values():
+    # at a rate below that of a billion released words, so that a run never stops on a table cut short (levels
+    # with the same budget and Delta_k share one cached build)
+    for spec in levels[1:]:
         spec.build(params.eta * TABLE_RATE_MIN)
     delta_1, delta_conversion = f * delta_p, (1.0 - f) * delta_p
     return TablePlan(alpha, levels, delta_1, delta_conversion, alpha * counts_coef, slack, params.epsilon, params.delta)

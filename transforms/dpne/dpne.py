@@ -85,6 +85,7 @@ from dp_partition_beam.privacy.dpne import (
     level_rounds,
     plan_dpne_counts,
     plan_runs,
+    resolved_threshold,
     round_id,
     rounds_report,
 )
@@ -930,7 +931,7 @@ class DPNE(beam.PTransform):
         super().__init__(label)
         self.sigma_star, self.runs = plan_runs(algorithm, params)  # validates; calibrated before any data is read
         #: 'optimal' (keep tables, privacy.dpne.plan_tables) or 'gaussian' (the paper's noise + threshold)
-        self.threshold = "optimal" if any(r.table is not None for r in self.runs) else "gaussian"
+        self.threshold = resolved_threshold(algorithm, params)
         self.algorithm = algorithm
         self._params = params
         self._seed = seed

@@ -40,6 +40,7 @@ from dp_partition_beam.privacy.dpne import (
     plan_dpne_counts,
     plan_runs,
     release_privacy,
+    resolved_threshold,
     rounds_report,
 )
 from dp_partition_beam.transforms.core import randomness
@@ -267,7 +268,7 @@ def _summary(algorithm: str, params: DPNEParams, sigma_star: float, runs: List[R
         "composed_gaussian_delta": comp["gaussian_delta"],
         "total_delta_bound": comp["total_delta"],
         "counts": None if count_plan is None else count_plan.as_report(),
-        "threshold": "optimal" if any(r.table is not None for r in runs) else "gaussian",
+        "threshold": resolved_threshold(algorithm, params),
         "rdp": {k: comp[k] for k in ("alpha", "epsilon_rdp", "delta_level_1", "delta_conversion") if k in comp},
         "epsilon_at_delta": comp["epsilon_at_delta"],
     }
