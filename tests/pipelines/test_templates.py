@@ -162,6 +162,38 @@ def test_metadata_parameters_are_the_cli_flags(name):
         launch(spec, values)
 
 
+# CLI flags a template deliberately leaves out (templates/README.md): local-only options, and options that
+# act on a run the launcher does not wait for. Boolean switches (store_true) cannot be passed by a launcher.
+NOT_TEMPLATE_PARAMETERS = {"seed", "plots", "evaluate_against", "profile", "progress_interval"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_cli_flag_is_a_template_parameter_unless_documented_otherwise(name):
+    """A flag added to a CLI must reach its template too (an algorithm's settings once did not: extract_ngrams'
+    selection and MAD-SIPS flags, both thresholds): a template user would silently get the default."""
+    meta = load(name)
+    names = {p["name"] for p in meta["parameters"]}
+    missing = {
+        dest
+        for dest, a in actions(name).items()
+        if dest != "help"
+        and a.help != argparse.SUPPRESS
+        and not isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+        and dest not in NOT_TEMPLATE_PARAMETERS
+    } - names
+    assert missing == set()
+    readme = open(os.path.join(TEMPLATES, "README.md")).read()
+    for flag in NOT_TEMPLATE_PARAMETERS:
+        assert f"`--{flag}`" in readme, flag  # every exclusion is documented
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_metadata_lists_parameters_in_the_cli_order(name):
+    order = list(actions(name))
+    names = [p["name"] for p in load(name)["parameters"]]
+    assert names == sorted(names, key=order.index)
+
+
 INT_FLAGS_ALLOWING_ZERO = {"max_broadcast_items", "min_users"}
 
 
