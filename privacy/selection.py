@@ -75,6 +75,7 @@ __all__ = [
     "plan_counts",
     "plan_cap",
     "resolve_params",
+    "default_cap_quantile",
     "ALGORITHM_DEFAULTS",
     "FIELD_USE",
 ]
@@ -195,6 +196,8 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             "MAD in two rounds; round 2 drops found and hopeless items and biases the rest",
             "MAD paper Alg. 4",
             ("d_max", "beta", "b_min", "b_max", "c_lb", "c_ub", "budget_split", "accounting", "threshold"),
+            # round 2 as a keep table (docs/thresholding.md, Defaults): +12-20% items at epsilon 1
+            defaults=(("threshold", "optimal"),),
         ),
         AlgorithmSpec(
             "dp_sips",
@@ -205,6 +208,8 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             "rounds of Basic; released items removed and sets re-subsampled each round",
             "MAD paper sec. 1.3, 7.2",
             ("budget_split", "accounting", "threshold"),
+            # the last round as a keep table (docs/thresholding.md, Defaults): +11-22% items at epsilon 1
+            defaults=(("threshold", "optimal"),),
         ),
         AlgorithmSpec(
             "mad_sips",
@@ -231,6 +236,8 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             defaults=(  # docs/mad_sips.md, Defaults
                 ("budget_split", (0.03, 0.07, 0.9)),
                 ("c_ub", 1.5),
+                # the adaptive cap serves the Gaussian rounds; with the keep table (the default) it is off:
+                # resolve_params (docs/mad_sips.md, "Adaptive cap")
                 ("cap_quantile", cap_plans.DEFAULT_CAP_QUANTILE),
                 # the last round as a keep table (docs/mad_sips.md): +3-21% items (+11% with counts on retail)
                 ("threshold", "optimal"),
@@ -264,11 +271,24 @@ SEQUENTIAL_ALGORITHMS = tuple(name for name, spec in ALGORITHMS.items() if spec.
 
 
 def _adaptive_cap_on(values) -> bool:
-    """mad_sips's adaptive cap is on: cap_quantile (unset: its default) below 1, with gdp accounting."""
+    """mad_sips's adaptive cap is on: cap_quantile below 1 with gdp accounting; unset, only with the Gaussian
+    last round (``threshold='gaussian'``; :func:`resolve_params`)."""
     q = values.cap_quantile
     if q is None:
-        q = dict(ALGORITHMS["mad_sips"].defaults).get("cap_quantile", ALGORITHM_DEFAULTS["cap_quantile"])
+        q = default_cap_quantile("mad_sips", values.threshold)
     return values.accounting == "gdp" and q < 1.0
+
+
+def default_cap_quantile(algorithm: str, threshold: Optional[str]) -> float:
+    """An unset ``cap_quantile`` under gdp accounting: the algorithm's (mad_sips 0.98) with a Gaussian last
+    round, 1 (no adaptive cap) with a keep table (``threshold`` 'optimal' or unset, which resolves to it where
+    the algorithm's default is the table). The table's W50 does not depend on the cap, so the degree histogram
+    (1% of the budget) only serves the earlier rounds; without it MAD-SIPS releases 0-1.5% more on every
+    corpus measured (docs/mad_sips.md, "Adaptive cap")."""
+    spec = algorithm_spec(algorithm)
+    defaults = {**ALGORITHM_DEFAULTS, **dict(spec.defaults)}
+    table = (threshold or defaults["threshold"]) == "optimal"
+    return 1.0 if table else defaults["cap_quantile"]
 
 
 #: Which :class:`SelectionParams` fields each algorithm reads: those of its ``AlgorithmSpec.options``
@@ -283,7 +303,7 @@ FIELD_USE = use_table(
             Condition(
                 "without the adaptive cap ({cap_quantile} below 1 with {accounting} gdp)",
                 _adaptive_cap_on,
-                (("accounting", "gdp"),),
+                (("accounting", "gdp"), ("cap_quantile", 0.98)),
             ),
         ),
     },
@@ -351,7 +371,8 @@ class SelectionParams:
         "mad_sips adaptive cap: every round re-subsamples users to the smallest cap of a grid up to Delta_0 "
         "(1, 2, 3, 4, 6, 8, 11, 16, 23, ...) that at most 1 - cap_quantile of the users exceed, read from a noisy "
         "degree histogram (cap_budget of the selection's Gaussian budget); in (0, 1], 1 = always Delta_0 (no "
-        "histogram); unset: the algorithm's default (mad_sips 0.98 with gdp accounting; 1 otherwise)",
+        "histogram); unset: mad_sips 0.98 with gdp accounting and threshold gaussian, 1 otherwise (the keep table's "
+        "last round gains nothing from the cap)",
     )
     cap_budget: float = _field(
         cap_plans.DEFAULT_CAP_BUDGET,
@@ -371,7 +392,7 @@ class SelectionParams:
             "gaussian (noise + threshold rho) or optimal (a keep-probability table under approximate Renyi DP: "
             "fewer users per released item, no noisy weight; the multi-round algorithms' last round then uses "
             "biased Basic weights; calibrating it takes seconds; docs/thresholding.md, docs/mad_sips.md). "
-            "unset: optimal for mad_sips (gdp accounting), gaussian otherwise",
+            "unset: optimal for dp_sips, mad2r and mad_sips (gdp accounting), gaussian otherwise",
             "choices": THRESHOLDS,
         },
     )
@@ -737,15 +758,17 @@ ALGORITHM_DEFAULTS = {"budget_split": (0.1, 0.9), "c_ub": 3.0, "cap_quantile": 1
 def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
     """``params`` with the fields left at None (``budget_split``, ``c_ub``, ``cap_quantile``, ``threshold``) set
     to the algorithm's defaults (:data:`ALGORITHM_DEFAULTS`, overridden by its ``AlgorithmSpec.defaults``; the
-    adaptive cap is off by default under ``accounting='basic'``, and the threshold is 'gaussian' there). Every
+    adaptive cap is off by default under ``accounting='basic'`` and with a keep-table last round
+    (:func:`default_cap_quantile`), and the threshold is 'gaussian' under ``accounting='basic'``). Every
     entry point (``plan_rounds``, ``reference.release``, ``SelectPartitions``) resolves first; explicit values
     win. Raises ``ValueError`` for an adaptive cap (``cap_quantile < 1``) outside mad_sips or with basic accounting."""
     spec = algorithm_spec(algorithm)
     defaults = {**ALGORITHM_DEFAULTS, **dict(spec.defaults)}
     if params.accounting != "gdp":
         defaults["cap_quantile"] = 1.0  # the histogram composes by Gaussian DP only
-    if params.accounting != "gdp":
         defaults["threshold"] = "gaussian"  # the table's RDP plan starts from the gdp rounds (docs/thresholding.md)
+    else:  # the adaptive cap only with a Gaussian last round
+        defaults["cap_quantile"] = default_cap_quantile(algorithm, params.threshold)
     unset = {name: value for name, value in defaults.items() if getattr(params, name) is None}
     params = params.replace(**unset) if unset else params
     if params.threshold != "gaussian" and "threshold" not in spec.options:

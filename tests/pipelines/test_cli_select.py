@@ -80,14 +80,21 @@ def test_each_input_format_gives_the_reference_output(tmp_path, fmt):
 
 def test_report_has_one_entry_per_round_for_dp_sips(tmp_path):
     path = write_input(tmp_path, "tsv")
-    code, items, rep = run_cli(
-        tmp_path, path, "tsv", "--algorithm", "dp_sips", "--budget_split", "0.05,0.15,0.8", "--seed", "3"
-    )
-    assert code == 0
-    assert [r["round"] for r in rep["rounds"]] == [1, 2, 3]
-    assert sum(r["released"] for r in rep["rounds"]) == rep["released"] == len(items)
-    assert [round(r["delta"], 12) for r in rep["rounds"]] == [round(f * 1e-4, 12) for f in (0.05, 0.15, 0.8)]
-    assert rep["accounting"] == "gdp" and rep["budget_split"] == [0.05, 0.15, 0.8]
+    split = ["--budget_split", "0.05,0.15,0.8", "--seed", "3"]
+    for threshold in ("gaussian", None):  # the papers' rounds; the default (the last round a keep table)
+        flags = [] if threshold is None else ["--threshold", threshold]
+        code, items, rep = run_cli(tmp_path, path, "tsv", "--algorithm", "dp_sips", *split, *flags, name=f"{threshold}")
+        assert code == 0
+        assert [r["round"] for r in rep["rounds"]] == [1, 2, 3]
+        assert sum(r["released"] for r in rep["rounds"]) == rep["released"] == len(items)
+        assert rep["accounting"] == "gdp" and rep["budget_split"] == [0.05, 0.15, 0.8]
+        deltas = [round(r["delta"], 12) for r in rep["rounds"]]
+        if threshold == "gaussian":  # each round's share of the thresholds' delta
+            assert deltas == [round(f * 1e-4, 12) for f in (0.05, 0.15, 0.8)]
+            assert [r["noise"] for r in rep["rounds"]] == ["gaussian"] * 3
+        else:  # the table round takes the rest: its mixture and the conversion's delta
+            assert deltas[:2] == [round(f * 1e-4, 12) for f in (0.05, 0.15)] and deltas[2] > 0.8e-4
+            assert [r["noise"] for r in rep["rounds"]] == ["gaussian", "gaussian", "keep_table"]
 
 
 def test_mad_sips_cli_equals_reference_with_one_report_entry_per_round(tmp_path):

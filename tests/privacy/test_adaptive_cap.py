@@ -195,6 +195,10 @@ def test_rounds_of_each_cap_are_calibrated_for_that_many_novel_items():
 
 def test_defaults_and_errors():
     assert resolve_params("mad_sips", PARAMS).cap_quantile == cap_plans.DEFAULT_CAP_QUANTILE
+    # with the keep-table last round (mad_sips's default threshold) the cap is off unless asked for
+    for table in (PARAMS.replace(threshold=None), PARAMS.replace(threshold="optimal")):
+        assert resolve_params("mad_sips", table).cap_quantile == 1.0 and plan_cap("mad_sips", table) is None
+    assert resolve_params("mad_sips", PARAMS.replace(threshold=None, cap_quantile=0.9)).cap_quantile == 0.9
     assert resolve_params("mad2r", PARAMS).cap_quantile == 1.0 and plan_cap("mad2r", PARAMS) is None
     assert plan_cap("mad_sips", PARAMS.replace(cap_quantile=1.0)) is None
     assert plan_cap("mad_sips", PARAMS.replace(accounting="basic")) is None  # off by default under basic
@@ -214,7 +218,13 @@ def test_defaults_and_errors():
 
 SETS = small_degree_sets(random.Random(7), 3000, 400, 10)
 SMALL = SelectionParams(
-    epsilon=4.0, delta=1e-4, max_contributions=40, d_max=6, budget_split=(0.2, 0.3, 0.5), cap_budget=0.5
+    epsilon=4.0,
+    delta=1e-4,
+    max_contributions=40,
+    d_max=6,
+    budget_split=(0.2, 0.3, 0.5),
+    cap_quantile=cap_plans.DEFAULT_CAP_QUANTILE,  # asked for: with the default keep table it is off
+    cap_budget=0.5,
 )
 
 

@@ -55,8 +55,14 @@ def _recomputed(rounds, cap_sigma=None, count_plan=None):
 
 @pytest.mark.parametrize(
     "changes",
-    [{}, {"cap_quantile": 1.0}, {"release_counts": True}, {"epsilon": 0.5, "delta": 1e-7}],
-    ids=["adaptive_cap", "fixed_cap", "counts", "eps0.5"],
+    [
+        {"cap_quantile": 0.98},
+        {},  # the default with a table: no adaptive cap
+        {"release_counts": True},
+        {"release_counts": True, "cap_quantile": 0.98},
+        {"epsilon": 0.5, "delta": 1e-7, "cap_quantile": 0.98},
+    ],
+    ids=["adaptive_cap", "fixed_cap", "counts", "counts_adaptive_cap", "eps0.5"],
 )
 def test_the_plan_spends_exactly_its_budget(changes):
     """Every cap's rounds compose (theorem of docs/mad_sips.md) to the selection's (epsilon, delta): not more
@@ -117,8 +123,9 @@ def test_counts_compose_with_the_table_in_rdp(algorithm, eps, count_budget):
 
 
 def test_one_table_serves_every_cap_and_the_gaussian_rounds_are_unchanged():
-    p = plan("mad_sips", PARAMS)
+    p = plan("mad_sips", PARAMS.replace(cap_quantile=0.98))
     g = plan("mad_sips", PARAMS.replace(threshold="gaussian"))
+    assert plan("mad_sips", PARAMS).cap is None  # the table's default: no adaptive cap
     tables = {id(rs[-1].keep_table) for rs in p.cap.rounds}
     assert len(tables) == 1
     for rs, gs in zip(p.cap.rounds, g.cap.rounds):

@@ -73,7 +73,8 @@ def test_plans_mad_tau_and_round_thresholds():
     (mad,) = plan_rounds("mad", p)
     assert mad.noise_scale == basic.noise_scale and mad.threshold == basic.threshold  # Theorem 1.1
     assert mad.tau == pytest.approx(basic.threshold + 2.0 * basic.noise_scale)
-    r1, r2 = plan_rounds("mad2r", p)
+    assert plan_rounds("mad2r", p)[-1].noise == "keep_table"  # the default last round (issue 30)
+    r1, r2 = plan_rounds("mad2r", p.replace(threshold="gaussian"))
     assert r2.threshold > r2.noise_scale  # sanity
     # gdp: sigma_r = sigma / sqrt(f_r)
     assert r1.noise_scale == pytest.approx(basic.noise_scale / math.sqrt(0.1))

@@ -226,11 +226,13 @@ BIGRAM_BACKGROUND = 40
 
 
 def _fixed_cap(spec) -> dict:
-    """MAD-SIPS's multi-copy cases fix the cap at Delta_0 (``cap_quantile=1``): the adaptive cap's histogram
-    would couple the copies of one call (the ``cap_tip`` case audits the adaptive cap, one copy per call).
-    They audit its Gaussian rounds (``threshold='gaussian'``); ``mad_sips/optimal_tip`` and ``cap_tip`` (the
-    defaults) audit the keep-table last round."""
-    return {"cap_quantile": 1.0, "threshold": "gaussian"} if spec.shape == "mad_sips" else {}
+    """The multi-round algorithms' ``tip`` cases audit their Gaussian rounds (``threshold='gaussian'``; the
+    ``*/optimal_tip`` cases audit the keep-table last round, their default). MAD-SIPS's multi-copy cases fix
+    the cap at Delta_0 (``cap_quantile=1``): the adaptive cap's histogram would couple the copies of one call
+    (the ``cap_tip`` case audits the adaptive cap, one copy per call)."""
+    if spec.shape == "mad_sips":
+        return {"cap_quantile": 1.0, "threshold": "gaussian"}
+    return {"threshold": "gaussian"} if spec.shape in ("mad2r", "dp_sips") else {}
 
 
 def standard_cases() -> List[AuditCase]:
@@ -264,10 +266,11 @@ def standard_cases() -> List[AuditCase]:
             holders=10,
             targets=8,
         ),
-        # MAD-SIPS's defaults: the adaptive cap (privacy/cap.py; its degree histogram reads every user of the
-        # call, so copies would share one cap: one copy per call) and the keep-table last round
-        AuditCase("mad_sips/cap_tip", "mad_sips", _sel(4), "tip", holders=5, copies_per_call=1),
-        AuditCase("dp_sips/resample", "dp_sips", _sel(4), "resample", holders=9, targets=8),
+        # MAD-SIPS's adaptive cap (privacy/cap.py; its degree histogram reads every user of the call, so copies
+        # would share one cap: one copy per call) with the default keep-table last round (the cap is asked for:
+        # with the table it is off by default)
+        AuditCase("mad_sips/cap_tip", "mad_sips", _sel(4, cap_quantile=0.98), "tip", holders=5, copies_per_call=1),
+        AuditCase("dp_sips/resample", "dp_sips", _sel(4, threshold="gaussian"), "resample", holders=9, targets=8),
         # the count release with half the budget (expected epsilon lower bound ~0.9 in 10^4 runs)
         AuditCase(
             "basic/counts", "basic", _sel(1, release_counts=True, count_budget=0.5), "tip", holders=7, min_count=9

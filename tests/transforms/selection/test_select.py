@@ -188,14 +188,17 @@ STAGE_LABELS = {
     "count_gaussian": ("1f40459b6fecdd2c", "868b14c141f5b2df"),
     "count_laplace": ("7f4a08100584c9e3", "8146a97185de71a4"),
     "mad": ("657e46806f0b4738", "5ba687b6c18ad455"),
-    "mad2r": ("a76f455095bc2fd6", "be6a9ddb1938ed7d"),
+    # its default: round 2 a keep table (issue 30, the same steps as mad_sips's table round)
+    "mad2r": ("ad6ef438641c407d", "abe145cd952d6dce"),
+    "mad2r/gaussian": ("a76f455095bc2fd6", "be6a9ddb1938ed7d"),  # threshold='gaussian': the labels before
+    # a Basic last round keeps its labels as a table (NoisyThreshold{r} draws the keep bits)
     "dp_sips": ("0d2782f2d6c60491", "368330abe449e540"),
-    # its defaults: adaptive cap on, the last round a keep table (issue 30: TablePartials3, GroupTableParts3,
-    # KeepTable3 instead of MADWeights3/..., NoisyThreshold3; with counts too since the counts compose with the
-    # table in RDP)
-    "mad_sips": ("75d02b6ce6331ad9", "1078750cae69d8a6"),
-    "mad_sips/cap1": ("a572aa97840ac751", "14c94c91093df488"),  # cap_quantile=1: no Cap stage
-    "mad_sips/gaussian": ("48206a5de68208d9", "58207e60c1e24850"),  # threshold='gaussian': the labels before
+    # its defaults: the last round a keep table (issue 30: TablePartials3, GroupTableParts3, KeepTable3 instead of
+    # MADWeights3/..., NoisyThreshold3; with counts too since the counts compose with the table in RDP) and, with
+    # the table, no adaptive cap (no Cap stage)
+    "mad_sips": ("a572aa97840ac751", "14c94c91093df488"),
+    "mad_sips/cap": ("75d02b6ce6331ad9", "1078750cae69d8a6"),  # cap_quantile=0.98: the Cap stage
+    "mad_sips/gaussian": ("48206a5de68208d9", "58207e60c1e24850"),  # threshold='gaussian' (and its cap)
     "policy_gaussian": ("0a45ade62247d818", "f133509b3fd1d38b"),
     "policy_laplace": ("e31fe0369f4ec192", "bf8af60df7afedb1"),
 }
@@ -227,7 +230,7 @@ def _stage_labels_hash(algorithm, **params):
 def test_stage_labels_are_unchanged(case):
     """Every algorithm's job graph keeps its stage names, with and without released counts."""
     algorithm, _, variant = case.partition("/")
-    extra = {"cap1": {"cap_quantile": 1.0}, "gaussian": {"threshold": "gaussian"}}.get(variant, {})
+    extra = {"cap": {"cap_quantile": 0.98}, "gaussian": {"threshold": "gaussian"}}.get(variant, {})
     plain, counts = STAGE_LABELS[case]
     assert _stage_labels_hash(algorithm, **extra) == plain
     assert _stage_labels_hash(algorithm, release_counts=True, **extra) == counts
