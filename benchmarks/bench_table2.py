@@ -53,18 +53,21 @@ ACCOUNTINGS = ("basic", "gdp")  # the paper's budget split first, then ours
 #: are our defaults (d_max 50, beta 2, b_min 0.5, b_max 2, c_lb 1, c_ub 3, split [0.1, 0.9]); they are
 #: written out here so that the table does not change if a default does.
 MAD = dict(d_max=50, beta=2.0)
+#: the papers' Gaussian last rounds (the keep table is the default of mad2r, dp_sips and mad_sips since issue 30)
+GAUSSIAN = dict(threshold="gaussian")
 CONFIGS = [
     ("basic", "basic", {}),
     ("mad", "mad", MAD),
-    ("mad2r", "mad2r", dict(MAD, budget_split=(0.1, 0.9), b_min=0.5, b_max=2.0, c_lb=1.0, c_ub=3.0)),
-    ("dp_sips [0.1,0.9]", "dp_sips", dict(budget_split=(0.1, 0.9))),
-    ("dp_sips [0.05,0.15,0.8]", "dp_sips", dict(budget_split=(0.05, 0.15, 0.8))),
+    ("mad2r", "mad2r", dict(MAD, budget_split=(0.1, 0.9), b_min=0.5, b_max=2.0, c_lb=1.0, c_ub=3.0, **GAUSSIAN)),
+    ("dp_sips [0.1,0.9]", "dp_sips", dict(budget_split=(0.1, 0.9), **GAUSSIAN)),
+    ("dp_sips [0.05,0.15,0.8]", "dp_sips", dict(budget_split=(0.05, 0.15, 0.8), **GAUSSIAN)),
     ("policy_gaussian (alpha 4)", "policy_gaussian", dict(alpha=4.0)),
-    # ours (issue 17, docs/mad_sips.md): its defaults, MAD2R's other settings
+    # ours (issue 17, docs/mad_sips.md): its defaults of issue 17 (Gaussian rounds; the adaptive cap under gdp),
+    # MAD2R's other settings
     (
         "mad_sips [0.03,0.07,0.9]",
         "mad_sips",
-        dict(MAD, budget_split=(0.03, 0.07, 0.9), b_min=0.5, b_max=2.0, c_lb=1.0, c_ub=1.5),
+        dict(MAD, budget_split=(0.03, 0.07, 0.9), b_min=0.5, b_max=2.0, c_lb=1.0, c_ub=1.5, **GAUSSIAN),
     ),
     # issue 30: the last round as a keep table (docs/mad_sips.md, "The last round as a keep table"); RDP
     # accounting over the gdp plan's Gaussian rounds, so these run under 'gdp' only
@@ -74,10 +77,12 @@ CONFIGS = [
         dict(MAD, budget_split=(0.1, 0.9), b_min=0.5, b_max=2.0, c_lb=1.0, c_ub=3.0, threshold="optimal"),
     ),
     ("dp_sips [0.1,0.9] threshold optimal", "dp_sips", dict(budget_split=(0.1, 0.9), threshold="optimal")),
+    # MAD-SIPS's defaults since issue 30: the table, and with it no adaptive cap
     (
         "mad_sips [0.03,0.07,0.9] threshold optimal",
         "mad_sips",
-        dict(MAD, budget_split=(0.03, 0.07, 0.9), b_min=0.5, b_max=2.0, c_lb=1.0, c_ub=1.5, threshold="optimal"),
+        dict(MAD, budget_split=(0.03, 0.07, 0.9), b_min=0.5, b_max=2.0, c_lb=1.0, c_ub=1.5, threshold="optimal")
+        | dict(cap_quantile=1.0),
     ),
 ]
 

@@ -52,8 +52,10 @@ def bench_select(seeds: int):
         f"user degree quantiles: p25={q[0]:.0f} median={q[1]:.0f} p75={q[2]:.0f} p90={q[3]:.0f} p99={q[4]:.0f} "
         f"max={degrees.max()}"
     )
-    base = SelectionParams(epsilon=1.0, delta=1e-5)
-    print("\n### Delta_0 (max_contributions)")
+    # the Gaussian rounds of the papers (docs/tuning.md's tables; mad2r's and dp_sips's default last round is a
+    # keep table since issue 30: docs/thresholding.md, "Defaults")
+    base = SelectionParams(epsilon=1.0, delta=1e-5, threshold="gaussian")
+    print("\n### Delta_0 (max_contributions), Gaussian thresholds")
     print(f"{'Delta_0':>8s} {'basic':>16s} {'mad':>16s} {'mad2r':>16s}")
     for d0 in (5, 10, 25, 50, 100, 200, 400):
         p = base.replace(max_contributions=d0)

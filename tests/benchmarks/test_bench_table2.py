@@ -57,8 +57,9 @@ def test_mean_std_and_coverage_equal_direct_reference_calls(sets, rows):
         for i in items:
             holders[i] = holders.get(i, 0) + 1
     assert reference.bound_contributions is ORIGINAL_BOUND  # the memo of run_dataset is gone
-    cases = [("basic", None, {}), ("mad2r", "basic", {}), ("mad2r", "gdp", {})]
-    cases += [("dp_sips", a, {"budget_split": (0.05, 0.15, 0.8)}) for a in ("basic", "gdp")]
+    gaussian = {"threshold": "gaussian"}  # the rows' Gaussian last rounds (the tables are their own rows)
+    cases = [("basic", None, {}), ("mad2r", "basic", gaussian), ("mad2r", "gdp", gaussian)]
+    cases += [("dp_sips", a, {"budget_split": (0.05, 0.15, 0.8), **gaussian}) for a in ("basic", "gdp")]
     for row, (algorithm, accounting, extra) in zip(rows, cases):
         params = SelectionParams(epsilon=1.0, delta=1e-5, max_contributions=100, **extra)
         if accounting:
@@ -95,6 +96,17 @@ def test_configs_are_the_papers_settings():
     assert bench_table2.params_for(by_label["policy_gaussian (alpha 4)"][1], "n/a").alpha == 4.0
     splits = {extra["budget_split"] for alg, extra in by_label.values() if alg == "dp_sips"}
     assert splits == {(0.1, 0.9), (0.05, 0.15, 0.8)}
+    # every row names its threshold (and MAD-SIPS's table row its cap): a change of the defaults cannot move
+    # a row of the table (the keep table became mad2r's and dp_sips's default, issue 30)
+    from dp_partition_beam.privacy.selection import resolve_params
+
+    for label, (alg, extra) in by_label.items():
+        for accounting in bench_table2.accountings(alg, extra):
+            if alg in ("mad2r", "dp_sips", "mad_sips"):
+                want = "optimal" if "threshold optimal" in label else "gaussian"
+                assert extra.get("threshold") == want, label
+                assert resolve_params(alg, bench_table2.params_for(extra, accounting)).threshold == want, label
+    assert by_label["mad_sips [0.03,0.07,0.9] threshold optimal"][1]["cap_quantile"] == 1.0
 
 
 def test_markdown_has_both_tables(rows):
