@@ -81,8 +81,16 @@ CONFIGS = [
     (
         "mad_sips [0.03,0.07,0.9] threshold optimal",
         "mad_sips",
-        dict(MAD, budget_split=(0.03, 0.07, 0.9), b_min=0.5, b_max=2.0, c_lb=1.0, c_ub=1.5, threshold="optimal")
-        | dict(cap_quantile=1.0),
+        dict(
+            MAD,
+            budget_split=(0.03, 0.07, 0.9),
+            b_min=0.5,
+            b_max=2.0,
+            c_lb=1.0,
+            c_ub=1.5,
+            threshold="optimal",
+            cap_quantile=1.0,
+        ),
     ),
 ]
 

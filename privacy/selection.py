@@ -285,10 +285,14 @@ def default_cap_quantile(algorithm: str, threshold: Optional[str]) -> float:
     the algorithm's default is the table). The table's W50 does not depend on the cap, so the degree histogram
     (1% of the budget) only serves the earlier rounds; without it MAD-SIPS releases 0-1.5% more on every
     corpus measured (docs/mad_sips.md, "Adaptive cap")."""
-    spec = algorithm_spec(algorithm)
-    defaults = {**ALGORITHM_DEFAULTS, **dict(spec.defaults)}
+    defaults = _algorithm_defaults(algorithm_spec(algorithm))
     table = (threshold or defaults["threshold"]) == "optimal"
     return 1.0 if table else defaults["cap_quantile"]
+
+
+def _algorithm_defaults(spec: AlgorithmSpec) -> dict:
+    """:data:`ALGORITHM_DEFAULTS` overridden by ``spec.defaults`` (before the accounting's adjustments)."""
+    return {**ALGORITHM_DEFAULTS, **dict(spec.defaults)}
 
 
 #: Which :class:`SelectionParams` fields each algorithm reads: those of its ``AlgorithmSpec.options``
@@ -763,7 +767,7 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
     entry point (``plan_rounds``, ``reference.release``, ``SelectPartitions``) resolves first; explicit values
     win. Raises ``ValueError`` for an adaptive cap (``cap_quantile < 1``) outside mad_sips or with basic accounting."""
     spec = algorithm_spec(algorithm)
-    defaults = {**ALGORITHM_DEFAULTS, **dict(spec.defaults)}
+    defaults = _algorithm_defaults(spec)
     if params.accounting != "gdp":
         defaults["cap_quantile"] = 1.0  # the histogram composes by Gaussian DP only
         defaults["threshold"] = "gaussian"  # the table's RDP plan starts from the gdp rounds (docs/thresholding.md)

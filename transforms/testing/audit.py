@@ -225,7 +225,7 @@ def _bigram_case(name: str, **kw) -> AuditCase:
 BIGRAM_BACKGROUND = 40
 
 
-def _fixed_cap(spec) -> dict:
+def _tip_settings(spec) -> dict:
     """The multi-round algorithms' ``tip`` cases audit their Gaussian rounds (``threshold='gaussian'``; the
     ``*/optimal_tip`` cases audit the keep-table last round, their default). MAD-SIPS's multi-copy cases fix
     the cap at Delta_0 (``cap_quantile=1``): the adaptive cap's histogram would couple the copies of one call
@@ -246,7 +246,7 @@ def standard_cases() -> List[AuditCase]:
         AuditCase(
             f"{name}/tip",
             name,
-            _sel(1 if spec.weighting == "count" else 4, **_fixed_cap(spec)),
+            _sel(1 if spec.weighting == "count" else 4, **_tip_settings(spec)),
             "tip",
             holders=spec.audit_holders,
             copies_per_call=1 if spec.sequential else 500,
