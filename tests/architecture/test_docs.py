@@ -42,3 +42,13 @@ def test_every_relative_link_in_the_markdown_resolves():
             if not (base / path).exists():
                 dead.append(f"{md.relative_to(ROOT)}: {target}")
     assert not dead, "dead links:\n" + "\n".join(dead)
+
+
+def test_benchmarks_md_starts_with_its_head():
+    """run_all --docs rewrites BENCHMARKS.md as BENCHMARKS_HEAD.md + the latest run: a section written only into
+    BENCHMARKS.md above "## Latest run" would be lost at the next regeneration."""
+    head = (ROOT / "benchmarks" / "BENCHMARKS_HEAD.md").read_text(encoding="utf-8")
+    page = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8")
+    assert head.endswith("\n## Latest run\n") and head.count("\n## Latest run\n") == 1
+    written = page[: page.index("\n## Latest run\n") + len("\n## Latest run\n")]
+    assert written == head, "edit benchmarks/BENCHMARKS_HEAD.md and BENCHMARKS.md's head together"
