@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 import numpy as np
 
@@ -158,6 +158,8 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             "1/t",
             "each user adds 1/d to its d items, Laplace noise",
             "DPSU paper Alg. 7, Thm. B.1",
+            ("threshold",),
+            defaults=(("threshold", "optimal"),),  # the l1 keep curve (docs/thresholding.md, "The l1 curve")
         ),
         AlgorithmSpec(
             "count_gaussian",
@@ -176,6 +178,8 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             "1",
             "+1 per item, Laplace noise of l1 sensitivity Delta_0",
             "DPSU paper sec. 1.1",
+            ("threshold",),
+            defaults=(("threshold", "optimal"),),  # the l1 keep curve (docs/thresholding.md, "The l1 curve")
         ),
         AlgorithmSpec(
             "mad",
@@ -261,7 +265,8 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             "1/t",
             "sequential l1-descent toward the cutoff Gamma (one worker)",
             "DPSU paper Alg. 3-4",
-            ("alpha", "passes", "max_sequential_pairs"),
+            ("alpha", "passes", "max_sequential_pairs", "threshold"),
+            defaults=(("threshold", "optimal"),),  # the l1 keep curve (docs/thresholding.md, "The l1 curve")
         ),
     )
 }
@@ -292,7 +297,13 @@ def default_cap_quantile(algorithm: str, threshold: Optional[str]) -> float:
 
 def _algorithm_defaults(spec: AlgorithmSpec) -> dict:
     """:data:`ALGORITHM_DEFAULTS` overridden by ``spec.defaults`` (before the accounting's adjustments)."""
-    return {**ALGORITHM_DEFAULTS, **dict(spec.defaults)}
+    return {**ALGORITHM_DEFAULTS, "threshold": noise_rule(spec), **dict(spec.defaults)}
+
+
+def noise_rule(spec: AlgorithmSpec) -> str:
+    """The ``threshold`` value naming an algorithm's own noise + threshold rho: 'laplace' for the l1 weightings
+    (weighted_laplace, count_laplace, policy_laplace), 'gaussian' for the others."""
+    return "laplace" if spec.calibration in L1_CALIBRATIONS else "gaussian"
 
 
 #: Which :class:`SelectionParams` fields each algorithm reads: those of its ``AlgorithmSpec.options``
@@ -317,7 +328,7 @@ ACCOUNTINGS = accounting.ACCOUNTINGS
 
 #: How a single Basic round decides: Gaussian noise against rho, or a keep-probability table
 #: (privacy/thresholding.py, docs/thresholding.md)
-THRESHOLDS = ("gaussian", "optimal")
+THRESHOLDS = ("gaussian", "laplace", "optimal")
 
 #: Default limit on the (user, item) pairs, after contribution bounding, that the sequential policy
 #: algorithms gather on one worker. benchmarks/bench_policy.py measures the Python heap of that worker
@@ -395,8 +406,11 @@ class SelectionParams:
             "help": "the release rule of basic's round and of the last round of dp_sips, mad2r and mad_sips: "
             "gaussian (noise + threshold rho) or optimal (a keep-probability table under approximate Renyi DP: "
             "fewer users per released item, no noisy weight; the multi-round algorithms' last round then uses "
-            "biased Basic weights; calibrating it takes seconds; docs/thresholding.md, docs/mad_sips.md). "
-            "unset: optimal for dp_sips, mad2r and mad_sips (gdp accounting), gaussian otherwise",
+            "biased Basic weights; calibrating it takes seconds; docs/thresholding.md, docs/mad_sips.md); for "
+            "weighted_laplace, count_laplace and policy_laplace: laplace (their Laplace noise + rho) or optimal "
+            "(the l1 keep curve, a continuous truncated geometric in closed form; docs/thresholding.md). "
+            "unset: optimal for dp_sips, mad2r and mad_sips (gdp accounting) and for the three Laplace algorithms, "
+            "gaussian otherwise",
             "choices": THRESHOLDS,
         },
     )
@@ -485,7 +499,8 @@ class RoundPlan:
     tau: Optional[float] = None  # MAD adaptive threshold (calibration.mad_tau)
     h: str = "1/sqrt(t)"  # novel-item sensitivity bound used for the threshold
     cutoff: Optional[float] = None  # policy algorithms' Gamma = rho + alpha * noise_scale
-    keep_table: Optional[thresholding.KeepTable] = None  # threshold 'optimal': noise is 'keep_table'
+    # threshold 'optimal': noise is 'keep_table' (a KeepTable) or 'keep_curve' (an L1KeepCurve, l1 weightings)
+    keep_table: Optional[Union[thresholding.KeepTable, thresholding.L1KeepCurve]] = None
     delta_conversion: Optional[float] = None  # its RDP -> DP conversion's delta
 
     def without_keep_table(self) -> "RoundPlan":
@@ -509,7 +524,10 @@ class RoundPlan:
             d["tau"] = self.tau
         if self.cutoff is not None:
             d["cutoff"] = self.cutoff
-        if self.keep_table is not None:  # no noise scale; "threshold" is W50, the weight kept half the time
+        if isinstance(self.keep_table, thresholding.L1KeepCurve):  # "threshold" is W50, as for a table
+            d["noise_scale"] = None
+            d["keep_table"] = self.keep_table.as_report()
+        elif self.keep_table is not None:  # no noise scale; "threshold" is W50, the weight kept half the time
             t = self.keep_table
             d["noise_scale"] = None
             d["keep_table"] = {
@@ -533,8 +551,8 @@ def selection_share(spec: AlgorithmSpec, params: SelectionParams) -> Optional[co
     if not params.release_counts:
         return None
     args = (params.epsilon, params.delta, params.count_budget, params.max_contributions)
-    if params.threshold == "optimal":  # the counts' noise as under gdp; the table composes with it in RDP
-        return counts.split_gdp(*args)
+    if params.threshold == "optimal" and spec.calibration not in L1_CALIBRATIONS:
+        return counts.split_gdp(*args)  # the counts' noise as under gdp; the table composes with it in RDP
     if spec.shape in MULTI_ROUND_SHAPES:
         return (counts.split_gdp if params.accounting == "gdp" else counts.split_basic)(*args)
     if spec.calibration in ("weighted_gaussian", "count_gaussian"):
@@ -591,7 +609,38 @@ def _keep_table_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[Rou
     )
 
 
+#: the calibrations whose change per user has l1 norm <= 1 (in units of 1 or Delta_0): their keep rule is the
+#: l1 curve (docs/thresholding.md, "The l1 curve")
+L1_CALIBRATIONS = ("weighted_laplace", "count_laplace")
+
+
+def _changed_items(spec: AlgorithmSpec, params: SelectionParams) -> int:
+    """The most items whose weight one user changes: its own (<= Delta_0), or under a policy's rerouting any item
+    of the single worker's input (<= max_sequential_pairs). The l1 curve reserves its 2^-64 rounding for that
+    many items (docs/thresholding.md)."""
+    return params.max_sequential_pairs if spec.sequential else params.max_contributions
+
+
+def _l1_curve_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan, ...]:
+    """The round of a Laplace weighting (weighted_laplace, count_laplace, policy_laplace) with the l1 keep curve
+    at the budget its Laplace threshold had: (eps, delta), or with counts the pure split's (eps_0, (1 - f) delta)
+    (the curve is (eps_0, delta_0)-DP like the Laplace round it replaces, docs/counts.md). Policy Laplace's cutoff
+    Gamma is the weight the curve keeps with probability 1 - e^-alpha / 2, as rho + alpha b is for Lap(b)."""
+    eps, delta = params.epsilon, params.delta
+    share = selection_share(spec, params)
+    if share is not None:
+        eps, delta = share.epsilon, share.delta_threshold
+    unit = float(params.max_contributions) if spec.calibration == "count_laplace" else 1.0
+    changed = _changed_items(spec, params)
+    curve = thresholding.calibrate_l1_curve(eps, delta, unit, changed)
+    gamma = curve.weight_for(1.0 - 0.5 * math.exp(-params.alpha)) if spec.sequential else None
+    w50 = curve.weight_for(0.5)
+    return (RoundPlan(1, eps, delta, "keep_curve", 0.0, w50, spec.weighting, None, "curve", gamma, curve),)
+
+
 def _one_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan, ...]:
+    if params.threshold == "optimal" and spec.calibration in L1_CALIBRATIONS:
+        return _l1_curve_round(spec, params)
     if params.threshold == "optimal":
         return _keep_table_round(spec, params)
     c = _one_round_calibration(spec, params)
@@ -770,15 +819,27 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
     defaults = _algorithm_defaults(spec)
     if params.accounting != "gdp":
         defaults["cap_quantile"] = 1.0  # the histogram composes by Gaussian DP only
-        defaults["threshold"] = "gaussian"  # the table's RDP plan starts from the gdp rounds (docs/thresholding.md)
+        # the table's RDP plan starts from the gdp rounds (docs/thresholding.md)
+        defaults["threshold"] = noise_rule(spec)
     else:  # the adaptive cap only with a Gaussian last round
         defaults["cap_quantile"] = default_cap_quantile(algorithm, params.threshold)
+    if params.threshold is None and defaults["threshold"] == "optimal" and spec.calibration in L1_CALIBRATIONS:
+        # the l1 curve's 2^-64 rounding reserve must fit in delta (tiny delta under a policy: its Laplace rule)
+        reserve = thresholding.rounding_reserve(params.epsilon, _changed_items(spec, params))
+        if reserve >= params.delta / 2:
+            defaults["threshold"] = noise_rule(spec)
     unset = {name: value for name, value in defaults.items() if getattr(params, name) is None}
     params = params.replace(**unset) if unset else params
-    if params.threshold != "gaussian" and "threshold" not in spec.options:
+    if params.threshold in ("gaussian", "laplace") and params.threshold != noise_rule(spec):
         raise ValueError(
-            f"threshold={params.threshold!r} is a basic, dp_sips, mad2r and mad_sips option for now ({algorithm}'s "
-            "weights are not proven for a keep table: docs/thresholding.md); use threshold='gaussian'"
+            f"threshold={params.threshold!r}: {algorithm}'s noise is {noise_rule(spec)} "
+            f"(use threshold={noise_rule(spec)!r}, or 'optimal' where it applies)"
+        )
+    if params.threshold == "optimal" and "threshold" not in spec.options:
+        raise ValueError(
+            f"threshold={params.threshold!r} is an option of basic, dp_sips, mad2r, mad_sips, weighted_laplace, "
+            f"count_laplace and policy_laplace for now ({algorithm}'s weights are not proven for a keep table: "
+            "docs/thresholding.md); use threshold='gaussian'"
         )
     if params.threshold == "optimal" and spec.shape in MULTI_ROUND_SHAPES and params.accounting != "gdp":
         raise ValueError(

@@ -66,6 +66,9 @@ __all__ = [
     "keep_rate",
     "search_order",
     "min_grid_bits",
+    "L1KeepCurve",
+    "calibrate_l1_curve",
+    "rounding_reserve",
 ]
 
 #: H = 2^-10: a shift c moves the index by ceil(c/H) + 1 (float totals), at most 2/1024 more than c
@@ -553,3 +556,139 @@ def calibrate_keep_table(
 def min_grid_bits(contributions: Sequence[float]) -> int:
     """The coarsest grid on which the smallest contribution moves the index by >= 8 steps."""
     return max(0, math.ceil(math.log2(8.0 / min(contributions))))
+
+
+# ---------------------------------------------------------------------------------------------
+# The l1 keep curve: Laplace weightings and Policy Laplace (docs/thresholding.md, "The l1 curve")
+# ---------------------------------------------------------------------------------------------
+
+#: the curve is built at (eps, delta) (1 - 1e-6): the slack absorbs the float error of its evaluation
+_CURVE_MARGIN = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class L1KeepCurve:
+    """Keep an item of total weight W with probability ``f(W / unit)`` (a continuous truncated geometric).
+
+    For contributions whose change has l1 norm <= 1 per user, in l1 units x = W / ``unit`` (weighted Laplace
+    and Policy Laplace: unit 1; the count weighting: unit Delta_0), with ``u(x) = delta (e^{eps x} - 1) /
+    (e^eps - 1)`` and the midpoint x* (``u(x*) = 1/2``):
+
+        f(x) = u(x)               for 0 <= x <= x*,
+        f(x) = 1 - u(2 x* - x)    for x* <= x <= 2 x*,     f(x) = 1 beyond.
+
+    For every real x >= 0 and shift t in (0, 1], (Bern f(x), Bern f(x + t)) is (eps t, delta t)-DP in both
+    directions, so one user's change (l1 norm <= 1, any real coordinates: also the policies' rerouted weights)
+    changes the release by an (eps, delta)-DP pair (proof: docs/thresholding.md). An item nobody holds is never
+    kept (f(0) = 0). It is built at ``eps (1 - 1e-6)``, ``delta (1 - 1e-6)`` of the budget it reports.
+
+    Attributes:
+      epsilon, delta: the (eps, delta)-DP of one release (per user).
+      unit: the weight of one l1 unit (1, or Delta_0 for counts).
+    """
+
+    epsilon: float
+    delta: float
+    unit: float = 1.0
+
+    def __post_init__(self):
+        check_range("epsilon", self.epsilon, 0.0, math.inf, lo_open=True)
+        check_range("delta", self.delta, 0.0, 1.0, lo_open=True, hi_open=True)
+        check_range("unit", self.unit, 0.0, math.inf, lo_open=True)
+        if not math.isfinite(self.epsilon) or not math.isfinite(self.unit):
+            raise ValueError("epsilon and unit must be finite")
+        # case "past the end" of the proof: 1 <= e^{eps t} (1 - u(t)) + delta t needs delta e^eps/(e^eps - 1) <= 1
+        if self.delta >= -math.expm1(-self.epsilon):
+            raise ValueError(
+                f"delta {self.delta:g} must be below 1 - e^-epsilon = {-math.expm1(-self.epsilon):.3g} for the l1 curve"
+            )
+
+    @property
+    def _eps(self) -> float:
+        return self.epsilon * (1.0 - _CURVE_MARGIN)
+
+    @property
+    def _delta(self) -> float:
+        return self.delta * (1.0 - _CURVE_MARGIN)
+
+    @property
+    def midpoint(self) -> float:
+        """x*, in l1 units: ``u(x*) = 1/2``, i.e. ``log(1 + (e^eps - 1) / (2 delta)) / eps``."""
+        e = self._eps
+        return math.log1p(math.expm1(e) / (2.0 * self._delta)) / e
+
+    def _u(self, x: np.ndarray) -> np.ndarray:
+        e = self._eps
+        return self._delta * np.expm1(e * x) / math.expm1(e)
+
+    def _pieces(self, weights):
+        """(lower, value): ``lower`` where x <= x* and there ``value`` = u(x), the keep probability; elsewhere
+        ``value`` = u(2 x* - x) (0 from 2 x* on), the *drop* probability, computed directly (1 - f would lose
+        its low bits to cancellation near 1)."""
+        x = np.maximum(np.asarray(weights, dtype=np.float64) / self.unit, 0.0)
+        m = self.midpoint
+        lower = x <= m
+        with np.errstate(over="ignore"):
+            value = self._u(np.where(lower, x, np.clip(2.0 * m - x, 0.0, m)))
+        return lower, value
+
+    def keep_probability(self, weights) -> np.ndarray:
+        """f(W / unit) per weight, as realised by :meth:`keep` (float64 rounding aside; 1 from 2 x* on)."""
+        lower, value = self._pieces(weights)
+        return np.where(lower, value, 1.0 - value)
+
+    def keep(self, weights, bits: np.ndarray) -> np.ndarray:
+        """Keep decisions from uint64 random ``bits``: below x*, keep iff ``bits < floor(u 2^64)``; above,
+        drop iff ``bits < ceil(v 2^64)`` (v the drop probability). Either way the keep probability is f rounded
+        down to a multiple of 2^-64, without a float uniform in between (docs/thresholding.md)."""
+        lower, value = self._pieces(weights)
+        scaled = np.ldexp(value, KEEP_BITS)  # < 2^63 (value <= 1/2)
+        bits = np.asarray(bits, dtype=np.uint64)
+        keep_low = bits < np.floor(scaled).astype(np.uint64)
+        keep_high = bits >= np.ceil(scaled).astype(np.uint64)
+        return np.where(lower, keep_low, keep_high)
+
+    def weight_for(self, probability: float) -> float:
+        """The smallest total weight kept with probability >= ``probability`` (in (0, 1]); W50 = x* unit."""
+        p = check_range("probability", probability, 0.0, 1.0, lo_open=True)
+        e, d, m = self._eps, self._delta, self.midpoint
+        if p <= 0.5:  # u(x) = p
+            x = math.log1p(p * math.expm1(e) / d) / e
+        else:  # 1 - u(2 x* - x) = p
+            x = 2.0 * m - math.log1p((1.0 - p) * math.expm1(e) / d) / e
+        return min(x, 2.0 * m) * self.unit
+
+    @property
+    def complete(self) -> bool:
+        return True
+
+    def as_report(self) -> dict:
+        """What a round's report shows of the curve (``noise`` 'keep_curve')."""
+        return {
+            "kind": "l1_curve",
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "unit": self.unit,
+            "weight_kept_10_50_90": [self.weight_for(0.1), self.weight_for(0.5), self.weight_for(0.9)],
+            "weight_kept_1": self.weight_for(1.0),
+        }
+
+
+def rounding_reserve(epsilon: float, changed_items: int) -> float:
+    """The delta reserved for the 2^-64 rounding of the curve's keep probabilities: each item whose weight a user
+    changes may exceed its (eps t, delta t) condition by at most ``e^{eps t} 2^-64 <= e^eps 2^-64`` (the rounding
+    down of the smaller probability), so ``changed_items e^eps 2^-64`` in all (docs/thresholding.md)."""
+    return float(check_int("changed_items", changed_items, 0)) * math.exp(epsilon) * 2.0**-KEEP_BITS
+
+
+def calibrate_l1_curve(epsilon: float, delta: float, unit: float = 1.0, changed_items: int = 0) -> L1KeepCurve:
+    """The l1 keep curve of an (epsilon, delta)-DP release for changes of l1 norm <= 1 in units of ``unit``
+    (closed form), with the :func:`rounding_reserve` of ``changed_items`` (the most items one user's change
+    touches) taken off delta."""
+    PrivacyBudget(epsilon, delta)
+    reserve = rounding_reserve(epsilon, changed_items)
+    if reserve >= delta / 2:
+        raise ValueError(
+            f"delta {delta:g} is too small for the 2^-64 rounding of {changed_items} items' keep probabilities"
+        )
+    return L1KeepCurve(float(epsilon), float(delta) - reserve, float(unit))

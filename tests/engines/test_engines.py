@@ -18,7 +18,8 @@ engines.JobServer: neither retries at all by default in local mode). What is che
   items, n-grams, the Bayesian probabilities as repr floats, the JSON report and, where asked, the
   NON-PRIVATE diagnostics) for LOCAL_CASES: select_partitions mad, mad_sips (its last round a keep table;
   with counts and the adaptive cap), policy_gaussian (sequential: all capped pairs on one worker; and with
-  counts through the sharded join with hot-item sharding), extract_ngrams with counts.
+  counts through the sharded join with hot-item sharding), policy_laplace (its l1 keep curve: a keyed keep
+  step per item), extract_ngrams with counts.
   The pipelines are driven through their CLIs (``python -m dp_partition_beam.pipelines.<name>``)
   with ``--environment_type LOOPBACK``.
 * Unseeded noise is drawn independently by each SDK worker process: an ``EXTERNAL`` worker pool that
@@ -118,6 +119,8 @@ CASES = {
     "mad_sips": Case("select_partitions", ("--algorithm", "mad_sips", *SELECT)),
     # the sequential policy algorithm: every capped pair gathered on one worker (DPSU)
     "policy_gaussian": Case("select_partitions", ("--algorithm", "policy_gaussian", *SELECT)),
+    # Policy Laplace with its default l1 keep curve (issue 30): the per-item keyed keep step after the histogram
+    "policy_laplace": Case("select_partitions", ("--algorithm", "policy_laplace", *SELECT)),
     # noisy counts of the released items (exact discrete Gaussian), a users floor and a public allowlist
     # with the adaptive cap asked for (a global histogram, a side input of every round)
     "mad_sips_counts": Case(

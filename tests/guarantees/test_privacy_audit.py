@@ -172,13 +172,19 @@ def test_single_user_items_never_released(algorithm):
     assert (e0, e1) == (0, 0), f"{case.name}: an item held by one user was released in {e1} of {runs} runs"
 
 
-@pytest.mark.parametrize("algorithm", ["basic", "dp_sips", "mad2r", "mad_sips", "dpne"])
+@pytest.mark.parametrize(
+    "algorithm",
+    ["basic", "dp_sips", "mad2r", "mad_sips", "dpne", "weighted_laplace", "count_laplace", "policy_laplace"],
+)
 def test_single_user_items_never_released_by_the_keep_table(algorithm):
     """threshold 'optimal' (basic's round, MAD-SIPS's last round; docs/thresholding.md, docs/mad_sips.md): an
     item of one user is kept with probability F(its weight) <= delta_rdp c^2 <= 1e-12 per run (and MAD-SIPS's
-    Gaussian rounds release it with probability <= their delta_r / 2)."""
-    (case,) = audit.unique_item_cases([algorithm], threshold="optimal")
-    e0, e1 = audit.run_counts(case, UNIQUE_RUNS)
+    Gaussian rounds release it with probability <= their delta_r / 2); the l1 curve of the Laplace algorithms
+    with f(t) <= delta t <= 1e-12."""
+    # at delta 1e-12 a policy's curve needs fewer than the default max_sequential_pairs (its rounding reserve)
+    extra = {"max_sequential_pairs": 10**5} if algorithm == "policy_laplace" else {}
+    (case,) = audit.unique_item_cases([algorithm], threshold="optimal", **extra)
+    e0, e1 = audit.run_counts(case, POLICY_RUNS if case.copies_per_call == 1 else UNIQUE_RUNS)
     assert (e0, e1) == (0, 0), f"{case.name}: an item held by one user was released in {e1} of {UNIQUE_RUNS} runs"
 
 

@@ -84,7 +84,12 @@ SELECT_VARIANTS = {
         *["--max_users_per_key", "3"],
     ],
     "basic_allowlist": ["--algorithm", "basic", "--allowlist", "ALLOWLIST"],
-    "policy_laplace_allowlist": ["--algorithm", "policy_laplace", "--allowlist", "ALLOWLIST"],
+    # the Laplace rule given explicitly: the l1 keep curve became the Laplace algorithms' default (issue 30); the
+    # values recorded before that change
+    "policy_laplace_allowlist": ["--algorithm", "policy_laplace", "--threshold", "laplace", "--allowlist", "ALLOWLIST"],
+    "weighted_laplace_laplace": ["--algorithm", "weighted_laplace", "--threshold", "laplace"],
+    "count_laplace_laplace": ["--algorithm", "count_laplace", "--threshold", "laplace"],
+    "policy_laplace_laplace": ["--algorithm", "policy_laplace", "--threshold", "laplace"],
 }
 
 DPNE_ARGS = ["--max_n", "3", "--epsilon", "4", "--delta", "1e-6", "--max_contributions", "30"]
@@ -132,7 +137,10 @@ GOLDEN = {  # name: (sha256, number of lines)
     "extract_ngrams/dpsu_single": ("7b19b990494ce631e35b89846f77fdccb96c9b98af1b9563922fdd1cb6bf257f", 9),
     "reference/basic": ("036d7a9d35d49d5195b272c2666f333afd45e45b422847be60697eba648b392d", 126),
     "reference/count_gaussian": ("d910c32376c9fe6fe4bd7a641a59ce7f9cf20065be44fbb05f716ec87c8059d5", 123),
-    "reference/count_laplace": ("a21ff0837cec42fa553245d4a8ba788532fd0b7477f8715539312578acdb2793", 44),
+    "reference/count_laplace": (
+        "29c830b12ce9a54d4193566e90dcb17569020f7ff56000a5bae490beacfb550b",
+        48,
+    ),  # the l1 keep curve (issue 30)
     "reference/dp_sips": ("e938ffa52fcf6a0a1a3d637dcd058470f2ddb17cef1212c69e60663f93be9d77", 180),
     "reference/mad": ("9ba7be522803e4791246781e1677dcb75aaadc5e2439947ad5a9d777f9775136", 127),
     "reference/mad2r": ("3c00844d4085b9a27bfd916a1bd4c3f431d655eb24927eb97afdeaae83f3b8aa", 159),
@@ -141,12 +149,21 @@ GOLDEN = {  # name: (sha256, number of lines)
     "reference/mad_sips_cap": ("7ef2c077cadcec023f6af54499f5280d99fac85416823ade9695436e061c634c", 327),
     "reference/policy_gaussian": ("95783e29ea36e7c25e7a4ecd531e317997f5ab84d0583d69b9c9e43918d20262", 133),
     "reference/policy_gaussian_counts": ("8982f4c863f67e2fc21bcde1d85db33739659ad8720afb873f0d43ae31e714a7", 114),
-    "reference/policy_laplace": ("64637b5063d250166eb698e7a4e16f0d70153f2232d85f391bf63ae871a4cd87", 59),
-    "reference/weighted_laplace": ("2feac70946fa317843d3d5b12e57352f7377ec729317f35b3f95b5926cdd70f0", 48),
+    "reference/policy_laplace": (
+        "cb4607baab5360a806fda6766f07c3de24d459b0300777704ef80e1783ec9886",
+        64,
+    ),  # the l1 keep curve (issue 30)
+    "reference/weighted_laplace": (
+        "8a7ad9fbdc2092960bed60b9fb29ce0f8c3683c890704ce153a06a0da978750c",
+        53,
+    ),  # the l1 keep curve (issue 30)
     "select_partitions/basic": ("036d7a9d35d49d5195b272c2666f333afd45e45b422847be60697eba648b392d", 126),
     "select_partitions/basic_allowlist": ("b36c32bbe7b5715c9d70fd9fcd8172fd4a41f0e429ab35535714ba4e49666d77", 178),
     "select_partitions/count_gaussian": ("d910c32376c9fe6fe4bd7a641a59ce7f9cf20065be44fbb05f716ec87c8059d5", 123),
-    "select_partitions/count_laplace": ("a21ff0837cec42fa553245d4a8ba788532fd0b7477f8715539312578acdb2793", 44),
+    "select_partitions/count_laplace": (
+        "29c830b12ce9a54d4193566e90dcb17569020f7ff56000a5bae490beacfb550b",
+        48,
+    ),  # the l1 keep curve (issue 30)
     "select_partitions/dp_sips": ("e938ffa52fcf6a0a1a3d637dcd058470f2ddb17cef1212c69e60663f93be9d77", 180),
     "select_partitions/dp_sips_counts_min_users": (
         "93fab06fe3ffc0fdd1094b476174d2f8ee356a4a41aa4b0dc1865008a89a4761",
@@ -166,7 +183,22 @@ GOLDEN = {  # name: (sha256, number of lines)
         "8982f4c863f67e2fc21bcde1d85db33739659ad8720afb873f0d43ae31e714a7",
         114,
     ),
-    "select_partitions/policy_laplace": ("64637b5063d250166eb698e7a4e16f0d70153f2232d85f391bf63ae871a4cd87", 59),
+    "select_partitions/policy_laplace": (
+        "cb4607baab5360a806fda6766f07c3de24d459b0300777704ef80e1783ec9886",
+        64,
+    ),  # the l1 keep curve (issue 30)
+    "select_partitions/weighted_laplace_laplace": (
+        "2feac70946fa317843d3d5b12e57352f7377ec729317f35b3f95b5926cdd70f0",
+        48,
+    ),  # --threshold laplace: the former default
+    "select_partitions/count_laplace_laplace": (
+        "a21ff0837cec42fa553245d4a8ba788532fd0b7477f8715539312578acdb2793",
+        44,
+    ),  # --threshold laplace: the former default
+    "select_partitions/policy_laplace_laplace": (
+        "64637b5063d250166eb698e7a4e16f0d70153f2232d85f391bf63ae871a4cd87",
+        59,
+    ),  # --threshold laplace: the former default
     "select_partitions/policy_laplace_allowlist": (
         "a6d3012792340a801c93c71b87b390b47eeab713ed24d83add9473f7bf51f407",
         90,
@@ -174,7 +206,10 @@ GOLDEN = {  # name: (sha256, number of lines)
     "select_partitions/mad2r_gaussian": ("3c68b7216a297e4d916f11cc8e862a4b2a53fa25a43b178ccddff1e660605cbf", 146),
     "select_partitions/dp_sips_gaussian": ("7f55c5e2a3d5f227f9492314babd417296b5c3c8f06cebe99e00d90d2ccb2e19", 161),
     "select_partitions/mad_sips_cap98": ("0ad8801a8169ae3e002cc6552c33d7bebc01b4c84d1fc9f4d105433a3bc1eadf", 203),
-    "select_partitions/weighted_laplace": ("2feac70946fa317843d3d5b12e57352f7377ec729317f35b3f95b5926cdd70f0", 48),
+    "select_partitions/weighted_laplace": (
+        "8a7ad9fbdc2092960bed60b9fb29ce0f8c3683c890704ce153a06a0da978750c",
+        53,
+    ),  # the l1 keep curve (issue 30)
 }
 
 

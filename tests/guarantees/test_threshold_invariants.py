@@ -123,6 +123,32 @@ def test_every_release_step_uses_the_one_rule():
         assert len(calls) == n, (rel, len(calls))
 
 
+def test_the_keep_rules_keep_exactly_the_calibrated_bit_patterns():
+    """The keep tables and the l1 curve draw no noise: their comparison is on 64 random bits, and it must keep
+    exactly the number of bit patterns the proof assumed (``floor(F 2^64)`` of 2^64; the curve's upper piece
+    drops ``ceil(v 2^64)``), so the patterns on either side of the limit decide as the calibration says."""
+    from dp_partition_beam.privacy import thresholding as T
+    from dp_partition_beam.privacy.selection import plan
+
+    table = plan("basic", SelectionParams(1.0, 1e-5, max_contributions=20, threshold="optimal")).rounds[0].keep_table
+    for w in (table.weight_for(0.01), table.weight_for(0.5), table.weight_for(0.99)):
+        limit = int(np.ldexp(float(table.keep_probability(w)), 64))  # an exact integer: entries are multiples of 2^-64
+        bits = np.array([limit - 1, limit], dtype=np.uint64)
+        assert table.keep(np.full(2, w), bits).tolist() == [True, False]
+    curve = T.calibrate_l1_curve(1.0, 1e-5)
+    for w in (curve.weight_for(0.01), curve.weight_for(0.4), curve.weight_for(0.6), curve.weight_for(0.999)):
+        lower, value = curve._pieces(np.array([w]))
+        scaled = float(np.ldexp(value[0], 64))
+        if lower[0]:  # keep iff bits < floor(u 2^64)
+            limit = math.floor(scaled)
+            want = [True, False]
+        else:  # drop iff bits < ceil(v 2^64)
+            limit = math.ceil(scaled)
+            want = [False, True]
+        bits = np.array([limit - 1, limit], dtype=np.uint64)
+        assert curve.keep(np.full(2, w), bits).tolist() == want, w
+
+
 def test_the_scan_finds_a_comparison_of_its_own(tmp_path):
     """The source scan is not vacuous: a release written as ``noisy > p.threshold`` is found."""
     fake = tmp_path / "transforms" / "selection"
@@ -147,7 +173,7 @@ def _select(inputs, algorithm):
     return sorted(collect(build, fmt=repr))
 
 
-@pytest.mark.parametrize("algorithm", ["basic", "mad2r", "mad_sips", "policy_gaussian"])
+@pytest.mark.parametrize("algorithm", ["basic", "mad2r", "mad_sips", "policy_gaussian", "policy_laplace"])
 def test_a_selection_item_in_several_forms_counts_once(algorithm):
     """Every user holds "x" as an element, as a string batch row and as a binary batch row (one item
     after normalisation to key bytes) and one item of its own group: the release (items, rounds, noisy

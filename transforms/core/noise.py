@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 import apache_beam as beam
+import numpy as np
 
 from dp_partition_beam.privacy.calibration import passes_threshold
 from dp_partition_beam.transforms.core import randomness
@@ -73,6 +74,43 @@ class AddNoise(beam.PTransform):
 
     def expand(self, weights):
         return weights | "Noise" >> beam.ParDo(self._fn)  # (item, noisy_weight)
+
+
+class KeepFn(WorkerRngDoFn):
+    """(item, weight) -> item, kept with the probability of a keep table or curve (``table.keep``): iff its 64
+    random bits, keyed as the noise ((seed, 'noise', round, item); unseeded: OS entropy), pass the rule of
+    privacy/thresholding.py. The same bits as :func:`transforms.core.randomness.random_bits` of the reference."""
+
+    def __init__(self, table, seed: Optional[int], round_: int):
+        super().__init__(seed)
+        self._table, self._round = table, round_
+        self._key = None
+
+    def setup(self):
+        super().setup()
+        if self._seed is not None:
+            self._key = randomness.draw_key(self._seed, "noise", self._round)
+
+    def process(self, element):
+        item, weight = element
+        if self._seed is not None:
+            bits = np.array([randomness.draw64_of(self._key, randomness.key_fingerprint(item))], dtype=np.uint64)
+        else:
+            bits = randomness.worker_bits(self._rng, 1)
+        if self._table.keep(np.array([float(weight)]), bits)[0]:
+            yield item
+
+
+class KeepByTable(beam.PTransform):
+    """(item, weight) -> item kept with probability F(weight) (:class:`KeepFn`): the sequential policies'
+    release with ``threshold='optimal'`` (Policy Laplace's l1 curve, docs/thresholding.md)."""
+
+    def __init__(self, table, seed: Optional[int] = None, round_: int = 1, label=None):
+        super().__init__(label)
+        self._fn = KeepFn(table, seed, round_)
+
+    def expand(self, weights):
+        return weights | "Keep" >> beam.ParDo(self._fn)  # item
 
 
 def released_item(element, threshold):

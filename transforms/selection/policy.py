@@ -19,7 +19,7 @@ import apache_beam as beam
 
 from dp_partition_beam.privacy.selection import RoundPlan, SelectionParams, algorithm_spec
 from dp_partition_beam.transforms.core.bounding import BoundContributions
-from dp_partition_beam.transforms.core.noise import NoisyThreshold
+from dp_partition_beam.transforms.core.noise import KeepByTable, NoisyThreshold
 from dp_partition_beam.transforms.selection import policy_kernels
 
 #: budgeted bytes per gathered (user, item) pair on the single worker (measured ~110 by
@@ -125,7 +125,7 @@ class SequentialPolicy(beam.PTransform):
             | "PairsPerUser" >> beam.Map(count_items)  # int
             | "CountPairs" >> beam.CombineGlobally(sum)  # int (one element, 0 if empty)
         )
-        released = (
+        weights = (
             user_sets
             | "GuardAndKeyToOne"
             >> beam.ParDo(
@@ -134,7 +134,11 @@ class SequentialPolicy(beam.PTransform):
             | "GatherOnOneWorker" >> beam.GroupByKey()  # (0, [(user, [item])])
             | "PolicyHistogram"
             >> beam.ParDo(BuildPolicyHistogramFn(self._policy, rnd.cutoff, prm.passes, self._seed))  # (item, weight)
-            | "NoisyThreshold"
-            >> NoisyThreshold(rnd.noise, rnd.noise_scale, rnd.threshold, self._seed, rnd.index)  # item
         )
+        if rnd.keep_table is not None:  # threshold 'optimal': the l1 curve (docs/thresholding.md)
+            released = weights | "KeepByCurve" >> KeepByTable(rnd.keep_table, self._seed, rnd.index)  # item
+        else:
+            released = weights | "NoisyThreshold" >> NoisyThreshold(
+                rnd.noise, rnd.noise_scale, rnd.threshold, self._seed, rnd.index
+            )  # item
         return (released, user_sets) if self._with_user_sets else released

@@ -52,7 +52,7 @@ from typing import Callable, Dict, Hashable, List, Optional, Sequence, Set, Tupl
 
 from dp_partition_beam.privacy.audit import AuditBound, audit_bound
 from dp_partition_beam.privacy.dpne import DPNEParams
-from dp_partition_beam.privacy.selection import ALGORITHMS, SelectionParams
+from dp_partition_beam.privacy.selection import ALGORITHMS, L1_CALIBRATIONS, SelectionParams, noise_rule
 
 UserSets = Dict[Hashable, List[str]]
 
@@ -227,11 +227,14 @@ BIGRAM_BACKGROUND = 40
 
 def _tip_settings(spec) -> dict:
     """The multi-round algorithms' ``tip`` cases audit their Gaussian rounds (``threshold='gaussian'``; the
-    ``*/optimal_tip`` cases audit the keep-table last round, their default). MAD-SIPS's multi-copy cases fix
+    ``*/optimal_tip`` cases audit the keep-table last round, their default), the Laplace algorithms' their Laplace
+    noise (``threshold='laplace'``; ``*/optimal_tip``: the l1 curve, their default). MAD-SIPS's multi-copy cases fix
     the cap at Delta_0 (``cap_quantile=1``): the adaptive cap's histogram would couple the copies of one call
     (the ``cap_tip`` case audits the adaptive cap, one copy per call)."""
     if spec.shape == "mad_sips":
         return {"cap_quantile": 1.0, "threshold": "gaussian"}
+    if spec.calibration in L1_CALIBRATIONS:  # the Laplace rounds (the l1 curve, their default: */optimal_tip)
+        return {"threshold": "laplace"}
     return {"threshold": "gaussian"} if spec.shape in ("mad2r", "dp_sips") else {}
 
 
@@ -255,7 +258,7 @@ def standard_cases() -> List[AuditCase]:
     ]
     return cases + [
         AuditCase("count_gaussian/all", "count_gaussian", _sel(4), "all", holders=13, targets=4),
-        AuditCase("count_laplace/all", "count_laplace", _sel(4), "all", holders=15, targets=4),
+        AuditCase("count_laplace/all", "count_laplace", _sel(4, threshold="laplace"), "all", holders=15, targets=4),
         AuditCase("mad/dmax", "mad", _sel(4), "dmax", holders=7, targets=4),
         # the added user holds 8 targets at Delta_0 = 4: rounds 2 and 3 re-subsample its unreleased ones
         AuditCase(
@@ -294,6 +297,18 @@ def standard_cases() -> List[AuditCase]:
         AuditCase("mad2r/optimal_tip", "mad2r", _sel(4, threshold="optimal"), "tip", holders=5),
         # DP-SIPS's last round (0.9 of its budget) as basic's table
         AuditCase("dp_sips/optimal_tip", "dp_sips", _sel(4, threshold="optimal"), "tip", holders=5),
+        # the l1 keep curve (docs/thresholding.md, "The l1 curve"): at epsilon 4, delta 1e-6, f(3) ~ 0.003 and
+        # f(4) ~ 0.17 (the ratio e^4: the curve's lower piece is tight at a shift of 1)
+        AuditCase("weighted_laplace/optimal_tip", "weighted_laplace", _sel(4, threshold="optimal"), "tip", holders=3),
+        AuditCase("count_laplace/optimal_tip", "count_laplace", _sel(1, threshold="optimal"), "tip", holders=3),
+        AuditCase(
+            "policy_laplace/optimal_tip",
+            "policy_laplace",
+            _sel(4, threshold="optimal"),
+            "tip",
+            holders=3,
+            copies_per_call=1,
+        ),
     ]
 
 
@@ -304,8 +319,8 @@ def unique_item_cases(algorithms: Sequence[str], **selection) -> List[AuditCase]
     for a in algorithms:
         if a == "dpne":  # the paper's Gaussian levels unless asked (its default is keep tables)
             params = _dpne_params(_UNIQUE_DELTA, threshold=selection.get("threshold", "gaussian"))
-        else:  # the Gaussian threshold unless asked (mad_sips's default is its keep table)
-            params = _sel(4, delta=_UNIQUE_DELTA, **{"threshold": "gaussian", **selection})
+        else:  # its noise + rho unless asked (mad_sips's default is its keep table, the Laplace ones' the curve)
+            params = _sel(4, delta=_UNIQUE_DELTA, **{"threshold": noise_rule(ALGORITHMS[a]), **selection})
         per_call = 1 if a.startswith("policy_") else 500
         name = f"{a}/{'optimal_' if selection.get('threshold') == 'optimal' else ''}unique"
         cases.append(AuditCase(name, a, params, "unique", holders=1, targets=4, copies_per_call=per_call))

@@ -90,9 +90,9 @@ def test_plan_and_report():
     json.dumps(p.as_report())  # the report is JSON (no NaN)
 
 
-@pytest.mark.parametrize("algorithm", ["mad", "policy_gaussian", "weighted_laplace"])
+@pytest.mark.parametrize("algorithm", ["mad", "policy_gaussian", "count_gaussian"])
 def test_other_algorithms_refuse_the_table(algorithm):
-    with pytest.raises(ValueError, match="basic, dp_sips, mad2r and mad_sips option"):
+    with pytest.raises(ValueError, match="is an option of basic, dp_sips, mad2r, mad_sips, weighted_laplace"):
         plan(algorithm, PARAMS)
 
 

@@ -289,7 +289,7 @@ def test_plan_uses_theorem_4_1_and_5_1_thresholds_and_gamma():
     eps, delta, d0, alpha = 3.0, math.exp(-10), 50, 4.0
     params = SelectionParams(eps, delta, max_contributions=d0, alpha=alpha)
     t = np.arange(1, d0 + 1, dtype=float)
-    (lap,) = plan_rounds("policy_laplace", params)
+    (lap,) = plan_rounds("policy_laplace", params.replace(threshold="laplace"))  # the default is the l1 curve
     rho_lap = np.max(1 / t + (1 / eps) * np.log(1 / (2 * (1 - (1 - delta) ** (1 / t)))))  # Theorem 4.1
     assert lap.noise == "laplace" and lap.noise_scale == 1 / eps
     assert lap.threshold == pytest.approx(rho_lap, rel=1e-9)

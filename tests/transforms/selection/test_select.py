@@ -200,7 +200,10 @@ STAGE_LABELS = {
     "mad_sips/cap": ("75d02b6ce6331ad9", "1078750cae69d8a6"),  # cap_quantile=0.98: the Cap stage
     "mad_sips/gaussian": ("48206a5de68208d9", "58207e60c1e24850"),  # threshold='gaussian' (and its cap)
     "policy_gaussian": ("0a45ade62247d818", "f133509b3fd1d38b"),
-    "policy_laplace": ("e31fe0369f4ec192", "bf8af60df7afedb1"),
+    # its default: the l1 keep curve (issue 30: KeepByCurve instead of NoisyThreshold; weighted_laplace and
+    # count_laplace keep their labels, their NoisyThresholdFn draws the keep bits)
+    "policy_laplace": ("bfc205a221c59ef5", "5331daf3e390d2ac"),
+    "policy_laplace/laplace": ("e31fe0369f4ec192", "bf8af60df7afedb1"),  # threshold='laplace': the labels before
 }
 
 
@@ -230,7 +233,8 @@ def _stage_labels_hash(algorithm, **params):
 def test_stage_labels_are_unchanged(case):
     """Every algorithm's job graph keeps its stage names, with and without released counts."""
     algorithm, _, variant = case.partition("/")
-    extra = {"cap": {"cap_quantile": 0.98}, "gaussian": {"threshold": "gaussian"}}.get(variant, {})
+    extra = {"cap": {"cap_quantile": 0.98}, "gaussian": {"threshold": "gaussian"}, "laplace": {"threshold": "laplace"}}
+    extra = extra.get(variant, {})
     plain, counts = STAGE_LABELS[case]
     assert _stage_labels_hash(algorithm, **extra) == plain
     assert _stage_labels_hash(algorithm, release_counts=True, **extra) == counts
