@@ -11,7 +11,11 @@ computed exactly under both rules on that one capped dataset:
 No noise is drawn, so the comparison has no sampling error. Also printed: W50, the weight kept with
 probability 1/2 (rho for the Gaussian). The shared corpora are read from ../shared/data (never copied).
 
-    python -m benchmarks.bench_thresholding [--data imdb,higgs] [--epsilons 0.5,1,2,4]
+``--rule l1``: the Laplace algorithms' round instead (docs/thresholding.md, "The l1 curve"): weighted Laplace
+(W = sum of 1/d_u) and count Laplace (W = number of holders), each with its DPSU Laplace noise + threshold,
+sum_i P[W_i + Lap(b) >= rho], against the l1 keep curve, sum_i f(W_i / unit).
+
+    python -m benchmarks.bench_thresholding [--data imdb,higgs] [--epsilons 0.5,1,2,4] [--rule basic|l1]
 """
 
 from __future__ import annotations
@@ -37,12 +41,50 @@ def capped_basic_weights(user_sets, max_contributions: int) -> np.ndarray:
     return np.fromiter(totals.values(), dtype=np.float64, count=len(totals))
 
 
+def capped_weights(user_sets, max_contributions: int, weighting: str) -> np.ndarray:
+    """The item weights of ``weighting`` ('weighted_laplace': 1/d, 'count': 1) of the capped users (seed 0)."""
+    totals = basic_weights(bound_contributions(user_sets, max_contributions, 0, 0, None), weighting)
+    return np.fromiter(totals.values(), dtype=np.float64, count=len(totals))
+
+
+def laplace_kept(weights: np.ndarray, b: float, rho: float) -> float:
+    """sum_i P[W_i + Lap(b) >= rho], exactly."""
+    z = (weights - rho) / b
+    return float(np.sum(np.where(z < 0, 0.5 * np.exp(np.minimum(z, 0.0)), 1.0 - 0.5 * np.exp(-np.maximum(z, 0.0)))))
+
+
+def main_l1(names, epsilons):
+    print(f"\ndelta {DELTA:g}, Delta_0 {DELTA_0}; expected released items of one Laplace-weighting round (exact)\n")
+    print("| data | algorithm | epsilon | items | Laplace rho | curve W50 | Laplace E[released] ", end="")
+    print("| curve E[released] | gain |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in names:
+        user_sets = read_user_sets(shared_data_path(f"{name}.user_words.tsv.gz"))
+        for algorithm, weighting, unit in (
+            ("weighted_laplace", "weighted_laplace", 1.0),
+            ("count_laplace", "count", DELTA_0),
+        ):
+            weights = capped_weights(user_sets, DELTA_0, weighting)
+            for eps in epsilons:
+                c = getattr(calibration, f"calibrate_{algorithm}")(eps, DELTA, DELTA_0)
+                curve = T.calibrate_l1_curve(eps, DELTA, float(unit), DELTA_0)
+                lap = laplace_kept(weights, c.noise_scale, c.threshold)
+                kept = float(np.sum(curve.keep_probability(weights)))
+                print(
+                    f"| {name} | {algorithm} | {eps:g} | {weights.size:,} | {c.threshold:.2f} | "
+                    f"{curve.weight_for(0.5):.2f} | {lap:,.1f} | {kept:,.1f} | {kept / lap - 1:+.1%} |"
+                )
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=",".join(DATASETS))
     ap.add_argument("--epsilons", default="0.5,1,2,4")
+    ap.add_argument("--rule", choices=("basic", "l1"), default="basic")
     args = ap.parse_args(argv)
     epsilons = [float(e) for e in args.epsilons.split(",")]
+    if args.rule == "l1":
+        return main_l1(args.data.split(","), epsilons)
     contributions = T.basic_contributions(DELTA_0)
     tables = {}
     for eps in epsilons:
