@@ -7,9 +7,11 @@ Part 1 (utility): released counts at epsilon = 3, delta = exp(-10) (the paper's 
 max_contributions (Delta_0) in {1, 10, 50, 100, 300}, on the bundled real sample
 (data/debian_words.tsv.gz) and on synthetic Zipf data (transforms/synthetic.py), with the in-memory
 reference in production mode (OS entropy), mean +- std over ``--repeats`` runs (the paper: 5 user
-orders). Part 2 (speed): wall time of ``SelectPartitions('policy_gaussian')`` (and of 'basic' for
-comparison, same conditions) on the DirectRunner (in_memory), synthetic pairs generated inside the
-pipeline, per million input pairs, and the time of the histogram kernel alone.
+orders). Every row runs its paper's rule (``threshold`` 'laplace' or 'gaussian'); the last rows add the l1 keep
+curve, the default of the Laplace algorithms since issue 30 (docs/thresholding.md). Part 2 (speed): wall time
+of ``SelectPartitions('policy_gaussian')`` (and of 'basic' for comparison, same conditions) on the DirectRunner
+(in_memory), synthetic pairs generated inside the pipeline, per million input pairs, and the time of the
+histogram kernel alone.
 Part 3 (memory): peak Python-allocated bytes (tracemalloc) per gathered (user, item) pair of
 the single worker (user sets as they arrive from the GroupByKey plus the histogram), measured in a
 fresh subprocess; this sizes ``DEFAULT_MAX_SEQUENTIAL_PAIRS`` (privacy/selection.py).
@@ -29,7 +31,8 @@ import time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from dp_partition_beam.privacy.selection import SelectionParams, plan_rounds
+from dp_partition_beam.privacy.selection import ALGORITHMS as ALGORITHM_SPECS
+from dp_partition_beam.privacy.selection import SelectionParams, noise_rule, plan_rounds
 from dp_partition_beam.transforms import reference
 from dp_partition_beam.transforms.selection import policy_kernels
 from dp_partition_beam.transforms.selection.select import SelectPartitions
@@ -73,19 +76,24 @@ def utility_table(name, sets, repeats, alpha):
     header = f"{'Delta_0':28s}" + "".join(f"{d:>14d}" for d in D0S)
     print(header)
     means = {}
-    rows = [(alg, 1) for alg in ALGORITHMS] + [("policy_laplace", 2), ("policy_gaussian", 2)]
-    for alg, passes in rows:  # the last two rows: section 6.2.1's two passes (paper's Table 4)
+    # the papers' rules (each algorithm's own noise + rho: the layout of the paper's Table 2), then section 6.2.1's
+    # two passes (paper's Table 4), then the l1 keep curve, the Laplace algorithms' default (docs/thresholding.md)
+    rows = [(alg, 1, None) for alg in ALGORITHMS] + [("policy_laplace", 2, None), ("policy_gaussian", 2, None)]
+    rows += [(alg, 1, "optimal") for alg in ("weighted_laplace", "policy_laplace")]
+    for alg, passes, threshold in rows:
         cells = []
+        rule = threshold or noise_rule(ALGORITHM_SPECS[alg])
         for d0 in D0S:
-            params = SelectionParams(EPS, DELTA, max_contributions=d0, alpha=alpha, passes=passes)
+            params = SelectionParams(EPS, DELTA, max_contributions=d0, alpha=alpha, passes=passes, threshold=rule)
             counts = [len(reference.select(sets, alg, params)) for _ in range(repeats)]
             m = statistics.mean(counts)
             s = statistics.stdev(counts) if len(counts) > 1 else 0.0
-            means[alg, d0, passes] = m
+            means[alg, d0, passes, threshold] = m
             cells.append(f"{m:8.0f} +-{s:4.0f}")
         label = LABELS.get(alg, alg) + (f" ({passes} passes)" if passes > 1 else "")
+        label += " (l1 curve)" if threshold else ""
         print(f"{label:28s}" + "".join(f"{c:>14s}" for c in cells), flush=True)
-    best = {a: max(means[a, d, 1] for d in D0S) for a in ALGORITHMS}
+    best = {a: max(means[a, d, 1, None] for d in D0S) for a in ALGORITHMS}
     print("best over Delta_0: " + ", ".join(f"{a} {best[a]:.0f}" for a in ALGORITHMS))
     return best
 
