@@ -79,7 +79,7 @@ def utility_table(name, sets, repeats, alpha):
     # the papers' rules (each algorithm's own noise + rho: the layout of the paper's Table 2), then section 6.2.1's
     # two passes (paper's Table 4), then the l1 keep curve, the Laplace algorithms' default (docs/thresholding.md)
     rows = [(alg, 1, None) for alg in ALGORITHMS] + [("policy_laplace", 2, None), ("policy_gaussian", 2, None)]
-    rows += [(alg, 1, "optimal") for alg in ("weighted_laplace", "policy_laplace")]
+    rows += [(alg, 1, "optimal") for alg in ("count_gaussian", "weighted_laplace", "policy_laplace")]
     for alg, passes, threshold in rows:
         cells = []
         rule = threshold or noise_rule(ALGORITHM_SPECS[alg])
@@ -91,7 +91,7 @@ def utility_table(name, sets, repeats, alpha):
             means[alg, d0, passes, threshold] = m
             cells.append(f"{m:8.0f} +-{s:4.0f}")
         label = LABELS.get(alg, alg) + (f" ({passes} passes)" if passes > 1 else "")
-        label += " (l1 curve)" if threshold else ""
+        label += (" (keep table)" if alg == "count_gaussian" else " (l1 curve)") if threshold else ""
         print(f"{label:28s}" + "".join(f"{c:>14s}" for c in cells), flush=True)
     best = {a: max(means[a, d, 1, None] for d in D0S) for a in ALGORITHMS}
     print("best over Delta_0: " + ", ".join(f"{a} {best[a]:.0f}" for a in ALGORITHMS))

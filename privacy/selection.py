@@ -169,6 +169,9 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             "1",
             "+1 per item, Gaussian noise of l2 sensitivity sqrt(Delta_0)",
             "DPSU paper sec. 1.1",
+            ("threshold",),
+            # a keep table over counts read as n contributions 1/sqrt(Delta_0) (docs/thresholding.md, Defaults)
+            defaults=(("threshold", "optimal"),),
         ),
         AlgorithmSpec(
             "count_laplace",
@@ -403,14 +406,15 @@ class SelectionParams:
     threshold: Optional[str] = dataclasses.field(
         default=None,
         metadata={
-            "help": "the release rule of basic's round and of the last round of dp_sips, mad2r and mad_sips: "
+            "help": "the release rule of basic's and count_gaussian's round and of the last round of dp_sips, mad2r "
+            "and mad_sips: "
             "gaussian (noise + threshold rho) or optimal (a keep-probability table under approximate Renyi DP: "
             "fewer users per released item, no noisy weight; the multi-round algorithms' last round then uses "
             "biased Basic weights; calibrating it takes seconds; docs/thresholding.md, docs/mad_sips.md); for "
             "weighted_laplace, count_laplace and policy_laplace: laplace (their Laplace noise + rho) or optimal "
             "(the l1 keep curve, a continuous truncated geometric in closed form; docs/thresholding.md). "
-            "unset: optimal for dp_sips, mad2r and mad_sips (gdp accounting) and for the three Laplace algorithms, "
-            "gaussian otherwise",
+            "unset: optimal for dp_sips, mad2r and mad_sips (gdp accounting), count_gaussian and the three Laplace "
+            "algorithms, gaussian otherwise (basic)",
             "choices": THRESHOLDS,
         },
     )
@@ -599,8 +603,13 @@ def _keep_table_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[Rou
     """Basic's round with the keep-probability table (docs/thresholding.md) at the run's (eps, delta), composed
     with the counts in RDP when they are released (:func:`_table_with_counts`)."""
     eps, delta = params.epsilon, params.delta
-    contributions = thresholding.basic_contributions(params.max_contributions)
-    table, delta_conversion = _table_with_counts(spec, params, contributions, 0.0, 0.0)
+    if spec.weighting == "count":  # +1 per item read as n contributions c = 1/sqrt(Delta_0) (l2 sensitivity 1)
+        c = float(1.0 / math.sqrt(params.max_contributions))
+        table, delta_conversion = _table_with_counts(spec, params, (c,), 0.0, 0.0)
+        table = dataclasses.replace(table, scale=c)
+    else:
+        contributions = thresholding.basic_contributions(params.max_contributions)
+        table, delta_conversion = _table_with_counts(spec, params, contributions, 0.0, 0.0)
     if params.release_counts:  # the round on its own (informational): the table's conversion at its order
         eps, delta = thresholding.to_dp(table, delta_conversion)
     w50 = table.weight_for(0.5)
@@ -837,9 +846,9 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
         )
     if params.threshold == "optimal" and "threshold" not in spec.options:
         raise ValueError(
-            f"threshold={params.threshold!r} is an option of basic, dp_sips, mad2r, mad_sips, weighted_laplace, "
-            f"count_laplace and policy_laplace for now ({algorithm}'s weights are not proven for a keep table: "
-            "docs/thresholding.md); use threshold='gaussian'"
+            f"threshold={params.threshold!r} is an option of basic, count_gaussian, dp_sips, mad2r, mad_sips, "
+            f"weighted_laplace, count_laplace and policy_laplace for now ({algorithm}'s weights are not proven for a "
+            "keep table: docs/thresholding.md); use threshold='gaussian'"
         )
     if params.threshold == "optimal" and spec.shape in MULTI_ROUND_SHAPES and params.accounting != "gdp":
         raise ValueError(

@@ -261,6 +261,8 @@ class KeepTable:
         that are not from C onto it).
       unseen: F[0], the keep probability of an item nobody holds: 0 (an unknown domain), or a known domain's
         rate q rounded down to a multiple of 2^-64 (``keep_table(..., unseen=q)``).
+      scale: the weights are multiplied by it before they are read (1; the count weighting: its contribution
+        c = 1/sqrt(Delta_0), so that a count n is read as the correctly rounded total n c of n contributions c).
     """
 
     grid_bits: int
@@ -270,6 +272,7 @@ class KeepTable:
     delta_rdp: float
     contributions: Tuple[float, ...]
     unseen: float = 0.0
+    scale: float = 1.0
 
     @property
     def grid(self) -> float:
@@ -277,7 +280,7 @@ class KeepTable:
 
     def index(self, weights) -> np.ndarray:
         """floor(W / H) per weight (exact: H is a power of two), clipped to the table."""
-        w = np.asarray(weights, dtype=np.float64)
+        w = np.asarray(weights, dtype=np.float64) * self.scale  # exact for scale 1
         j = np.floor(np.ldexp(w, self.grid_bits))
         return np.clip(j, 0, len(self.probs) - 1).astype(np.int64)
 
@@ -304,7 +307,7 @@ class KeepTable:
         """The smallest total weight kept with at least ``probability`` (``inf`` if none): W50 for 1/2."""
         probs = np.asarray(self.probs)
         hits = np.flatnonzero(probs >= probability)
-        return math.inf if hits.size == 0 else float(hits[0]) * self.grid
+        return math.inf if hits.size == 0 else float(hits[0]) * self.grid / self.scale
 
 
 def _shift_budgets(contributions: Iterable[float], grid_bits: int) -> Tuple[np.ndarray, np.ndarray]:

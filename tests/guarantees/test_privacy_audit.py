@@ -174,7 +174,10 @@ def test_single_user_items_never_released(algorithm):
 
 @pytest.mark.parametrize(
     "algorithm",
-    ["basic", "dp_sips", "mad2r", "mad_sips", "dpne", "weighted_laplace", "count_laplace", "policy_laplace"],
+    [
+        *["basic", "count_gaussian", "dp_sips", "mad2r", "mad_sips", "dpne"],
+        *["weighted_laplace", "count_laplace", "policy_laplace"],
+    ],
 )
 def test_single_user_items_never_released_by_the_keep_table(algorithm):
     """threshold 'optimal' (basic's round, MAD-SIPS's last round; docs/thresholding.md, docs/mad_sips.md): an

@@ -89,6 +89,8 @@ SELECT_VARIANTS = {
     "policy_laplace_allowlist": ["--algorithm", "policy_laplace", "--threshold", "laplace", "--allowlist", "ALLOWLIST"],
     "weighted_laplace_laplace": ["--algorithm", "weighted_laplace", "--threshold", "laplace"],
     "count_laplace_laplace": ["--algorithm", "count_laplace", "--threshold", "laplace"],
+    # count_gaussian's keep table became its default (issue 30): its Gaussian rule given explicitly
+    "count_gaussian_gaussian": ["--algorithm", "count_gaussian", "--threshold", "gaussian"],
     "policy_laplace_laplace": ["--algorithm", "policy_laplace", "--threshold", "laplace"],
 }
 
@@ -136,7 +138,10 @@ GOLDEN = {  # name: (sha256, number of lines)
     "extract_ngrams/dpsu_even": ("c8d91e6ca13be04fa56d40a22908b0457138e2b922981a05bb7d2ba7e99dcc44", 87),
     "extract_ngrams/dpsu_single": ("7b19b990494ce631e35b89846f77fdccb96c9b98af1b9563922fdd1cb6bf257f", 9),
     "reference/basic": ("036d7a9d35d49d5195b272c2666f333afd45e45b422847be60697eba648b392d", 126),
-    "reference/count_gaussian": ("d910c32376c9fe6fe4bd7a641a59ce7f9cf20065be44fbb05f716ec87c8059d5", 123),
+    "reference/count_gaussian": (
+        "b3b5d6066667a8e2321b16aedd422ddc99672ba6b1c7f99504f7b159c2e900e6",
+        211,
+    ),  # its keep table (issue 30)
     "reference/count_laplace": (
         "29c830b12ce9a54d4193566e90dcb17569020f7ff56000a5bae490beacfb550b",
         48,
@@ -159,7 +164,10 @@ GOLDEN = {  # name: (sha256, number of lines)
     ),  # the l1 keep curve (issue 30)
     "select_partitions/basic": ("036d7a9d35d49d5195b272c2666f333afd45e45b422847be60697eba648b392d", 126),
     "select_partitions/basic_allowlist": ("b36c32bbe7b5715c9d70fd9fcd8172fd4a41f0e429ab35535714ba4e49666d77", 178),
-    "select_partitions/count_gaussian": ("d910c32376c9fe6fe4bd7a641a59ce7f9cf20065be44fbb05f716ec87c8059d5", 123),
+    "select_partitions/count_gaussian": (
+        "b3b5d6066667a8e2321b16aedd422ddc99672ba6b1c7f99504f7b159c2e900e6",
+        211,
+    ),  # its keep table (issue 30)
     "select_partitions/count_laplace": (
         "29c830b12ce9a54d4193566e90dcb17569020f7ff56000a5bae490beacfb550b",
         48,
@@ -199,6 +207,10 @@ GOLDEN = {  # name: (sha256, number of lines)
         "64637b5063d250166eb698e7a4e16f0d70153f2232d85f391bf63ae871a4cd87",
         59,
     ),  # --threshold laplace: the former default
+    "select_partitions/count_gaussian_gaussian": (
+        "d910c32376c9fe6fe4bd7a641a59ce7f9cf20065be44fbb05f716ec87c8059d5",
+        123,
+    ),  # --threshold gaussian: the former default
     "select_partitions/policy_laplace_allowlist": (
         "a6d3012792340a801c93c71b87b390b47eeab713ed24d83add9473f7bf51f407",
         90,

@@ -143,7 +143,7 @@ def test_refusals():
     for algorithm in ("mad_sips", "mad2r", "dp_sips"):
         with pytest.raises(ValueError, match="accounting='gdp'"):
             plan(algorithm, PARAMS.replace(accounting="basic"))
-    with pytest.raises(ValueError, match="is an option of basic, dp_sips, mad2r, mad_sips"):
+    with pytest.raises(ValueError, match="is an option of basic, count_gaussian, dp_sips, mad2r, mad_sips"):
         plan("mad", PARAMS)
 
 

@@ -233,8 +233,8 @@ def _tip_settings(spec) -> dict:
     (the ``cap_tip`` case audits the adaptive cap, one copy per call)."""
     if spec.shape == "mad_sips":
         return {"cap_quantile": 1.0, "threshold": "gaussian"}
-    if spec.calibration in L1_CALIBRATIONS:  # the Laplace rounds (the l1 curve, their default: */optimal_tip)
-        return {"threshold": "laplace"}
+    if spec.calibration in L1_CALIBRATIONS or spec.name == "count_gaussian":  # their noise + rho (*/optimal_tip:
+        return {"threshold": noise_rule(spec)}  # the l1 curve or count_gaussian's table, their defaults)
     return {"threshold": "gaussian"} if spec.shape in ("mad2r", "dp_sips") else {}
 
 
@@ -257,7 +257,7 @@ def standard_cases() -> List[AuditCase]:
         for name, spec in ALGORITHMS.items()
     ]
     return cases + [
-        AuditCase("count_gaussian/all", "count_gaussian", _sel(4), "all", holders=13, targets=4),
+        AuditCase("count_gaussian/all", "count_gaussian", _sel(4, threshold="gaussian"), "all", holders=13, targets=4),
         AuditCase("count_laplace/all", "count_laplace", _sel(4, threshold="laplace"), "all", holders=15, targets=4),
         AuditCase("mad/dmax", "mad", _sel(4), "dmax", holders=7, targets=4),
         # the added user holds 8 targets at Delta_0 = 4: rounds 2 and 3 re-subsample its unreleased ones
@@ -300,6 +300,9 @@ def standard_cases() -> List[AuditCase]:
         # the l1 keep curve (docs/thresholding.md, "The l1 curve"): at epsilon 4, delta 1e-6, f(3) ~ 0.003 and
         # f(4) ~ 0.17 (the ratio e^4: the curve's lower piece is tight at a shift of 1)
         AuditCase("weighted_laplace/optimal_tip", "weighted_laplace", _sel(4, threshold="optimal"), "tip", holders=3),
+        # count_gaussian's keep table over counts read as contributions 1/sqrt(Delta_0) (Delta_0 = 1: F(3) ~ 0.001,
+        # F(4) ~ 0.026)
+        AuditCase("count_gaussian/optimal_tip", "count_gaussian", _sel(1, threshold="optimal"), "tip", holders=3),
         AuditCase("count_laplace/optimal_tip", "count_laplace", _sel(1, threshold="optimal"), "tip", holders=3),
         AuditCase(
             "policy_laplace/optimal_tip",
