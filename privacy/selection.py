@@ -828,8 +828,8 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
     defaults = _algorithm_defaults(spec)
     if params.accounting != "gdp":
         defaults["cap_quantile"] = 1.0  # the histogram composes by Gaussian DP only
-        # the table's RDP plan starts from the gdp rounds (docs/thresholding.md)
-        defaults["threshold"] = noise_rule(spec)
+        if spec.shape in MULTI_ROUND_SHAPES:  # the table's RDP plan starts from the gdp rounds (docs/thresholding.md)
+            defaults["threshold"] = noise_rule(spec)
     else:  # the adaptive cap only with a Gaussian last round
         defaults["cap_quantile"] = default_cap_quantile(algorithm, params.threshold)
     if params.threshold is None and defaults["threshold"] == "optimal" and spec.calibration in L1_CALIBRATIONS:

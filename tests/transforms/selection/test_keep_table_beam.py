@@ -39,14 +39,16 @@ def pairs():
 
 
 @pytest.mark.parametrize("release_counts", [False, True], ids=["items", "counts"])
-@pytest.mark.parametrize("algorithm", ["basic", "count_gaussian"])
+@pytest.mark.parametrize(
+    "algorithm", ["basic", "count_gaussian", "weighted_laplace", "count_laplace", "policy_laplace"]
+)  # the step tables, and the l1 curve of the Laplace algorithms (NoisyThresholdFn's keep step, KeepByTable)
 def test_seeded_beam_equals_the_reference(pairs, algorithm, release_counts):
     params = PARAMS.replace(release_counts=release_counts)
     want = reference.release(reference.user_sets_from_pairs(pairs), algorithm, params, SEED)
     got = collect(lambda p: p | beam.Create(pairs) | SelectPartitions(algorithm, params, seed=SEED), fmt=repr)
     expected = [repr(x) for x in want.items] if not release_counts else [repr(x) for x in want.counts.items()]
     assert sorted(got) == sorted(expected)
-    assert len(got) > 20
+    assert len(got) > 5
 
 
 def test_the_draws_are_the_rounds_noise_bits():
