@@ -600,6 +600,9 @@ class L1KeepCurve:
         check_range("unit", self.unit, 0.0, math.inf, lo_open=True)
         if not math.isfinite(self.epsilon) or not math.isfinite(self.unit):
             raise ValueError("epsilon and unit must be finite")
+        # the drop side of the proof mirrors every pair (x, x + t) with x < x* inside [0, 2 x*]: needs x* >= 1
+        if self.delta > 0.5:
+            raise ValueError(f"delta {self.delta:g} must be at most 1/2 for the l1 curve (its midpoint is then >= 1)")
         # case "past the end" of the proof: 1 <= e^{eps t} (1 - u(t)) + delta t needs delta e^eps/(e^eps - 1) <= 1
         if self.delta >= -math.expm1(-self.epsilon):
             raise ValueError(

@@ -158,6 +158,8 @@ def test_the_rounding_reserve():
 
 
 def test_bad_parameters():
+    with pytest.raises(ValueError, match="at most 1/2"):  # x* >= 1, which the drop side of the proof needs
+        T.L1KeepCurve(10.0, 0.6)
     with pytest.raises(ValueError, match="1 - e\\^-epsilon"):
         T.calibrate_l1_curve(0.001, 0.01)
     with pytest.raises(ValueError):
