@@ -419,7 +419,9 @@ class SelectionParams:
         },
     )
     alpha: float = _field(
-        5.0, "policy algorithms' cutoff Gamma = rho + alpha*noise_scale (DPSU paper Table 2; it finds 2-6 best)"
+        5.0,
+        "policy algorithms' cutoff Gamma = rho + alpha*noise_scale (DPSU paper Table 2; it finds 2-6 best); with "
+        "the l1 curve the weight it keeps with probability 1 - exp(-alpha)/2",
     )
     passes: int = _field(
         1, "policy algorithms' passes over the users, each with 1/passes of every user's budget (DPSU paper sec. 6.2.1)"
