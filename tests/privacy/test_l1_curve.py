@@ -33,13 +33,23 @@ def realised(curve: T.L1KeepCurve, weight: float) -> mp.mpf:
     return 1 - mp.mpf(int(math.ceil(scaled))) / TWO64
 
 
-def excess(curve: T.L1KeepCurve, x: float, t: float) -> mp.mpf:
-    """How far the pair (f(x), f(x + t)) (x, t in l1 units) is from (eps t, delta t)-DP: the largest of
+def pair_excess(curve: T.L1KeepCurve, low: float, high: float, t: float) -> mp.mpf:
+    """How far the realised pair at weights ``low <= high`` is from (eps t, delta t)-DP: the largest of
     ``r - e^{eps t} p - delta t`` and ``(1 - p) - e^{eps t} (1 - r) - delta t`` (<= 0: within; the other two
     inequalities hold because f is nondecreasing)."""
-    p, r = realised(curve, x * curve.unit), realised(curve, (x + t) * curve.unit)
+    p, r = realised(curve, low), realised(curve, high)
     et, dt = mp.e ** (mp.mpf(curve.epsilon) * mp.mpf(t)), mp.mpf(curve.delta) * mp.mpf(t)
     return max(r - et * p - dt, (1 - p) - et * (1 - r) - dt)
+
+
+def excess(curve: T.L1KeepCurve, x: float, t: float) -> mp.mpf:
+    """:func:`pair_excess` of (f(x), f(x + t)), x and t in l1 units."""
+    return pair_excess(curve, x * curve.unit, (x + t) * curve.unit, t)
+
+
+def rounding_slack(curve: T.L1KeepCurve, t: float) -> mp.mpf:
+    """``e^{eps t} 2^-64``: the most the 2^-64 rounding of a pair's probabilities can add (rounding_reserve)."""
+    return mp.e ** (mp.mpf(curve.epsilon) * mp.mpf(t)) / TWO64
 
 
 @st.composite
@@ -58,7 +68,7 @@ def test_every_realised_pair_is_within_its_budget(curve, where, t):
     (eps t, delta t)-DP but for the 2^-64 rounding of its probabilities: ``e^{eps t} 2^-64`` at most, the
     per-item share of :func:`rounding_reserve`. Below 1e-6 see the next test."""
     x = where * 2.0 * curve.midpoint
-    assert excess(curve, x, t) <= mp.e ** (mp.mpf(curve.epsilon) * mp.mpf(t)) / TWO64
+    assert excess(curve, x, t) <= rounding_slack(curve, t)
 
 
 @PROPS
@@ -131,10 +141,8 @@ def test_neighbouring_policy_laplace_histograms_compose_within_the_budget():
             if t == 0.0:
                 continue
             lo, hi = sorted([h.get(i, 0.0), h2.get(i, 0.0)])
-            p, r = realised(curve, lo), realised(curve, hi)
-            et, dt = mp.e ** (mp.mpf(curve.epsilon) * mp.mpf(t)), mp.mpf(curve.delta) * mp.mpf(t)
-            bound = et / TWO64 if t >= 1e-6 else mp.mpf(2) ** -48
-            assert r - et * p - dt <= bound and (1 - p) - et * (1 - r) - dt <= bound, (case, i, lo, hi)
+            bound = rounding_slack(curve, t) if t >= 1e-6 else mp.mpf(2) ** -48
+            assert pair_excess(curve, lo, hi, t) <= bound, (case, i, lo, hi)
             checked += 1
     assert checked > 500
 

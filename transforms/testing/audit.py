@@ -227,8 +227,9 @@ BIGRAM_BACKGROUND = 40
 
 def _tip_settings(spec) -> dict:
     """The multi-round algorithms' ``tip`` cases audit their Gaussian rounds (``threshold='gaussian'``; the
-    ``*/optimal_tip`` cases audit the keep-table last round, their default), the Laplace algorithms' their Laplace
-    noise (``threshold='laplace'``; ``*/optimal_tip``: the l1 curve, their default). MAD-SIPS's multi-copy cases fix
+    ``*/optimal_tip`` cases audit the keep-table last round, their default), the Laplace algorithms' and
+    count_gaussian's their own noise (``threshold`` 'laplace' / 'gaussian'; ``*/optimal_tip``: the l1 curve and
+    count_gaussian's table, their defaults). MAD-SIPS's multi-copy cases fix
     the cap at Delta_0 (``cap_quantile=1``): the adaptive cap's histogram would couple the copies of one call
     (the ``cap_tip`` case audits the adaptive cap, one copy per call)."""
     if spec.shape == "mad_sips":
