@@ -202,7 +202,18 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             "1/sqrt(t); min(b_max/sqrt(t), 1)",
             "MAD in two rounds; round 2 drops found and hopeless items and biases the rest",
             "MAD paper Alg. 4",
-            ("d_max", "beta", "b_min", "b_max", "c_lb", "c_ub", "budget_split", "accounting", "threshold"),
+            (
+                "d_max",
+                "beta",
+                "b_min",
+                "b_max",
+                "c_lb",
+                "c_ub",
+                "budget_split",
+                "accounting",
+                "threshold",
+                "weight_cap",
+            ),
             # round 2 as a keep table (docs/thresholding.md, Defaults): +12-20% items at epsilon 1
             defaults=(("threshold", "optimal"),),
         ),
@@ -239,6 +250,7 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
                 "cap_quantile",
                 "cap_budget",
                 "threshold",
+                "weight_cap",
             ),
             defaults=(  # docs/mad_sips.md, Defaults
                 ("budget_split", (0.03, 0.07, 0.9)),
@@ -287,6 +299,12 @@ def _adaptive_cap_on(values) -> bool:
     return values.accounting == "gdp" and q < 1.0
 
 
+def _table_round_on(values) -> bool:
+    """mad2r's and mad_sips's last round is a keep table: threshold 'optimal', or unset with gdp accounting
+    (:func:`resolve_params`)."""
+    return values.threshold == "optimal" or (values.threshold is None and values.accounting == "gdp")
+
+
 def default_cap_quantile(algorithm: str, threshold: Optional[str]) -> float:
     """An unset ``cap_quantile`` under gdp accounting: the algorithm's (mad_sips 0.98) with a Gaussian last
     round, 1 (no adaptive cap) with a keep table (``threshold`` 'optimal' or unset, which resolves to it where
@@ -317,6 +335,13 @@ FIELD_USE = use_table(
     {
         "count_budget": (needs("release_counts", True),),
         "min_users": (needs("release_counts", True),),
+        "weight_cap": (
+            Condition(
+                "without a keep-table last round ({threshold} optimal, or unset with {accounting} gdp)",
+                _table_round_on,
+                (("threshold", "optimal"),),
+            ),
+        ),
         "cap_budget": (
             Condition(
                 "without the adaptive cap ({cap_quantile} below 1 with {accounting} gdp)",
@@ -396,6 +421,14 @@ class SelectionParams:
         cap_plans.DEFAULT_CAP_BUDGET,
         "fraction of the selection's Gaussian budget (mu^2) spent on the adaptive cap's degree histogram, in (0, 0.5]",
     )
+    weight_cap: float = _field(
+        1.0,
+        "mad2r/mad_sips keep-table round: the largest weight one user gives one item (each biased weight is "
+        "rounded down onto the grid 2^(-k/16) at or below it), in (0, 1]; the table then only has to absorb steps "
+        "up to it and keeps an item with less weight (W50 18.2 at 1, 13.2 at 0.25; epsilon 1, Delta_0 100). It "
+        "pays where users hold many items: about 1.5 / sqrt(median user degree); on data of users with a few "
+        'items it loses (docs/mad_sips.md, "Weight cap"); 1 = no cap',
+    )
     accounting: str = dataclasses.field(
         default="gdp",
         metadata={
@@ -462,6 +495,7 @@ class SelectionParams:
             budget_split=None if self.budget_split is None else check_fractions("budget_split", self.budget_split),
             cap_quantile=None if self.cap_quantile is None else cap_plans.check_cap_quantile(self.cap_quantile),
             cap_budget=cap_plans.check_cap_budget(self.cap_budget),
+            weight_cap=check_range("weight_cap", self.weight_cap, 0.0, 1.0, lo_open=True),
             accounting=check_choice("accounting", self.accounting, ACCOUNTINGS),
             threshold=None if self.threshold is None else check_choice("threshold", self.threshold, THRESHOLDS),
             alpha=check_range("alpha", self.alpha, 0.0, math.inf),
@@ -743,9 +777,14 @@ def _selection_budget(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[flo
 def last_round_contributions(params: SelectionParams) -> Tuple[float, ...]:
     """The contribution set C of MAD-SIPS's table round: the geometric grid 2^(-k/16) from 1 down to below
     the smallest user weight of Algorithm 2, ``b_min / sqrt(Delta_0)`` (Lemma 5.4; any cap <= Delta_0),
-    one step lower for the float slack of that bound (docs/mad_sips.md, "The last round as a keep table")."""
+    one step lower for the float slack of that bound (docs/mad_sips.md, "The last round as a keep table").
+
+    With ``weight_cap`` c below 1, only the values of the grid at or below c (the grid then reaches at least
+    one step below c): :func:`thresholding.round_down` maps every heavier weight to the largest of them, so a
+    user's rounded weights stay <= c with their squares summing to at most 1 (docs/mad_sips.md, "Weight cap")."""
     smallest = min(1.0, params.b_min) / math.sqrt(params.max_contributions) * (1.0 - 1e-9)
-    return thresholding.geometric_contributions(smallest)
+    grid = thresholding.geometric_contributions(min(smallest, params.weight_cap))
+    return tuple(c for c in grid if c <= params.weight_cap)
 
 
 def _table_last_round(spec, params, cap, hs, hnames) -> Tuple[RoundPlan, ...]:
@@ -856,6 +895,11 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
         raise ValueError(
             f"threshold='optimal' with {algorithm} composes its rounds in RDP from the Gaussian plan of "
             "accounting='gdp' (docs/mad_sips.md); leave accounting unset"
+        )
+    if params.weight_cap < 1.0 and not (params.threshold == "optimal" and spec.weighting == "mad"):
+        raise ValueError(
+            f"weight_cap={params.weight_cap:g} caps the weights of the keep-table round of mad2r and mad_sips "
+            f"({algorithm} with threshold={params.threshold!r} has none); leave it at 1"
         )
     if params.cap_quantile < 1.0:
         if spec.shape != "mad_sips":

@@ -253,6 +253,17 @@ UNUSED = [
     ),
     (
         "select_partitions",
+        {"--algorithm": "basic", "--weight_cap": "0.3"},
+        "--weight_cap is not used by --algorithm basic (it is used by: mad2r, mad_sips)",
+    ),
+    (
+        "select_partitions",
+        {"--algorithm": "mad_sips", "--threshold": "gaussian", "--weight_cap": "0.3"},
+        "--weight_cap is not used by --algorithm mad_sips without a keep-table last round (--threshold optimal, or "
+        "unset with --accounting gdp)",
+    ),
+    (
+        "select_partitions",
         {"--algorithm": "mad_sips", "--accounting": "basic", "--cap_budget": "0.02"},
         "--cap_budget is not used by --algorithm mad_sips without the adaptive cap (--cap_quantile below 1 with "
         "--accounting gdp)",

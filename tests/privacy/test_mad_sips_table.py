@@ -154,6 +154,69 @@ def test_the_contribution_set_reaches_below_the_smallest_weight():
     assert np.allclose(cs[1:] / cs[:-1], 2 ** (1 / 16), rtol=1e-12)
 
 
+@pytest.mark.parametrize("cap", [1.0, 0.5, 0.3, 0.2, 0.12, 0.05, 0.01])
+def test_the_weight_cap_keeps_the_grid_at_or_below_it(cap):
+    """weight_cap c: C is the grid's values <= c, its largest one step of 2^(-1/16) at most below c, still
+    reaching below Lemma 5.4's smallest weight (or below c, when c is smaller); c = 1 is today's C."""
+    cs = np.array(last_round_contributions(PARAMS.replace(weight_cap=cap)))
+    assert cs[-1] <= cap and cs[-1] > cap * 2 ** (-1 / 16)
+    assert cs[0] < min(cap, B_MIN / math.sqrt(20)) and np.allclose(cs[1:] / cs[:-1], 2 ** (1 / 16), rtol=1e-12)
+    assert set(cs.tolist()) <= set(T.geometric_contributions(min(cap, 0.1)))
+    if cap == 1.0:
+        assert tuple(cs.tolist()) == C20
+
+
+@PROPS
+@given(
+    biases=st.lists(st.floats(B_MIN, 1.0), min_size=1, max_size=40),
+    cap=st.floats(0.01, 1.0),
+    b_max=st.sampled_from([1.0, 2.0, 3.0]),
+)
+def test_capped_contributions_are_below_the_cap_in_c_and_l2_bounded(biases, cap, b_max):
+    """With a weight cap the rounded contributions are values of the capped C, none above the cap, each the
+    largest value of C at or below min(weight, cap), and their squares still sum to <= 1 (exactly)."""
+    cs = last_round_contributions(PARAMS.replace(weight_cap=cap, max_contributions=40))
+    rounder = T.KeepTable(10, (0.0, 1.0), 2.0, 1.0, 1e-6, cs)
+    w = K.user_weights(np.array(biases), B_MIN, b_max)
+    c = rounder.round_down(w)
+    assert set(c.tolist()) <= set(cs) and np.all(c <= cap)
+    bound = np.minimum(w, cap)
+    assert np.all(c <= bound) and np.all(c >= bound * 2 ** (-1 / 16))
+    assert exact_sum64(list(c * c)) <= 1.0
+
+
+@pytest.mark.parametrize("algorithm", ["mad_sips", "mad2r"])
+def test_a_weight_cap_lowers_the_tables_weight_and_spends_the_same_budget(algorithm):
+    """The capped table absorbs steps up to c only: it keeps an item with less weight (W50 falls with c) at
+    the same (epsilon, delta), its C the capped set; the Gaussian rounds are unchanged."""
+    base = PARAMS.replace(epsilon=1.0, max_contributions=100)
+    w50, previous = {}, None
+    for cap in (1.0, 0.5, 0.25):
+        rounds = plan(algorithm, base.replace(weight_cap=cap)).rounds
+        table = rounds[-1].keep_table
+        assert table.contributions == last_round_contributions(base.replace(weight_cap=cap))
+        assert T.table_violations(table) == {"decreasing": 0, "above_step": 0, "unseen": 0}
+        eps, delta = _recomputed(rounds)
+        assert eps == pytest.approx(1.0, abs=1e-9) and delta <= 1e-5 * (1 + 1e-12)
+        if previous is not None:
+            assert [r.noise_scale for r in rounds[:-1]] == previous
+        previous = [r.noise_scale for r in rounds[:-1]]
+        w50[cap] = table.weight_for(0.5)
+    assert w50[1.0] > w50[0.5] > w50[0.25]
+
+
+@pytest.mark.parametrize(
+    "algorithm,changes",
+    [("mad_sips", {"threshold": "gaussian"}), ("mad2r", {"threshold": "gaussian"}), ("basic", {}), ("dp_sips", {})],
+)
+def test_the_weight_cap_is_refused_without_a_biased_table_round(algorithm, changes):
+    with pytest.raises(ValueError, match="weight_cap=0.5 caps the weights of the keep-table round"):
+        plan(algorithm, PARAMS.replace(weight_cap=0.5, **changes))
+    for bad in (0.0, 1.5, -0.1):
+        with pytest.raises(ValueError, match="weight_cap"):
+            PARAMS.replace(weight_cap=bad)
+
+
 #: public biases in [b_min, 1], one per item of a 12-item universe (a round's biases are per item)
 BIASES = st.lists(st.floats(B_MIN, 1.0), min_size=12, max_size=12)
 

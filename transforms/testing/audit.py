@@ -294,6 +294,17 @@ def standard_cases() -> List[AuditCase]:
         # MAD-SIPS's last round as a keep table (docs/mad_sips.md): the target is out of reach of rounds 1-2
         # (rho_1, rho_2 ~ 60, 40), so the event is round 3's table on biased Basic weights
         AuditCase("mad_sips/optimal_tip", "mad_sips", _sel(4, threshold="optimal", cap_quantile=1.0), "tip", holders=5),
+        # the same with a weight cap (docs/mad_sips.md, "Weight cap"): C only up to 0.3, each holder of the target
+        # (a set of one item, weight 1) contributes the grid value 0.29. One such step is a small privacy loss:
+        # the expected bound is ~0.16 at 4,000 runs (holders 11, the design's best), a sanity check only; that
+        # no weight escapes the cap is what tests/privacy/test_mad_sips_table.py checks (properties, exact)
+        AuditCase(
+            "mad_sips/weight_cap_tip",
+            "mad_sips",
+            _sel(4, threshold="optimal", cap_quantile=1.0, weight_cap=0.3),
+            "tip",
+            holders=11,
+        ),
         # MAD2R's round 2 as the table over biased Basic weights (as MAD-SIPS's last round)
         AuditCase("mad2r/optimal_tip", "mad2r", _sel(4, threshold="optimal"), "tip", holders=5),
         # DP-SIPS's last round (0.9 of its budget) as basic's table

@@ -131,6 +131,12 @@ def test_cli(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert [r["noise"] for r in report["rounds"]] == ["gaussian", "gaussian", "keep_table"]
     assert report["rounds"][-1]["weighting"] == "biased_basic" and report["released"] > 20
+    # a weight cap: the table round's contributions at or below it, its W50 lower than without the cap
+    w50 = report["rounds"][-1]["threshold"]
+    cap = [*argv, "--algorithm", "mad_sips", "--weight_cap", "0.3", "--overwrite"]
+    assert select_partitions.run(cap) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["weight_cap"] == 0.3 and report["rounds"][-1]["threshold"] < w50
     with pytest.raises(SystemExit) as exit_:  # a flag mad does not read: exit 2 before anything runs
         select_partitions.run([*argv, "--algorithm", "mad", "--threshold", "optimal", "--overwrite"])
     assert exit_.value.code == 2

@@ -38,13 +38,22 @@ def test_select_mad_algorithms_equal_reference(algorithm, accounting):
         assert not per_round[1] & per_round[2]  # round 2 removes U1 (Alg. 4 line 13)
 
 
-@pytest.mark.parametrize("release_counts", [False, True], ids=["items", "counts"])
-def test_mad2r_keep_table_equals_reference(release_counts):
+@pytest.mark.parametrize(
+    "release_counts,weight_cap", [(False, 1.0), (True, 1.0), (False, 0.3)], ids=["items", "counts", "weight_cap"]
+)
+def test_mad2r_keep_table_equals_reference(release_counts, weight_cap):
     """threshold='optimal' (docs/mad_sips.md): MAD2R's round 2 as the keep table over biased Basic weights
-    rounded onto C; seeded Beam == reference, with the counts' holders of round 2 from the table's partials."""
+    rounded onto C (capped at weight_cap); seeded Beam == reference, with the counts' holders of round 2 from
+    the table's partials."""
     sets = random_user_sets(random.Random(4), 1500, 300, 15)
     params = SelectionParams(
-        epsilon=2.0, delta=1e-4, max_contributions=8, d_max=6, threshold="optimal", release_counts=release_counts
+        epsilon=2.0,
+        delta=1e-4,
+        max_contributions=8,
+        d_max=6,
+        threshold="optimal",
+        release_counts=release_counts,
+        weight_cap=weight_cap,
     )
     result = reference.release(sets, "mad2r", params, seed=123)
     assert result.rounds[-1].noise == "keep_table" and result.per_round[2]

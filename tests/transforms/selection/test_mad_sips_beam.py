@@ -52,8 +52,13 @@ def test_select_mad_sips_counts_equal_reference():
 
 @pytest.mark.parametrize(
     "changes,rows_per_shard",
-    [({"cap_quantile": 0.98}, 10**9), ({}, 700), ({"budget_split": (1.0,), "cap_quantile": 1.0}, 10**9)],
-    ids=["adaptive_cap", "fixed_cap_sharded", "one_round"],  # {}: no adaptive cap, the table's default
+    [
+        ({"cap_quantile": 0.98}, 10**9),
+        ({}, 700),
+        ({"budget_split": (1.0,), "cap_quantile": 1.0}, 10**9),
+        ({"weight_cap": 0.3}, 700),
+    ],
+    ids=["adaptive_cap", "fixed_cap_sharded", "one_round", "weight_cap"],  # {}: no adaptive cap, the default
 )
 def test_select_mad_sips_keep_table_equals_reference(changes, rows_per_shard):
     """threshold='optimal' (docs/mad_sips.md): the last round's biased Basic weights rounded onto C and the
