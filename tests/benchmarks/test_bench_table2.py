@@ -137,3 +137,13 @@ def test_read_user_sets_splits_lines_at_newline_only(tmp_path):
     with gzip.open(path, "wt", encoding="utf-8", newline="") as f:
         f.write("user\titem\nu1\tmovie\x97just\nu1\ta\x85b\nu1\ta\x85b\nu2\tc\n")
     assert read_user_sets(str(path)) == {"u1": ["movie\x97just", "a\x85b"], "u2": ["c"]}
+
+
+def test_only_selects_configurations_by_label_and_refuses_an_empty_selection():
+    labels = [c[0] for c in bench_table2.CONFIGS if "weight_cap" in c[0]]
+    assert labels == ["mad_sips threshold optimal, weight_cap 0.25"]
+    by_label = {label: extra for label, _, extra in bench_table2.CONFIGS}
+    assert by_label[labels[0]]["weight_cap"] == 0.25 and by_label[labels[0]]["threshold"] == "optimal"
+    with pytest.raises(SystemExit) as exit_:  # before any data is read
+        bench_table2.main(["--only", "no such row"])
+    assert exit_.value.code == 2
