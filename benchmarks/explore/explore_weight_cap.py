@@ -1,13 +1,13 @@
 """Exploration (docs/mad_sips.md, "Weight cap"): MAD-SIPS's keep-table round with the users' weights capped.
 
-Runs MAD-SIPS's rounds 1..R-1 with the in-memory reference (epsilon 1, delta 1e-5, Delta_0 100, cap fixed at
-Delta_0, one seed), then for each weight cap c computes the EXPECTED number of items the last round releases
-(exact sums of the table's keep probabilities over the round's totals, no sampling error): Algorithm 2's
+Runs MAD-SIPS's rounds 1..R-1 with the in-memory reference (``--epsilon``, default 1, delta 1e-5, Delta_0 100,
+cap fixed at Delta_0, one seed), then for each weight cap c computes the EXPECTED number of items the last round
+releases (exact sums of the table's keep probabilities over the round's totals, no sampling error): Algorithm 2's
 biased weights rounded down onto the grid 2^(-k/16) at or below c (``--fill``: the mass above c first
 water-filled onto the user's other items, still <= c; the library does not do this), and the table calibrated
 for that grid (``calibrate_keep_table``, composed in RDP with the earlier Gaussian rounds as the plan does).
 
-    .venv/bin/python -m benchmarks.explore.explore_weight_cap --data imdb --caps 1,0.5,0.25,0.2 [--seed 0] [--fill]
+    .venv/bin/python -m benchmarks.explore.explore_weight_cap --data imdb --caps 1,0.5,0.25 [--epsilon 1] [--fill]
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def water_filled(w: np.ndarray, c: float) -> np.ndarray:
     return np.minimum(c, lo * w)
 
 
-def last_round_users(user_sets, seed: int):
-    """(plans, |U_<R|, [(items, Algorithm 2 weights)] of the last round's users)."""
-    params = SelectionParams(1.0, 1e-5, max_contributions=100, cap_quantile=1.0)
+def last_round_users(user_sets, seed: int, epsilon: float = 1.0):
+    """(params, plans, |U_<R|, [(items, Algorithm 2 weights)] of the last round's users)."""
+    params = SelectionParams(epsilon, 1e-5, max_contributions=100, cap_quantile=1.0)
     p = plan("mad_sips", params)
     prm, plans = p.params, p.rounds
     full = {u: R._unique(items) for u, items in user_sets.items()}
@@ -62,16 +62,17 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="debian_b")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--epsilon", type=float, default=1.0)
     ap.add_argument("--caps", default="1,0.5,0.35,0.25,0.2,0.15,0.1")
     ap.add_argument("--fill", action="store_true", help="water-fill the mass above c (not what the library does)")
     args = ap.parse_args(argv)
     t0 = time.time()
     sets = read_user_sets(shared_data_path(f"{args.data}.user_words.tsv.gz"))
-    prm, plans, earlier, users = last_round_users(sets, args.seed)
+    prm, plans, earlier, users = last_round_users(sets, args.seed, args.epsilon)
     d_thresholds = sum(q.delta for q in plans[:-1]) / 2  # the earlier rounds' threshold events, as the plan
     gaussian_rdp = sum(1 / (2 * q.noise_scale**2) for q in plans[:-1])
-    print("| data | seed | rounds 1..R-1 | weight cap | W50 | last round: expected items |")
-    print("|---|---|---|---|---|---|")
+    print("| data | epsilon | seed | rounds 1..R-1 | weight cap | W50 | last round: expected items |")
+    print("|---|---|---|---|---|---|---|")
     for c in (float(x) for x in args.caps.split(",")):
         cs = last_round_contributions(prm.replace(weight_cap=c))
         table, _ = T.calibrate_keep_table(prm.epsilon, prm.delta - d_thresholds, cs, gaussian_rdp=gaussian_rdp)
@@ -80,7 +81,8 @@ def main(argv=None):
             for item, x in zip(items, T.round_down(water_filled(w, c) if args.fill else w, cs)):
                 totals[item] = totals.get(item, 0.0) + float(x)
         kept = float(np.sum(table.keep_probability(np.array(list(totals.values())))))
-        print(f"| {args.data} | {args.seed} | {earlier} | {c:g} | {table.weight_for(0.5):.2f} | {kept:,.1f} |")
+        w50 = table.weight_for(0.5)
+        print(f"| {args.data} | {prm.epsilon:g} | {args.seed} | {earlier} | {c:g} | {w50:.2f} | {kept:,.1f} |")
     print(f"({time.time() - t0:.0f} s)")
 
 
