@@ -56,6 +56,10 @@ ACCOUNTINGS = ("basic", "gdp")  # the paper's budget split first, then ours
 MAD = dict(d_max=50, beta=2.0)
 #: the papers' Gaussian last rounds (the keep table is the default of mad2r, dp_sips and mad_sips since issue 30)
 GAUSSIAN = dict(threshold="gaussian")
+#: MAD-SIPS's settings with its default keep-table last round (and with it no adaptive cap)
+MAD_SIPS_TABLE = dict(
+    MAD, budget_split=(0.03, 0.07, 0.9), b_min=0.5, b_max=2.0, c_lb=1.0, c_ub=1.5, threshold="optimal", cap_quantile=1.0
+)
 CONFIGS = [
     ("basic", "basic", {}),
     ("mad", "mad", MAD),
@@ -79,37 +83,10 @@ CONFIGS = [
     ),
     ("dp_sips [0.1,0.9] threshold optimal", "dp_sips", dict(budget_split=(0.1, 0.9), threshold="optimal")),
     # MAD-SIPS's defaults since issue 30: the table, and with it no adaptive cap
-    (
-        "mad_sips [0.03,0.07,0.9] threshold optimal",
-        "mad_sips",
-        dict(
-            MAD,
-            budget_split=(0.03, 0.07, 0.9),
-            b_min=0.5,
-            b_max=2.0,
-            c_lb=1.0,
-            c_ub=1.5,
-            threshold="optimal",
-            cap_quantile=1.0,
-        ),
-    ),
+    ("mad_sips [0.03,0.07,0.9] threshold optimal", "mad_sips", MAD_SIPS_TABLE),
     # the same with a weight cap (docs/mad_sips.md, "Weight cap"): a user setting, chosen from the data's users
     # (about 1.5 / sqrt(median degree): IMDb's is 126), so it loses on Higgs (users of 1-3 items)
-    (
-        "mad_sips threshold optimal, weight_cap 0.25",
-        "mad_sips",
-        dict(
-            MAD,
-            budget_split=(0.03, 0.07, 0.9),
-            b_min=0.5,
-            b_max=2.0,
-            c_lb=1.0,
-            c_ub=1.5,
-            threshold="optimal",
-            cap_quantile=1.0,
-            weight_cap=0.25,
-        ),
-    ),
+    ("mad_sips threshold optimal, weight_cap 0.25", "mad_sips", dict(MAD_SIPS_TABLE, weight_cap=0.25)),
 ]
 
 #: file of each dataset in the shared data folder

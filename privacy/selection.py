@@ -137,6 +137,20 @@ class AlgorithmSpec:
         return self.shape == "sequential"
 
 
+#: the options MAD2R and MAD-SIPS share: MAD's, the biases' and the rounds' (MAD-SIPS adds its adaptive cap)
+_MAD_ROUNDS_OPTIONS = (
+    "d_max",
+    "beta",
+    "b_min",
+    "b_max",
+    "c_lb",
+    "c_ub",
+    "budget_split",
+    "accounting",
+    "threshold",
+    "weight_cap",
+)
+
 ALGORITHMS: Dict[str, AlgorithmSpec] = {
     spec.name: spec
     for spec in (
@@ -202,18 +216,7 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             "1/sqrt(t); min(b_max/sqrt(t), 1)",
             "MAD in two rounds; round 2 drops found and hopeless items and biases the rest",
             "MAD paper Alg. 4",
-            (
-                "d_max",
-                "beta",
-                "b_min",
-                "b_max",
-                "c_lb",
-                "c_ub",
-                "budget_split",
-                "accounting",
-                "threshold",
-                "weight_cap",
-            ),
+            _MAD_ROUNDS_OPTIONS,
             # round 2 as a keep table (docs/thresholding.md, Defaults): +12-20% items at epsilon 1
             defaults=(("threshold", "optimal"),),
         ),
@@ -238,20 +241,7 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             "rounds of MAD; found items removed, sets re-subsampled, hopeless items dropped and the rest "
             "biased from the previous round's noisy weights",
             "docs/mad_sips.md (MAD paper Alg. 3-4 + DP-SIPS)",
-            (
-                "d_max",
-                "beta",
-                "b_min",
-                "b_max",
-                "c_lb",
-                "c_ub",
-                "budget_split",
-                "accounting",
-                "cap_quantile",
-                "cap_budget",
-                "threshold",
-                "weight_cap",
-            ),
+            (*_MAD_ROUNDS_OPTIONS, "cap_quantile", "cap_budget"),
             defaults=(  # docs/mad_sips.md, Defaults
                 ("budget_split", (0.03, 0.07, 0.9)),
                 ("c_ub", 1.5),

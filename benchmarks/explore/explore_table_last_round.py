@@ -39,8 +39,10 @@ def rounded_down(w: np.ndarray) -> np.ndarray:
     return np.minimum(np.exp2(-k / GRID_STEPS), w)
 
 
-def last_round(user_sets, seed: int):
-    params = SelectionParams(1.0, 1e-5, max_contributions=100, cap_quantile=1.0)
+def rounds_to_last(user_sets, seed: int, epsilon: float = 1.0):
+    """MAD-SIPS's rounds 1..R-1 by the reference (delta 1e-5, Delta_0 100, cap fixed at Delta_0), then the last
+    round's sets: ``(params, plans, |U_<R|, capped sets, biases, MAD weights)``."""
+    params = SelectionParams(epsilon, 1e-5, max_contributions=100, cap_quantile=1.0)
     p = plan("mad_sips", params)
     prm, plans = p.params, p.rounds
     full = {u: R._unique(items) for u, items in user_sets.items()}
@@ -53,6 +55,11 @@ def last_round(user_sets, seed: int):
         prev = (rp, noisy)
     last = plans[-1]
     capped, biases, w_mad = R.mad_sips_round(full, released, prev, last, prm, seed, None, last.threshold)
+    return prm, plans, len(released), capped, biases, w_mad
+
+
+def last_round(user_sets, seed: int):
+    prm, plans, earlier, capped, biases, w_mad = rounds_to_last(user_sets, seed)
     items = list(w_mad)
     biased, rounded = {}, {}
     for its in capped.values():
@@ -61,7 +68,7 @@ def last_round(user_sets, seed: int):
             biased[i] = biased.get(i, 0.0) + float(x)
             rounded[i] = rounded.get(i, 0.0) + float(y)
     as_array = lambda d: np.array([d.get(i, 0.0) for i in items])  # noqa: E731
-    return plans, len(released), as_array(w_mad), as_array(biased), as_array(rounded)
+    return plans, earlier, as_array(w_mad), as_array(biased), as_array(rounded)
 
 
 def table_for_last_round(plans, delta: float = 1e-5):

@@ -17,12 +17,11 @@ import time
 
 import numpy as np
 
+from benchmarks.explore.explore_table_last_round import rounds_to_last
 from benchmarks.shared_data import read_user_sets, shared_data_path
 from dp_partition_beam.privacy import thresholding as T
-from dp_partition_beam.privacy.calibration import passes_threshold
-from dp_partition_beam.privacy.selection import SelectionParams, last_round_contributions, plan
+from dp_partition_beam.privacy.selection import last_round_contributions
 from dp_partition_beam.transforms.selection import mad_kernels as K
-from dp_partition_beam.transforms.selection import reference as R
 
 
 def water_filled(w: np.ndarray, c: float) -> np.ndarray:
@@ -38,24 +37,13 @@ def water_filled(w: np.ndarray, c: float) -> np.ndarray:
 
 def last_round_users(user_sets, seed: int, epsilon: float = 1.0):
     """(params, plans, |U_<R|, [(items, Algorithm 2 weights)] of the last round's users)."""
-    params = SelectionParams(epsilon, 1e-5, max_contributions=100, cap_quantile=1.0)
-    p = plan("mad_sips", params)
-    prm, plans = p.params, p.rounds
-    full = {u: R._unique(items) for u, items in user_sets.items()}
-    released, prev = set(), None
-    for k, rp in enumerate(plans[:-1]):
-        rho_drop = min(q.threshold for q in plans[k:])
-        _, _, w = R.mad_sips_round(full, released, prev, rp, prm, seed, None, rho_drop)
-        noisy = R.add_noise(w, rp.noise, rp.noise_scale, seed, rp.index, None)
-        released |= {i for i, x in noisy.items() if passes_threshold(x, rp.threshold)}
-        prev = (rp, noisy)
-    capped, biases, _ = R.mad_sips_round(full, released, prev, plans[-1], prm, seed, None, plans[-1].threshold)
+    prm, plans, earlier, capped, biases, _ = rounds_to_last(user_sets, seed, epsilon)
     users = [
         (its, K.user_weights(np.array([biases.get(i, 1.0) for i in its]), prm.b_min, prm.b_max))
         for its in capped.values()
         if len(its)
     ]
-    return prm, plans, len(released), users
+    return prm, plans, earlier, users
 
 
 def main(argv=None):
