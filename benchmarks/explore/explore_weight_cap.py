@@ -4,8 +4,8 @@ Runs MAD-SIPS's rounds 1..R-1 with the in-memory reference (``--epsilon``, defau
 cap fixed at Delta_0, one seed), then for each weight cap c computes the EXPECTED number of items the last round
 releases (exact sums of the table's keep probabilities over the round's totals, no sampling error): Algorithm 2's
 biased weights rounded down onto the grid 2^(-k/16) at or below c (``--fill``: the mass above c first
-water-filled onto the user's other items, still <= c; the library does not do this), and the table calibrated
-for that grid (``calibrate_keep_table``, composed in RDP with the earlier Gaussian rounds as the plan does).
+water-filled onto the user's other items, still <= c; the library does not do this), and the table of the
+plan with that cap (the one a run uses: calibrated for that grid, composed in RDP with the earlier rounds).
 
     .venv/bin/python -m benchmarks.explore.explore_weight_cap --data imdb --caps 1,0.5,0.25 [--epsilon 1] [--fill]
 """
@@ -20,7 +20,7 @@ import numpy as np
 from benchmarks.explore.explore_table_last_round import rounds_to_last
 from benchmarks.shared_data import read_user_sets, shared_data_path
 from dp_partition_beam.privacy import thresholding as T
-from dp_partition_beam.privacy.selection import last_round_contributions
+from dp_partition_beam.privacy.selection import plan
 from dp_partition_beam.transforms.selection import mad_kernels as K
 
 
@@ -56,14 +56,12 @@ def main(argv=None):
     args = ap.parse_args(argv)
     t0 = time.time()
     sets = read_user_sets(shared_data_path(f"{args.data}.user_words.tsv.gz"))
-    prm, plans, earlier, users = last_round_users(sets, args.seed, args.epsilon)
-    d_thresholds = sum(q.delta for q in plans[:-1]) / 2  # the earlier rounds' threshold events, as the plan
-    gaussian_rdp = sum(1 / (2 * q.noise_scale**2) for q in plans[:-1])
+    prm, _, earlier, users = last_round_users(sets, args.seed, args.epsilon)
     print("| data | epsilon | seed | rounds 1..R-1 | weight cap | W50 | last round: expected items |")
     print("|---|---|---|---|---|---|---|")
     for c in (float(x) for x in args.caps.split(",")):
-        cs = last_round_contributions(prm.replace(weight_cap=c))
-        table, _ = T.calibrate_keep_table(prm.epsilon, prm.delta - d_thresholds, cs, gaussian_rdp=gaussian_rdp)
+        table = plan("mad_sips", prm.replace(weight_cap=c)).rounds[-1].keep_table  # the run's own table for c
+        cs = table.contributions
         totals = {}
         for items, w in users:
             for item, x in zip(items, T.round_down(water_filled(w, c) if args.fill else w, cs)):
