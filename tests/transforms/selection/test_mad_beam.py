@@ -57,6 +57,7 @@ def test_mad2r_keep_table_equals_reference(release_counts, weight_cap):
     )
     result = reference.release(sets, "mad2r", params, seed=123)
     assert result.rounds[-1].noise == "keep_table" and result.per_round[2]
+    assert max(result.rounds[-1].keep_table.contributions) == pytest.approx(weight_cap, rel=0.05)  # C up to the cap
     if release_counts:
         got = collect(lambda p: p | beam.Create(pairs_of(sets)) | SelectPartitions("mad2r", params, seed=123))
         assert sorted(got) == sorted(str(kv) for kv in result.counts.items()) and result.counts
