@@ -204,7 +204,8 @@ def add_params_args(
 ) -> None:
     """One flag ``--<field>`` per field of the parameter dataclass ``params_cls`` (minus ``exclude``).
 
-    The help text is the field's ``metadata["help"]``, the choices its ``metadata["choices"]``; a field
+    The help text is the field's ``metadata["help"]``, the choices its ``metadata["choices"]``, the argparse
+    type its ``metadata["type"]`` if it has one (else from the type hint); a field
     without a default, or named in ``required`` (the privacy budget: no CLI default, whatever the
     dataclass's), is a required flag, a ``bool`` field a switch (that also takes ``=true|false``,
     for template launchers), a tuple field a comma-separated list. A ``required`` field that only some
@@ -224,6 +225,7 @@ def add_params_args(
         if "help" not in f.metadata:
             raise TypeError(f"{params_cls.__name__}.{f.name} has no metadata['help'] (the CLI flag needs it)")
         kind, is_list = _flag_kind(hints[f.name])
+        kind = f.metadata.get("type", kind)  # a field that takes a number or a word (weight_cap: 0.25 or auto)
         required = f.default is dataclasses.MISSING or f.name in budget
         help_text = f.metadata["help"]
         use = uses.get(f.name)

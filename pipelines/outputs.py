@@ -26,23 +26,34 @@ def params_report(params) -> Dict[str, Any]:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(params).items()}
 
 
-def plan_reports(plan) -> Dict[Optional[int], dict]:
-    """The plan's part of the report for each cap the run can choose (:meth:`SelectionPlan.as_report`): every
-    value of the adaptive cap's grid, or ``None`` without it. Computed before the run, so that the report step
-    holds these dicts and not the plan (a keep table is ~340 KB pickled, docs/columnar.md)."""
+def plan_reports(plan) -> Dict[Tuple[Optional[int], Optional[float]], dict]:
+    """The plan's part of the report for each (cap, weight cap) the run can choose (:meth:`SelectionPlan.as_report`):
+    every value of the adaptive cap's grid (else ``None``) with every candidate of ``weight_cap='auto'`` (else
+    ``None``). Computed before the run, so that the report step holds these dicts and not the plan (a keep table
+    is ~340 KB pickled, docs/columnar.md)."""
     caps = (None,) if plan.cap is None else tuple(plan.cap.grid)
-    return {cap: plan.as_report(cap) for cap in caps}
+    weight_caps = (None,) if plan.weight_caps is None else tuple(plan.weight_caps.candidates)
+    return {(cap, c): plan.as_report(cap, c) for cap in caps for c in weight_caps}
 
 
-def build_report(_, base: dict, reports: Dict[Optional[int], dict], round_counts: Dict[int, int], cap=None) -> str:
+def build_report(
+    _,
+    base: dict,
+    reports: Dict[Tuple[Optional[int], Optional[float]], dict],
+    round_counts: Dict[int, int],
+    cap=None,
+    weight_cap=None,
+) -> str:
     """The selection report: privacy parameters, per-round noise/threshold and released counts (DP outputs).
 
     ``reports`` is :func:`plan_reports` of the run's :class:`privacy.selection.SelectionPlan`: for ``cap``
-    (the chosen cap, a DP output, when the plan has an adaptive cap; else None) the rounds, the count
-    release's plan and the adaptive cap's. Nothing else about the data: exact input counts (e.g. skipped bad
-    records) go to the opt-in NON-PRIVATE ``--diagnostics`` file only.
+    and ``weight_cap`` (the choices of the noisy degree histogram, DP outputs, when the plan has an adaptive
+    cap or ``weight_cap='auto'``; else None) the rounds, the count release's plan and the histogram's. Nothing
+    else about the data: exact input counts (e.g. skipped bad records) go to the opt-in NON-PRIVATE
+    ``--diagnostics`` file only.
     """
-    report = {**base, **reports[None if cap is None else int(cap)]}
+    key = (None if cap is None else int(cap), None if weight_cap is None else float(weight_cap))
+    report = {**base, **reports[key]}
     rounds = []
     for r in report["rounds"]:
         r = dict(r)

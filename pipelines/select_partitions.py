@@ -141,13 +141,15 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: SelectionParams) -> Se
         "allowlist": args.allowlist,
     }
     # the rounds, the count release's plan and the adaptive cap come from select.plan (SelectionPlan.as_report,
-    # for the cap the run chose when the plan has one)
+    # for the cap and the weight cap the run chose when the plan has them)
     cap = None if select.cap is None else beam.pvalue.AsSingleton(select.cap)
+    weight_cap = None if select.weight_cap is None else beam.pvalue.AsSingleton(select.weight_cap)
     reports = outputs.plan_reports(select.plan)
     report = (
         pipeline
         | "ReportSeed" >> beam.Create([None])
-        | "BuildReport" >> beam.Map(outputs.build_report, base, reports, beam.pvalue.AsDict(round_counts), cap)
+        | "BuildReport"
+        >> beam.Map(outputs.build_report, base, reports, beam.pvalue.AsDict(round_counts), cap, weight_cap)
     )
     outputs.write_report(report, args, [written, diag])  # last: lists the shards it belongs to
     return select

@@ -289,6 +289,11 @@ def _adaptive_cap_on(values) -> bool:
     return values.accounting == "gdp" and q < 1.0
 
 
+def _histogram_used(values) -> bool:
+    """mad_sips computes the degree histogram: the adaptive cap (:func:`_adaptive_cap_on`) or weight_cap auto."""
+    return _adaptive_cap_on(values) or str(values.weight_cap).strip().lower() == AUTO_WEIGHT_CAP
+
+
 def _table_round_on(values) -> bool:
     """mad2r's and mad_sips's last round is a keep table: threshold 'optimal', or unset with gdp accounting
     (:func:`resolve_params`)."""
@@ -334,8 +339,8 @@ FIELD_USE = use_table(
         ),
         "cap_budget": (
             Condition(
-                "without the adaptive cap ({cap_quantile} below 1 with {accounting} gdp)",
-                _adaptive_cap_on,
+                "without the degree histogram ({cap_quantile} below 1 with {accounting} gdp, or {weight_cap} auto)",
+                _histogram_used,
                 (("accounting", "gdp"), ("cap_quantile", 0.98)),
             ),
         ),
@@ -365,6 +370,27 @@ def algorithm_spec(algorithm: str) -> AlgorithmSpec:
 # --------------------------------------------------------------------------------------------------
 # Parameters
 # --------------------------------------------------------------------------------------------------
+
+
+#: ``weight_cap='auto'``: chosen privately from the degree histogram (privacy/cap.py, choose_weight_cap)
+AUTO_WEIGHT_CAP = "auto"
+
+
+def check_weight_cap(value) -> Union[float, str]:
+    """``weight_cap``: a number in (0, 1] or 'auto' (:data:`AUTO_WEIGHT_CAP`)."""
+    if isinstance(value, str):
+        if value.strip().lower() == AUTO_WEIGHT_CAP:
+            return AUTO_WEIGHT_CAP
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"weight_cap must be a number in (0, 1] or 'auto', got {value!r}") from None
+    return check_range("weight_cap", value, 0.0, 1.0, lo_open=True)
+
+
+def weight_cap_value(text: str) -> Union[float, str]:
+    """The CLI's ``--weight_cap``: 'auto' or a number (validated by :func:`check_weight_cap`)."""
+    return check_weight_cap(text)
 
 
 def _field(default, help: str):
@@ -411,13 +437,18 @@ class SelectionParams:
         cap_plans.DEFAULT_CAP_BUDGET,
         "fraction of the selection's Gaussian budget (mu^2) spent on the adaptive cap's degree histogram, in (0, 0.5]",
     )
-    weight_cap: float = _field(
-        1.0,
-        "mad2r/mad_sips keep-table round: the largest weight one user gives one item (each biased weight is "
-        "rounded down onto the grid 2^(-k/16) at or below it), in (0, 1]; the table then only has to absorb steps "
-        "up to it and keeps an item with less weight (W50 18.2 at 1, 13.2 at 0.25; epsilon 1, Delta_0 100). It "
-        "pays where users hold many items: about 1.5 / sqrt(median user degree); on data of users with a few "
-        'items it loses (docs/mad_sips.md, "Weight cap"); 1 = no cap',
+    weight_cap: Union[float, str] = dataclasses.field(
+        default=1.0,
+        metadata={
+            "help": "mad2r/mad_sips keep-table round: the largest weight one user gives one item (each biased "
+            "weight is rounded down onto the grid 2^(-k/16) at or below it), in (0, 1]; the table then only has to "
+            "absorb steps up to it and keeps an item with less weight (W50 18.2 at 1, 13.2 at 0.25; epsilon 1, "
+            "Delta_0 100). It pays where users hold many items: about 1.5 / sqrt(median user degree); on data of "
+            'users with a few items it loses (docs/mad_sips.md, "Weight cap"); 1 = no cap; auto (mad_sips): '
+            "chosen from a noisy degree histogram (cap_budget of the selection's Gaussian budget) as 1.5 / "
+            "sqrt(its median) rounded up onto 1, 0.5, 0.354, 0.25, 0.177, 0.125",
+            "type": weight_cap_value,  # the CLI flag's argparse type
+        },
     )
     accounting: str = dataclasses.field(
         default="gdp",
@@ -485,7 +516,7 @@ class SelectionParams:
             budget_split=None if self.budget_split is None else check_fractions("budget_split", self.budget_split),
             cap_quantile=None if self.cap_quantile is None else cap_plans.check_cap_quantile(self.cap_quantile),
             cap_budget=cap_plans.check_cap_budget(self.cap_budget),
-            weight_cap=check_range("weight_cap", self.weight_cap, 0.0, 1.0, lo_open=True),
+            weight_cap=check_weight_cap(self.weight_cap),
             accounting=check_choice("accounting", self.accounting, ACCOUNTINGS),
             threshold=None if self.threshold is None else check_choice("threshold", self.threshold, THRESHOLDS),
             alpha=check_range("alpha", self.alpha, 0.0, math.inf),
@@ -707,9 +738,12 @@ def _biased_h_name(b_max: float) -> str:
     return "1/sqrt(t)" if b_max == 1.0 else f"min({b_max:g}/sqrt(t), 1)"
 
 
-def _gaussian_rounds(spec: AlgorithmSpec, params: SelectionParams, cap: Optional[int] = None) -> Tuple[RoundPlan, ...]:
+def _gaussian_rounds(
+    spec: AlgorithmSpec, params: SelectionParams, cap: Optional[int] = None, weight_cap: Optional[float] = None
+) -> Tuple[RoundPlan, ...]:
     """The calibrated rounds of a multi-round shape; with ``cap`` (adaptive cap, 'gdp' only) the thresholds
-    are those of ``cap`` novel items and the rounds share ``1 - cap_budget`` of the selection's mu^2."""
+    are those of ``cap`` novel items and the rounds share ``1 - cap_budget`` of the selection's mu^2.
+    ``weight_cap``: the keep-table round's cap (one candidate of ``weight_cap='auto'``; default the params')."""
     fractions = params.budget_split
     if spec.shape == "mad2r":
         if len(fractions) != 2:
@@ -723,7 +757,7 @@ def _gaussian_rounds(spec: AlgorithmSpec, params: SelectionParams, cap: Optional
         hs = [None] * len(fractions)
         hnames = ["1/sqrt(t)"] * len(fractions)
     if params.threshold == "optimal":  # dp_sips, mad2r, mad_sips (resolve_params): the last round is a keep table
-        return _table_last_round(spec, params, cap, hs, hnames)
+        return _table_last_round(spec, params, cap, hs, hnames, weight_cap)
     share = selection_share(spec, params)
     if cap is not None:  # adaptive cap (privacy/cap.py): the histogram takes cap_budget of mu_sel^2
         sigma_rounds, _ = adaptive_cap_sigmas(spec, params)
@@ -764,20 +798,33 @@ def _selection_budget(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[flo
     return (params.epsilon, params.delta) if share is None else (share.epsilon, share.delta_threshold)
 
 
-def last_round_contributions(params: SelectionParams) -> Tuple[float, ...]:
+def last_round_contributions(params: SelectionParams, weight_cap: Optional[float] = None) -> Tuple[float, ...]:
     """The contribution set C of MAD-SIPS's table round: the geometric grid 2^(-k/16) from 1 down to below
     the smallest user weight of Algorithm 2, ``b_min / sqrt(Delta_0)`` (Lemma 5.4; any cap <= Delta_0),
     one step lower for the float slack of that bound (docs/mad_sips.md, "The last round as a keep table").
 
     With ``weight_cap`` c below 1, only the values of the grid at or below c (the grid then reaches at least
     one step below c): :func:`thresholding.round_down` maps every heavier weight to the largest of them, so a
-    user's rounded weights stay <= c with their squares summing to at most 1 (docs/mad_sips.md, "Weight cap")."""
+    user's rounded weights stay <= c with their squares summing to at most 1 (docs/mad_sips.md, "Weight cap").
+    ``weight_cap`` overrides the params' (a candidate of 'auto', whose own table without a choice is c = 1)."""
+    cap = _fixed_weight_cap(params) if weight_cap is None else check_weight_cap(weight_cap)
     smallest = min(1.0, params.b_min) / math.sqrt(params.max_contributions) * (1.0 - 1e-9)
-    grid = thresholding.geometric_contributions(min(smallest, params.weight_cap))
-    return tuple(c for c in grid if c <= params.weight_cap)
+    grid = thresholding.geometric_contributions(min(smallest, cap))
+    return tuple(c for c in grid if c <= cap)
 
 
-def _table_last_round(spec, params, cap, hs, hnames) -> Tuple[RoundPlan, ...]:
+def _fixed_weight_cap(params: SelectionParams) -> float:
+    """The params' weight cap as a number: 1 for 'auto' (the rounds a run uses before its choice)."""
+    return 1.0 if params.weight_cap == AUTO_WEIGHT_CAP else params.weight_cap
+
+
+def histogram_on(params: SelectionParams) -> bool:
+    """MAD-SIPS spends ``cap_budget`` on a noisy degree histogram: for the adaptive cap (``cap_quantile`` < 1),
+    for ``weight_cap='auto'``, or both (one histogram; privacy/cap.py)."""
+    return params.cap_quantile < 1.0 or params.weight_cap == AUTO_WEIGHT_CAP
+
+
+def _table_last_round(spec, params, cap, hs, hnames, weight_cap=None) -> Tuple[RoundPlan, ...]:
     """MAD-SIPS, MAD2R or DP-SIPS with ``threshold='optimal'`` (docs/mad_sips.md, "The last round as a keep table").
 
     Rounds 1..R-1 are today's Gaussian rounds (the selection's GDP noise split by ``budget_split``, with
@@ -788,11 +835,12 @@ def _table_last_round(spec, params, cap, hs, hnames) -> Tuple[RoundPlan, ...]:
     alpha: every Gaussian mechanism costs alpha / (2 sigma^2), the table gets the rest of epsilon after the
     conversion, and delta is the earlier thresholds' sum(delta_r / 2) plus the table's mixture delta plus
     the conversion's delta. The table does not depend on the cap (C and sum c^2 <= 1 do not): one table
-    for every grid value."""
+    for every grid value. With ``weight_cap='auto'`` the histogram's noise is spent whatever the cap, and the
+    table is that of ``weight_cap`` (a candidate; c = 1 when None)."""
     eps, delta = _selection_budget(spec, params)  # with counts: the gdp share's thresholds' delta and noise
     share = selection_share(spec, params)
     d = params.max_contributions if cap is None else cap
-    if params.cap_quantile < 1.0:
+    if histogram_on(params):
         sigma_rounds, sigma_h = adaptive_cap_sigmas(spec, params)
     else:
         sigma_rounds, sigma_h = (None if share is None else share.sigma), None
@@ -803,7 +851,7 @@ def _table_last_round(spec, params, cap, hs, hnames) -> Tuple[RoundPlan, ...]:
     gaussian_rdp = math.fsum(1.0 / (2.0 * s * s) for s in sigmas)
     delta_thresholds = math.fsum(c.delta / 2.0 for c in cals)  # gaussian_threshold bounds each at delta_r / 2
     if spec.weighting == "mad":  # biased Basic weights rounded onto a geometric grid
-        contributions, weighting = last_round_contributions(params), "biased_basic"
+        contributions, weighting = last_round_contributions(params, weight_cap), "biased_basic"
     else:  # DP-SIPS: Basic's own weights
         contributions, weighting = thresholding.basic_contributions(params.max_contributions), spec.weighting
     table, delta_conversion = _table_with_counts(spec, params, contributions, gaussian_rdp, delta_thresholds)
@@ -886,10 +934,15 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
             f"threshold='optimal' with {algorithm} composes its rounds in RDP from the Gaussian plan of "
             "accounting='gdp' (docs/mad_sips.md); leave accounting unset"
         )
-    if params.weight_cap < 1.0 and not (params.threshold == "optimal" and spec.weighting == "mad"):
+    if params.weight_cap != 1.0 and not (params.threshold == "optimal" and spec.weighting == "mad"):
         raise ValueError(
-            f"weight_cap={params.weight_cap:g} caps the weights of the keep-table round of mad2r and mad_sips "
+            f"weight_cap={params.weight_cap!r} caps the weights of the keep-table round of mad2r and mad_sips "
             f"({algorithm} with threshold={params.threshold!r} has none); leave it at 1"
+        )
+    if params.weight_cap == AUTO_WEIGHT_CAP and spec.shape != "mad_sips":
+        raise ValueError(
+            f"weight_cap='auto' is chosen from mad_sips's noisy degree histogram ({algorithm} has none); give "
+            "a number in (0, 1] (about 1.5 / sqrt(median user degree), docs/tuning.md)"
         )
     if params.cap_quantile < 1.0:
         if spec.shape != "mad_sips":
@@ -946,6 +999,38 @@ def plan_cap(algorithm: str, params: SelectionParams) -> Optional[cap_plans.CapP
     return cap_plans.CapPlan(grid, sigma_h, params.cap_quantile, params.cap_budget, cap_plans.CAP_Z, rounds)
 
 
+def plan_weight_cap(algorithm: str, params: SelectionParams) -> Optional[cap_plans.WeightCapPlan]:
+    """``weight_cap='auto'``'s plan (privacy/cap.py): the histogram's grid and noise (shared with the adaptive
+    cap's when both are on) and MAD-SIPS's keep-table last round for every candidate cap; None otherwise.
+
+    Every candidate's table is built at ONE order alpha, RDP epsilon, mixture delta and grid, those the
+    calibration finds for the candidate ``WEIGHT_CAP_COMMON_ORDER_OF`` (1, no cap;
+    :func:`thresholding.keep_table_at`), with one conversion delta: whichever table the histogram picks, the
+    run composes at that order exactly as the plan says (docs/mad_sips.md, "Automatic weight cap"). Their W50
+    are within 3.8% of each table's at its own best order (epsilon 0.5-4, Delta_0 100). The last round does
+    not depend on the adaptive cap (:func:`_table_last_round`): one per candidate."""
+    spec = algorithm_spec(algorithm)
+    params = resolve_params(algorithm, params)
+    if params.weight_cap != AUTO_WEIGHT_CAP:
+        return None
+    grid = cap_plans.cap_grid(params.max_contributions)
+    _, sigma_h = adaptive_cap_sigmas(spec, params)
+    candidates = cap_plans.WEIGHT_CAP_CANDIDATES
+    common = _gaussian_rounds(spec, params, None, cap_plans.WEIGHT_CAP_COMMON_ORDER_OF)[-1]  # its calibration
+    last = []
+    for c in candidates:
+        table = thresholding.keep_table_at(common.keep_table, last_round_contributions(params, c))
+        eps_last, delta_last = thresholding.to_dp(table, common.delta_conversion)
+        last.append(
+            dataclasses.replace(
+                common, epsilon=eps_last, delta=delta_last, threshold=table.weight_for(0.5), keep_table=table
+            )
+        )
+    return cap_plans.WeightCapPlan(
+        grid, sigma_h, params.cap_budget, candidates, cap_plans.WEIGHT_CAP_FACTOR, tuple(last)
+    )
+
+
 def plan_counts(algorithm: str, params: SelectionParams) -> Optional[counts.CountPlan]:
     """The count release's plan (discrete Gaussian noise, error bound) or None without ``release_counts``."""
     share = selection_share(algorithm_spec(algorithm), resolve_params(algorithm, params))
@@ -968,9 +1053,11 @@ class SelectionPlan:
     Attributes:
       spec: the registry row (:class:`AlgorithmSpec`); ``algorithm`` and ``shape`` are its name and shape.
       params: the :class:`SelectionParams` resolved for the algorithm (:func:`resolve_params`).
-      rounds: the calibrated :class:`RoundPlan` of each round (with the adaptive cap: those of Delta_0).
+      rounds: the calibrated :class:`RoundPlan` of each round (with the adaptive cap: those of Delta_0; with
+        ``weight_cap='auto'`` the last one is c = 1's).
       counts: the count release's :class:`privacy.counts.CountPlan`, or None without ``release_counts``.
       cap: the adaptive cap's :class:`privacy.cap.CapPlan` (mad_sips, ``cap_quantile < 1``), or None.
+      weight_caps: ``weight_cap='auto'``'s :class:`privacy.cap.WeightCapPlan` (mad_sips), or None.
     """
 
     spec: AlgorithmSpec
@@ -978,6 +1065,7 @@ class SelectionPlan:
     rounds: Tuple[RoundPlan, ...]
     counts: Optional[counts.CountPlan]
     cap: Optional[cap_plans.CapPlan]
+    weight_caps: Optional[cap_plans.WeightCapPlan] = None
 
     @property
     def algorithm(self) -> str:
@@ -987,14 +1075,19 @@ class SelectionPlan:
     def shape(self) -> str:
         return self.spec.shape
 
-    def rounds_for(self, cap: Optional[int] = None) -> Tuple[RoundPlan, ...]:
-        """The rounds a run uses: those of the cap it chose (adaptive cap), else :attr:`rounds`."""
-        return self.rounds if self.cap is None else self.cap.rounds_for(cap)
+    def rounds_for(self, cap: Optional[int] = None, weight_cap: Optional[float] = None) -> Tuple[RoundPlan, ...]:
+        """The rounds a run uses: those of the cap it chose (adaptive cap), else :attr:`rounds`; with
+        ``weight_cap='auto'``, the last round of the weight cap it chose (:attr:`rounds` end with c = 1's)."""
+        rounds = self.rounds if self.cap is None else self.cap.rounds_for(cap)
+        if self.weight_caps is None or weight_cap is None:
+            return rounds
+        return tuple(rounds[:-1]) + (self.weight_caps.last_round(weight_cap),)
 
-    def as_report(self, cap: Optional[int] = None) -> dict:
-        """The plan's part of the run report: ``rounds`` (of the run's ``cap`` with the adaptive cap, a DP
-        output then), ``counts`` (with ``min_users``) and ``adaptive_cap``/``cap`` when they apply."""
-        report = {"rounds": [r.as_report() for r in self.rounds_for(cap)]}
+    def as_report(self, cap: Optional[int] = None, weight_cap: Optional[float] = None) -> dict:
+        """The plan's part of the run report: ``rounds`` (of the run's ``cap`` with the adaptive cap and of its
+        ``weight_cap`` with 'auto', DP outputs then), ``counts`` (with ``min_users``), ``adaptive_cap``/``cap``
+        and ``auto_weight_cap``/``chosen_weight_cap`` when they apply."""
+        report = {"rounds": [r.as_report() for r in self.rounds_for(cap, weight_cap)]}
         if self.counts is not None:
             # the per-round "released" numbers the report adds are the items kept by min_users
             report["counts"] = dict(
@@ -1003,6 +1096,9 @@ class SelectionPlan:
         if self.cap is not None:
             report["adaptive_cap"] = self.cap.as_report()
             report["cap"] = int(cap)
+        if self.weight_caps is not None:
+            report["auto_weight_cap"] = self.weight_caps.as_report()
+            report["chosen_weight_cap"] = float(weight_cap)
         return report
 
 
@@ -1013,6 +1109,7 @@ def plan(algorithm: str, params: SelectionParams) -> SelectionPlan:
     if not isinstance(params, SelectionParams):
         raise TypeError(f"params must be a SelectionParams, got {type(params).__name__}")
     params = resolve_params(spec.name, params)
-    return SelectionPlan(
-        spec, params, plan_rounds(spec.name, params), plan_counts(spec.name, params), plan_cap(spec.name, params)
-    )
+    rounds, weight_caps = plan_rounds(spec.name, params), plan_weight_cap(spec.name, params)
+    if weight_caps is not None:  # until the histogram chooses: the rounds of c = 1 (at the common order)
+        rounds = tuple(rounds[:-1]) + (weight_caps.last_round(1.0),)
+    return SelectionPlan(spec, params, rounds, plan_counts(spec.name, params), plan_cap(spec.name, params), weight_caps)

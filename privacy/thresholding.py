@@ -58,6 +58,7 @@ __all__ = [
     "table_violations",
     "rdp_to_dp_epsilon",
     "calibrate_keep_table",
+    "keep_table_at",
     "to_dp",
     "basic_contributions",
     "GRID_STEPS_PER_OCTAVE",
@@ -554,6 +555,25 @@ def calibrate_keep_table(
             "use threshold='gaussian'"
         )
     return table, budget.delta * (1.0 - f)
+
+
+def keep_table_at(table: KeepTable, contributions: Sequence[float]) -> KeepTable:
+    """The table for ``contributions`` at ``table``'s order alpha, RDP epsilon, mixture delta and grid: the same
+    per-release guarantee (``to_dp`` with the same conversion delta), so that a run may pick one of several
+    such tables from a DP output and still compose at one order (MAD-SIPS's ``weight_cap='auto'``,
+    docs/mad_sips.md). Cached per arguments like :func:`calibrate_keep_table`; an error if it does not reach 1."""
+    out = _keep_table_at(table.alpha, table.epsilon_rdp, table.delta_rdp, tuple(contributions), table.grid_bits)
+    if not out.complete:
+        raise ValueError(
+            f"the keep table at alpha {table.alpha:g} does not reach probability 1 within {len(out.probs)} entries "
+            f"for the contributions up to {max(contributions):g}"
+        )
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _keep_table_at(alpha, epsilon_rdp, delta_rdp, contributions, grid_bits) -> KeepTable:
+    return keep_table(alpha, epsilon_rdp, delta_rdp, contributions, grid_bits, _MAX_FINAL_ENTRIES)
 
 
 def min_grid_bits(contributions: Sequence[float]) -> int:

@@ -35,6 +35,7 @@ RUNS = {
     "mad_sips/tip": 4000,
     "mad_sips/cap_tip": 2000,  # one copy per call
     "mad_sips/weight_cap_tip": 4000,
+    "mad_sips/weight_cap_auto_tip": 2000,  # one copy per call (the histogram is the call's)
     "mad/tip": 6000,
     "dp_sips/tip": 5000,
     "dpne/tip": 4000,

@@ -265,14 +265,14 @@ UNUSED = [
     (
         "select_partitions",
         {"--algorithm": "mad_sips", "--accounting": "basic", "--cap_budget": "0.02"},
-        "--cap_budget is not used by --algorithm mad_sips without the adaptive cap (--cap_quantile below 1 with "
-        "--accounting gdp)",
+        "--cap_budget is not used by --algorithm mad_sips without the degree histogram (--cap_quantile below 1 "
+        "with --accounting gdp, or --weight_cap auto)",
     ),
     (
         "select_partitions",
         {"--algorithm": "mad_sips", "--cap_quantile": "1", "--cap_budget": "0.02"},
-        "--cap_budget is not used by --algorithm mad_sips without the adaptive cap (--cap_quantile below 1 with "
-        "--accounting gdp)",
+        "--cap_budget is not used by --algorithm mad_sips without the degree histogram (--cap_quantile below 1 "
+        "with --accounting gdp, or --weight_cap auto)",
     ),
     (
         "select_partitions",

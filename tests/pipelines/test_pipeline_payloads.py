@@ -57,10 +57,12 @@ def test_only_the_last_rounds_steps_carry_the_keep_table(tmp_path, algorithm, fl
 
 def test_the_report_steps_plans_are_the_plans_reports():
     params = selection.SelectionParams(epsilon=1.0, delta=1e-5, max_contributions=100)
-    for algorithm in ("mad_sips", "basic"):
-        plan = selection.plan(algorithm, params)
+    auto = params.replace(weight_cap="auto")  # one report per weight cap it can choose
+    for algorithm, p in (("mad_sips", params), ("basic", params), ("mad_sips", auto)):
+        plan = selection.plan(algorithm, p)
         reports = outputs.plan_reports(plan)
         caps = [None] if plan.cap is None else list(plan.cap.grid)
-        assert list(reports) == caps
-        assert all(reports[c] == plan.as_report(c) for c in caps)
+        weight_caps = [None] if plan.weight_caps is None else list(plan.weight_caps.candidates)
+        assert list(reports) == [(c, w) for c in caps for w in weight_caps]
+        assert all(reports[c, w] == plan.as_report(c, w) for c in caps for w in weight_caps)
         assert len(pickle.dumps(reports)) < 50_000  # a few numbers per cap and round, not the keep table

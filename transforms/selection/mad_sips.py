@@ -5,10 +5,12 @@ Built from the shared engine (:mod:`transforms.core.engine`: ShardedUsers, barri
 count release's holders, and the kernels of :mod:`transforms.selection.mad_sips_kernels`. With the adaptive
 cap (privacy/cap.py), first:
 
-  Cap         Delta (one int, materialised)                    per piece n_j of the users' degree
-                                                                buckets, summed, noise sigma_H per
-                                                                bucket, privacy.cap.choose_cap; a
-                                                                singleton side input of every round
+  Cap         Delta (one int) and/or c (one float),            per piece n_j of the users' degree
+              materialised                                     buckets, summed, noise sigma_H per
+                                                                bucket, privacy.cap.choose_cap (Delta: a
+                                                                side input of every round) and with
+                                                                weight_cap 'auto' choose_weight_cap (c:
+                                                                of round R-1's status and round R)
 
 Stages of round r (shapes after each step; plans of the run's cap, Delta_0 without the adaptive cap):
 
@@ -87,7 +89,7 @@ from dp_partition_beam.transforms.selection.mad_sips_kernels import (
     attach_biases_or_one,
     degree_histogram_of,
     drop_doomed,
-    noisy_cap,
+    noisy_histogram,
 )
 
 __all__ = ["_MADSIPS"]
@@ -185,15 +187,17 @@ class RoundStatusFn(WorkerRngDoFn):
     the others go to round r + 1 with their bias (Alg. 4 lines 10, 14 with rho_{r+1} and sigma_r), marked
     hopeless (lines 11-13) when below ``rho_drop``, the least threshold of rounds r+1..R (bias 1 then).
     Items outside round r's union carry weight 0: their noisy weight is the extended vector's pure-noise
-    entry. The plans are those of the run's cap (``plans_by_cap[cap]``; ``cap`` a side input or Delta_0).
+    entry. The plans are those of the run's cap (``plans_by_cap[cap]``; ``cap`` a side input or Delta_0) and,
+    with ``weight_cap='auto'``, of its weight cap (:func:`run_plans`: rho_R is the chosen table's W50).
     """
 
-    def __init__(self, plans_by_cap, round_, params, seed):
+    def __init__(self, plans_by_cap, round_, params, seed, last_by_weight_cap=None):
         super().__init__(seed)
         self._by_cap, self._round, self._params = plans_by_cap, round_, params
+        self._by_weight_cap = last_by_weight_cap
 
-    def process(self, element, cap):
-        plans = self._by_cap[int(cap)]
+    def process(self, element, cap, weight_cap=None):
+        plans = run_plans(self._by_cap, cap, self._by_weight_cap, weight_cap)
         p, q = plans[self._round - 1], plans[self._round]
         shard, partials = element
         w = merge_partials(unpacked(partials))
@@ -213,14 +217,26 @@ class RoundStatusFn(WorkerRngDoFn):
 
 
 class LastRoundThresholdFn(NoisyThresholdFn):
-    """:class:`NoisyThresholdFn` of round R with the plan of the run's cap (a side input or Delta_0)."""
+    """:class:`NoisyThresholdFn` of round R with the plan of the run's cap (a side input or Delta_0); with
+    ``weight_cap='auto'`` (``last_by_weight_cap``, {weight cap: RoundPlan}) the plan of the run's weight cap
+    (a second side input)."""
 
-    def __init__(self, plans_by_cap, round_, seed):
+    def __init__(self, plans_by_cap, round_, seed, last_by_weight_cap=None):
         super().__init__(None, seed, with_holders=False)
-        self._by_cap, self._round = plans_by_cap, round_
+        self._by_cap, self._round, self._by_weight_cap = plans_by_cap, round_, last_by_weight_cap
 
-    def process(self, element, cap):
-        yield from self.release(element, self._by_cap[int(cap)][self._round - 1])
+    def process(self, element, cap, weight_cap=None):
+        yield from self.release(element, run_plans(self._by_cap, cap, self._by_weight_cap, weight_cap)[self._round - 1])
+
+
+def run_plans(plans_by_cap, cap, last_by_weight_cap=None, weight_cap=None) -> tuple:
+    """The rounds of the run: those of its cap (``plans_by_cap[cap]``), the last one replaced by the chosen
+    weight cap's with ``weight_cap='auto'`` (``last_by_weight_cap[weight_cap]``; as
+    ``SelectionPlan.rounds_for``)."""
+    plans = tuple(plans_by_cap[int(cap)])
+    if weight_cap is None:
+        return plans
+    return plans[:-1] + (last_by_weight_cap[float(weight_cap)],)
 
 
 def without_keep_tables(plans_by_cap):
@@ -275,35 +291,60 @@ class SumHistogramsFn(beam.CombineFn):
 
 
 class ChooseCapFn(WorkerRngDoFn):
-    """histogram -> (0, cap): noise sigma_H per bucket (key (seed, 'cap', 0, j)), then privacy.cap.choose_cap."""
+    """histogram -> (0, cap), or with ``weight_plan`` (0, (cap, weight cap)): noise sigma_H per bucket (key
+    (seed, 'cap', 0, j)), then privacy.cap.choose_cap and/or privacy.cap.choose_weight_cap on the one noisy
+    histogram (None for a choice whose plan is None; the plans without their rounds: the choices read the grid
+    and the noise only). Without the weight cap the output is the adaptive cap's of before, so is its graph."""
 
-    def __init__(self, plan, seed):
+    def __init__(self, cap_plan, weight_plan, seed):
         super().__init__(seed)
-        self._plan = plan
+        self._cap_plan = None if cap_plan is None else dataclasses.replace(cap_plan, rounds=())
+        self._weight_plan = None if weight_plan is None else dataclasses.replace(weight_plan, last_rounds=())
 
     def process(self, histogram):
-        yield 0, noisy_cap(histogram, self._plan, self._seed, self._rng)
+        hist = self._cap_plan or self._weight_plan
+        noisy = noisy_histogram(histogram, hist.noise_scale, self._seed, self._rng)
+        cap = None if self._cap_plan is None else cap_plans.choose_cap(noisy, self._cap_plan)
+        weight_cap = None if self._weight_plan is None else cap_plans.choose_weight_cap(noisy, self._weight_plan)
+        yield 0, (cap if self._weight_plan is None else (cap, weight_cap))
 
 
-class _AdaptiveCap(beam.PTransform):
-    """(user shard, Table(user, item)) full distinct sets -> the chosen cap (one int; privacy/cap.py)."""
+class _HistogramCaps(beam.PTransform):
+    """(user shard, Table(user, item)) full distinct sets -> (the adaptive cap, the weight cap): one noisy degree
+    histogram (materialised: one draw whatever retries) and the choices from it (privacy/cap.py:
+    post-processing); each a singleton PCollection, or None when its plan is None (``cap_plan``: the adaptive
+    cap's, ``weight_plan``: ``weight_cap='auto'``'s; the same grid and noise when both are on)."""
 
-    def __init__(self, plan, seed, label=None):
+    def __init__(self, cap_plan, weight_plan, seed, label=None):
         super().__init__(label)
-        self._plan, self._seed = plan, seed
+        self._cap_plan, self._weight_plan, self._seed = cap_plan, weight_plan, seed
 
     def expand(self, sharded):
-        grid = self._plan.grid
-        return (
+        grid = (self._cap_plan or self._weight_plan).grid
+        chosen = (
             checkpoint(
                 per_user_step(sharded, "Histograms", DegreeHistogramFn(grid), tables=False)  # n_j of one piece or user
                 | "SumHistograms" >> beam.CombineGlobally(SumHistogramsFn(len(grid)))  # n_j
-                | "ChooseCap" >> beam.ParDo(ChooseCapFn(dataclasses.replace(self._plan, rounds=()), self._seed)),
-                # (0, cap); the plan without its rounds (choose_cap reads the grid and the noise only)
+                | "ChooseCap" >> beam.ParDo(ChooseCapFn(self._cap_plan, self._weight_plan, self._seed)),
+                # (0, cap) or (0, (cap, weight cap))
                 "CheckpointCap",
             )
             | "CapValue" >> beam.Values()
-        )  # cap, materialised: one draw whatever retries
+        )  # cap (Delta, one int), or with the weight cap (cap, c)
+        if self._weight_plan is None:
+            return chosen, None
+        cap = None if self._cap_plan is None else chosen | "ChosenCap" >> beam.Map(chosen_cap)  # Delta
+        return cap, chosen | "ChosenWeightCap" >> beam.Map(chosen_weight_cap)  # c, one float
+
+
+def chosen_cap(pair) -> int:
+    """(cap, weight cap) -> the adaptive cap."""
+    return pair[0]
+
+
+def chosen_weight_cap(pair) -> float:
+    """(cap, weight cap) -> the weight cap."""
+    return pair[1]
 
 
 def hopeful_table(element):
@@ -335,9 +376,11 @@ class _MADSIPS(beam.PTransform):
     rho_r. Counts (optional) count holders in one round-0 subsample of the full sets (as DP-SIPS).
 
     With ``plan.cap`` (:class:`privacy.cap.CapPlan`, the adaptive cap) a noisy degree histogram of the
-    full sets first picks the cap Delta of every round (:class:`_AdaptiveCap`); the rounds re-subsample to
-    Delta and use ``plan.cap.rounds_for(Delta)``. After ``expand``, :attr:`cap` is that singleton
-    PCollection (None without the adaptive cap).
+    full sets first picks the cap Delta of every round (:class:`_NoisyDegreeHistogram`, then
+    ``privacy.cap.choose_cap``); the rounds re-subsample to Delta and use ``plan.cap.rounds_for(Delta)``.
+    With ``plan.weight_caps`` (``weight_cap='auto'``) the same histogram picks the keep-table round's weight
+    cap c (``privacy.cap.choose_weight_cap``), and that round uses c's table. After ``expand``, :attr:`cap`
+    and :attr:`weight_cap` are those singleton PCollections (None when their plan is).
     """
 
     def __init__(self, plan, seed, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):
@@ -345,7 +388,8 @@ class _MADSIPS(beam.PTransform):
         # plan: the run's privacy.selection.SelectionPlan; plan.cap is the adaptive cap's plan or None
         self._plans, self._params, self._seed = plan.rounds, plan.params, seed
         self._counts_plan, self._rows_per_shard, self._cap_plan = plan.counts, rows_per_shard, plan.cap
-        self.cap = None
+        self._weight_plan = plan.weight_caps
+        self.cap = self.weight_cap = None
 
     def expand(self, batches):
         p = self._params
@@ -354,21 +398,29 @@ class _MADSIPS(beam.PTransform):
         full, num_shards = batches | "Users" >> ShardedUsers(seed_arg, None, self._rows_per_shard)
         # (user shard, Table(user, item)) all distinct rows
         shards_si = beam.pvalue.AsSingleton(num_shards)
-        adaptive = self._cap_plan is not None
+        adaptive, auto = self._cap_plan is not None, self._weight_plan is not None
+        if adaptive or auto:  # one histogram for both choices
+            self.cap, self.weight_cap = full | "Cap" >> _HistogramCaps(self._cap_plan, self._weight_plan, self._seed)
+            # Delta (one int) or None, c (one float) or None
         if adaptive:
-            self.cap = full | "Cap" >> _AdaptiveCap(self._cap_plan, self._seed)  # Delta, one int
             cap_arg = beam.pvalue.AsSingleton(self.cap)
             by_cap = dict(zip(self._cap_plan.grid, self._cap_plan.rounds))
         else:
             cap_arg, by_cap = k, {k: tuple(self._plans)}
         plans = by_cap[max(by_cap)]  # the rounds' count and indices (the same for every cap)
         light = without_keep_tables(by_cap)  # for the steps before the last round's threshold
+        last_by_c, last_light, choice = None, None, ()
+        if auto:  # the last round of each candidate weight cap, with and without its table; the run's choice
+            last_by_c = dict(zip(self._weight_plan.candidates, self._weight_plan.last_rounds))
+            last_light = {c: q.without_keep_table() for c, q in last_by_c.items()}
+            choice = (beam.pvalue.AsSingleton(self.weight_cap),)
         # rounds that read side inputs computed from `full` itself (U_<r, biases, the cap) must not fuse into
         # its stage, nor round 1 (the cap's reader) into the stage of the later rounds (U_1's readers): without
         # these barriers the in-memory runner stops with "watermark-pending bundles did not execute". Their
         # outputs stay packed: several stages read each (the round's sets and candidates, every later round)
         # and a runner keeps such a PCollection whole; the reading DoFns unpack them (table_of)
-        first = barrier(full, "FirstRound", packed=True) if adaptive else None  # (user shard, Packed(user, item))
+        # (with weight_cap 'auto', round R - 1's status reads the weight cap: round 1's when R <= 2)
+        first = barrier(full, "FirstRound", packed=True) if adaptive or auto else None
         later = barrier(full, "LaterRounds", packed=True) if len(plans) > 1 else None  # (user shard, Packed)
         outputs, released_so_far, biases = [], None, None
         last = len(plans)
@@ -393,12 +445,17 @@ class _MADSIPS(beam.PTransform):
             )  # (user shard, Packed(user, item, degree[, bias])); candidates (item shard, Packed zero partials)
             b_min, b_max = (1.0, 1.0) if r == 1 else (p.b_min, p.b_max)
             if plan.keep_table is not None:  # the last round with threshold 'optimal' (the same table every cap)
+                if auto:  # the table of the chosen weight cap c (a side input)
+                    tables = {c: q.keep_table for c, q in last_by_c.items()}
+                    threshold_fn = (light, r, self._seed, last_by_c)
+                else:
+                    tables, threshold_fn = plan.keep_table, (by_cap, r, self._seed)
                 released_r = (
                     sets
-                    | f"TablePartials{r}" >> beam.ParDo(TableRoundPartialsFn(b_min, b_max, plan.keep_table), shards_si)
+                    | f"TablePartials{r}" >> beam.ParDo(TableRoundPartialsFn(b_min, b_max, tables), shards_si, *choice)
                     # (item shard, Packed(item, hi, mid, lo, holders)) of biased Basic weights rounded onto C
                     | f"GroupTableParts{r}" >> beam.GroupByKey()  # (item shard, [Packed partials])
-                    | f"KeepTable{r}" >> beam.ParDo(LastRoundThresholdFn(by_cap, r, self._seed), cap_arg)
+                    | f"KeepTable{r}" >> beam.ParDo(LastRoundThresholdFn(*threshold_fn), cap_arg, *choice)
                 )  # (r, item bytes)
                 outputs.append(released_r)
                 continue
@@ -417,7 +474,7 @@ class _MADSIPS(beam.PTransform):
                     (weights | f"Parts{r}" >> beam.FlatMapTuple(each_partial), candidates)
                     | f"AllParts{r}" >> beam.Flatten()  # (item shard, Packed partials)
                     | f"GroupParts{r}" >> beam.GroupByKey()  # (item shard, [Packed partials])
-                    | f"Status{r}" >> beam.ParDo(RoundStatusFn(light, r, p, self._seed), cap_arg),
+                    | f"Status{r}" >> beam.ParDo(RoundStatusFn(light, r, p, self._seed, last_light), cap_arg, *choice),
                     f"Checkpoint{r}",
                 )  # (item shard, Table(item, released, bias)), materialised: one draw per item
                 released_r = status | f"ReleasedRows{r}" >> beam.FlatMap(released_rows(r))  # (r, item bytes)

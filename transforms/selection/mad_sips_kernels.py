@@ -63,10 +63,14 @@ def degree_histogram_of(table: pa.Table, grid) -> np.ndarray:
     return cap_plans.degree_histogram(degrees[degrees > 0], grid)
 
 
-def noisy_cap(histogram: np.ndarray, plan: "cap_plans.CapPlan", seed: Optional[int], rng) -> int:
-    """The chosen cap: ``n_j + sigma_H Z_j`` (Z_j keyed by (seed, 'cap', 0, j), or from ``rng``), then
-    :func:`privacy.cap.choose_cap`."""
-    keys = list(range(len(plan.grid)))
+def noisy_histogram(histogram: np.ndarray, noise_scale: float, seed: Optional[int], rng) -> np.ndarray:
+    """``n_j + sigma_H Z_j`` (Z_j keyed by (seed, 'cap', 0, j), or from ``rng``): the noisy degree histogram
+    from which the adaptive cap and ``weight_cap='auto'`` choose (privacy/cap.py)."""
+    keys = list(range(len(histogram)))
     z = randomness.standard_noise("gaussian", keys, CAP_NOISE, 0, seed, rng)
-    noisy = np.asarray(histogram, dtype=np.float64) + plan.noise_scale * z
-    return cap_plans.choose_cap(noisy, plan)
+    return np.asarray(histogram, dtype=np.float64) + noise_scale * z
+
+
+def noisy_cap(histogram: np.ndarray, plan: "cap_plans.CapPlan", seed: Optional[int], rng) -> int:
+    """The chosen cap: :func:`noisy_histogram`, then :func:`privacy.cap.choose_cap`."""
+    return cap_plans.choose_cap(noisy_histogram(histogram, plan.noise_scale, seed, rng), plan)

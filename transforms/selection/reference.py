@@ -19,7 +19,7 @@ from typing import Dict, Hashable, Iterable, List, Mapping, Optional, Set, Tuple
 import numpy as np
 
 from dp_partition_beam.privacy.calibration import passes_threshold
-from dp_partition_beam.privacy.cap import CapPlan, choose_cap, degree_histogram
+from dp_partition_beam.privacy.cap import CapPlan, choose_cap, choose_weight_cap, degree_histogram
 from dp_partition_beam.privacy.counts import CountPlan
 from dp_partition_beam.privacy.selection import RoundPlan, SelectionParams
 from dp_partition_beam.privacy.selection import plan as selection_plan
@@ -220,17 +220,34 @@ def drop_hopeless(items, biases):
     return kept if kept else list(items)
 
 
-def adaptive_cap(user_sets: UserSets, plan: CapPlan, seed=None, rng=None) -> int:
-    """MAD-SIPS's adaptive cap (privacy/cap.py): the noisy degree histogram of the distinct sets, then
-    :func:`privacy.cap.choose_cap`. Bucket j's noise is ``sigma_H Z_j``, Z_j keyed by (seed, 'cap', 0, j)
-    (drawn here, not by the columnar kernel, so the Beam equality tests check the keys too)."""
+def noisy_degree_histogram(user_sets: UserSets, grid, noise_scale: float, seed=None, rng=None) -> List[float]:
+    """MAD-SIPS's noisy degree histogram (privacy/cap.py): ``n_j + sigma_H Z_j`` over the distinct sets, Z_j
+    keyed by (seed, 'cap', 0, j) (drawn here, not by the columnar kernel, so the Beam equality tests check the
+    keys too). One draw serves the adaptive cap and ``weight_cap='auto'``."""
     degrees = np.array([len(_unique(items)) for items in user_sets.values()], dtype=np.int64)
-    histogram = degree_histogram(degrees[degrees > 0], plan.grid)
+    histogram = degree_histogram(degrees[degrees > 0], grid)
     if seed is None and rng is None:
         rng = randomness.worker_rng()
-    buckets = list(range(len(plan.grid)))
+    buckets = list(range(len(grid)))
     z = randomness.standard_noise("gaussian", buckets, "cap", 0, seed, rng)
-    return choose_cap([float(n) + plan.noise_scale * float(zj) for n, zj in zip(histogram, z)], plan)
+    return [float(n) + noise_scale * float(zj) for n, zj in zip(histogram, z)]
+
+
+def adaptive_cap(user_sets: UserSets, plan: CapPlan, seed=None, rng=None) -> int:
+    """MAD-SIPS's adaptive cap: :func:`noisy_degree_histogram`, then :func:`privacy.cap.choose_cap`."""
+    return choose_cap(noisy_degree_histogram(user_sets, plan.grid, plan.noise_scale, seed, rng), plan)
+
+
+def histogram_choices(user_sets: UserSets, run_plan, seed=None, rng=None) -> Tuple[Optional[int], Optional[float]]:
+    """(the adaptive cap, the weight cap) MAD-SIPS chose from one noisy degree histogram; each None when its
+    plan is (``run_plan.cap``, ``run_plan.weight_caps``); no draw when both are."""
+    hist_plan = run_plan.cap or run_plan.weight_caps
+    if hist_plan is None:
+        return None, None
+    noisy = noisy_degree_histogram(user_sets, hist_plan.grid, hist_plan.noise_scale, seed, rng)
+    cap = None if run_plan.cap is None else choose_cap(noisy, run_plan.cap)
+    weight_cap = None if run_plan.weight_caps is None else choose_weight_cap(noisy, run_plan.weight_caps)
+    return cap, weight_cap
 
 
 def mad_sips_round(full_sets, released, prev, plan, params, seed=None, rng=None, rho_drop=None, cap=None):
@@ -313,6 +330,7 @@ class SelectionResult:
       per_round: ``{round: set of items released in that round}`` (before the ``min_users`` floor).
       counts: ``{item: noisy count}`` of the released items kept by the floor, or None without counts.
       cap: the adaptive cap MAD-SIPS chose (privacy/cap.py), or None when every round caps at Delta_0.
+      weight_cap: the weight cap MAD-SIPS chose with ``weight_cap='auto'``, or None.
     """
 
     rounds: Tuple[RoundPlan, ...]
@@ -320,6 +338,7 @@ class SelectionResult:
     per_round: Dict[int, Set[Hashable]]
     counts: Optional[Dict[Hashable, int]]
     cap: Optional[int] = None
+    weight_cap: Optional[float] = None
 
     @property
     def items(self) -> Set[Hashable]:
@@ -356,9 +375,10 @@ def release(
     randomness.warn_if_seeded(seed)
     rng = None if seed is not None else randomness.worker_rng()
     user_sets = restrict_to_allowlist(user_sets, allowlist)
-    # with an adaptive cap plan (MAD-SIPS), a noisy degree histogram picks the cap, hence the rounds' plans
-    cap = None if run_plan.cap is None else adaptive_cap(user_sets, run_plan.cap, seed, rng)
-    plans = run_plan.rounds_for(cap)
+    # with an adaptive cap or weight_cap='auto' (MAD-SIPS), a noisy degree histogram picks the cap and the
+    # weight cap, hence the rounds' plans
+    cap, weight_cap = histogram_choices(user_sets, run_plan, seed, rng)
+    plans = run_plan.rounds_for(cap, weight_cap)
     per_round, capped = _RUNNERS[run_plan.shape](user_sets, run_plan.spec, params, plans, seed, rng, cap)
     counts = None
     if count_plan is not None:
@@ -366,7 +386,7 @@ def release(
         counts = counts_kernels.noisy_counts(
             counts_kernels.holder_counts(capped, released), count_plan.sigma2, seed, count_plan.round, params.min_users
         )
-    return SelectionResult(plans, count_plan, per_round, counts, cap)
+    return SelectionResult(plans, count_plan, per_round, counts, cap, weight_cap)
 
 
 def select_rounds(

@@ -150,6 +150,7 @@ class SelectPartitions(beam.PTransform):
         self.allowlist = check_allowlist(allowlist)
         self.rounds, self.counts, self.cap_plan = self.plan.rounds, self.plan.counts, self.plan.cap
         self.cap = None  # the chosen cap's singleton PCollection, after expand (adaptive cap only)
+        self.weight_cap = None  # the chosen weight cap's, after expand (weight_cap='auto' only)
 
     def expand(self, pcoll):
         randomness.warn_if_seeded(self.seed)
@@ -161,6 +162,7 @@ class SelectPartitions(beam.PTransform):
             runner = columnar(self.plan, self.seed, self.rows_per_shard)
             tagged, counted = batches | self.algorithm.upper() >> runner  # (round, item), (item, count) or None
             self.cap = getattr(runner, "cap", None)  # Delta (adaptive cap), one int
+            self.weight_cap = getattr(runner, "weight_cap", None)  # c (weight_cap='auto'), one float
         else:
             pairs = pcoll | "Pairs" >> beam.ParDo(AsPairsFn())  # (user, item)
             if self.allowlist is not None:

@@ -305,6 +305,17 @@ def standard_cases() -> List[AuditCase]:
             "tip",
             holders=11,
         ),
+        # weight_cap 'auto' (docs/mad_sips.md, "Automatic weight cap"): the noisy degree histogram (1% of the
+        # budget, one per call: one copy per call) then the table of the chosen cap. The holders hold one item
+        # each, so the choice is 1: the case checks the histogram and the table composed, not the cap's grid
+        AuditCase(
+            "mad_sips/weight_cap_auto_tip",
+            "mad_sips",
+            _sel(4, threshold="optimal", cap_quantile=1.0, weight_cap="auto"),
+            "tip",
+            holders=5,
+            copies_per_call=1,
+        ),
         # MAD2R's round 2 as the table over biased Basic weights (as MAD-SIPS's last round)
         AuditCase("mad2r/optimal_tip", "mad2r", _sel(4, threshold="optimal"), "tip", holders=5),
         # DP-SIPS's last round (0.9 of its budget) as basic's table

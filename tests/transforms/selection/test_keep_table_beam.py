@@ -137,6 +137,15 @@ def test_cli(tmp_path):
     assert select_partitions.run(cap) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["weight_cap"] == 0.3 and report["rounds"][-1]["threshold"] < w50
+    # weight_cap auto: the report names the choice (a DP output) and its table's W50; cap_budget is read
+    auto = [*argv, "--algorithm", "mad_sips", "--weight_cap", "auto", "--cap_budget", "0.02", "--overwrite"]
+    assert select_partitions.run(auto) == 0
+    report = json.loads((out / "report.json").read_text())
+    chosen = report["chosen_weight_cap"]
+    assert report["weight_cap"] == "auto" and report["auto_weight_cap"]["budget"] == 0.02
+    assert chosen in report["auto_weight_cap"]["candidates"]
+    params = SelectionParams(1.0, 1e-5, max_contributions=20, weight_cap="auto", cap_budget=0.02)
+    assert report["rounds"][-1]["threshold"] == plan("mad_sips", params).weight_caps.last_round(chosen).threshold
     with pytest.raises(SystemExit) as exit_:  # a flag mad does not read: exit 2 before anything runs
         select_partitions.run([*argv, "--algorithm", "mad", "--threshold", "optimal", "--overwrite"])
     assert exit_.value.code == 2

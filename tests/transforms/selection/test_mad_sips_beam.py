@@ -76,6 +76,25 @@ def test_select_mad_sips_keep_table_equals_reference(changes, rows_per_shard):
     assert result.per_round[len(result.rounds)]  # the table round released something
 
 
+@pytest.mark.parametrize(
+    "changes", [{}, {"cap_quantile": 0.9}, {"budget_split": (1.0,)}], ids=["auto", "auto_adaptive_cap", "one_round"]
+)
+def test_select_mad_sips_auto_weight_cap_equals_reference(changes):
+    """weight_cap='auto' (docs/mad_sips.md): one noisy histogram (keys (seed, 'cap', 0, j)) picks the weight
+    cap (and the adaptive cap), round R - 1's biases use the chosen table's W50, round R its table: the same
+    items as the reference, users cut across pieces included; the choice is below 1 (median degree ~ 30)."""
+    sets = random_user_sets(random.Random(6), 1500, 600, 60)
+    params = SelectionParams(
+        epsilon=2.0, delta=1e-4, max_contributions=30, d_max=6, c_ub=1.5, threshold="optimal", weight_cap="auto"
+    ).replace(**changes)
+    result = reference.release(sets, "mad_sips", params, seed=123)
+    assert result.weight_cap == pytest.approx(2**-1.5)  # median bucket (16, 23]: 1.5 / sqrt(23) = 0.31
+    assert max(result.rounds[-1].keep_table.contributions) <= result.weight_cap
+    got = _run(sets, params, 123, rows_per_shard=700)
+    assert sorted(got) == sorted(f"{r}\t{i}" for r, items in result.per_round.items() for i in items)
+    assert result.per_round[len(result.rounds)]
+
+
 def test_select_mad_sips_keep_table_counts_equal_reference():
     sets = random_user_sets(random.Random(5), 800, 200, 12)
     params = SelectionParams(
