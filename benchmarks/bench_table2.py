@@ -87,6 +87,8 @@ CONFIGS = [
     # the same with a weight cap (docs/mad_sips.md, "Weight cap"): a user setting, chosen from the data's users
     # (about 1.5 / sqrt(median degree): IMDb's is 126), so it loses on Higgs (users of 1-3 items)
     ("mad_sips threshold optimal, weight_cap 0.25", "mad_sips", dict(MAD_SIPS_TABLE, weight_cap=0.25)),
+    # the weight cap chosen from a noisy degree histogram (docs/mad_sips.md, "Automatic weight cap")
+    ("mad_sips threshold optimal, weight_cap auto", "mad_sips", dict(MAD_SIPS_TABLE, weight_cap="auto")),
 ]
 
 #: file of each dataset in the shared data folder

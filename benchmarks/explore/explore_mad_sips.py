@@ -61,7 +61,7 @@ def parse_config(text: str):
             out[k] = tuple(float(x) for x in v)
         elif k in ("max_contributions", "d_max"):
             out[k] = int(v)
-        elif k in ("accounting", "threshold"):
+        elif k in ("accounting", "threshold") or (k == "weight_cap" and v == "auto"):
             out[k] = v
         elif k == "release_counts":
             out[k] = v.lower() in ("1", "true", "yes")
@@ -109,13 +109,16 @@ def main(argv=None):
         algo, changes = parse_config(text)
         params = base.replace(**changes)
         t = time.time()
-        sizes, caps = [], []
+        sizes, caps, weight_caps = [], [], []
         for s in range(args.seeds):
             result = reference.release(sets, algo, params, seed=s)
             sizes.append(len(result.items))
             caps.append(result.cap)
+            weight_caps.append(None if result.weight_cap is None else round(result.weight_cap, 3))
         per_run = (time.time() - t) / args.seeds
         chosen = f"  caps {caps}" if any(c is not None for c in caps) else ""  # mad_sips's adaptive cap
+        if any(c is not None for c in weight_caps):  # weight_cap auto's choices
+            chosen += f"  weight caps {weight_caps}"
         print(
             f"{text:60s} {np.mean(sizes):8.1f} +- {np.std(sizes):5.1f}  {sizes}{chosen}  ({per_run:.0f} s/run)",
             flush=True,
