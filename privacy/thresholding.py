@@ -59,6 +59,7 @@ __all__ = [
     "rdp_to_dp_epsilon",
     "calibrate_keep_table",
     "keep_table_at",
+    "KeepTableSpec",
     "to_dp",
     "basic_contributions",
     "GRID_STEPS_PER_OCTAVE",
@@ -562,13 +563,38 @@ def keep_table_at(table: KeepTable, contributions: Sequence[float]) -> KeepTable
     per-release guarantee (``to_dp`` with the same conversion delta), so that a run may pick one of several
     such tables from a DP output and still compose at one order (MAD-SIPS's ``weight_cap='auto'``,
     docs/mad_sips.md). Cached per arguments like :func:`calibrate_keep_table`; an error if it does not reach 1."""
-    out = _keep_table_at(table.alpha, table.epsilon_rdp, table.delta_rdp, tuple(contributions), table.grid_bits)
-    if not out.complete:
-        raise ValueError(
-            f"the keep table at alpha {table.alpha:g} does not reach probability 1 within {len(out.probs)} entries "
-            f"for the contributions up to {max(contributions):g}"
-        )
-    return out
+    return KeepTableSpec(table.alpha, table.epsilon_rdp, table.delta_rdp, table.grid_bits, tuple(contributions)).build()
+
+
+@dataclasses.dataclass(frozen=True)
+class KeepTableSpec:
+    """What :func:`keep_table` builds a table from (a few numbers instead of its ~340 KB of probabilities): the
+    steps of a pipeline that may use one of several tables (MAD-SIPS's ``weight_cap='auto'``) carry specs and
+    build the chosen one on the worker, once per process (:meth:`build`, cached); the same arguments give the
+    same table as at plan time."""
+
+    alpha: float
+    epsilon_rdp: float
+    delta_rdp: float
+    grid_bits: int
+    contributions: Tuple[float, ...]
+
+    @classmethod
+    def of(cls, table: KeepTable) -> "KeepTableSpec":
+        """The spec of ``table`` (an unknown domain's: F[0] = 0, scale 1)."""
+        if table.unseen != 0.0 or table.scale != 1.0:
+            raise ValueError("only a table of an unknown domain with scale 1 has a spec")
+        return cls(table.alpha, table.epsilon_rdp, table.delta_rdp, table.grid_bits, tuple(table.contributions))
+
+    def build(self) -> KeepTable:
+        """The table (cached per process); an error if it does not reach probability 1."""
+        out = _keep_table_at(self.alpha, self.epsilon_rdp, self.delta_rdp, self.contributions, self.grid_bits)
+        if not out.complete:
+            raise ValueError(
+                f"the keep table at alpha {self.alpha:g} does not reach probability 1 within {len(out.probs)} "
+                f"entries for the contributions up to {max(self.contributions):g}"
+            )
+        return out
 
 
 @functools.lru_cache(maxsize=64)

@@ -122,11 +122,12 @@ CASES = {
     # Policy Laplace with its default l1 keep curve (issue 30): the per-item keyed keep step after the histogram
     "policy_laplace": Case("select_partitions", ("--algorithm", "policy_laplace", *SELECT)),
     # noisy counts of the released items (exact discrete Gaussian), a users floor and a public allowlist
-    # with the adaptive cap asked for (a global histogram, a side input of every round)
+    # with the adaptive cap asked for (a global histogram, a side input of every round) and the weight cap chosen
+    # from the same histogram (a side input of the last two rounds, whose table the workers build from its spec)
     "mad_sips_counts": Case(
         "select_partitions",
         ("--algorithm", "mad_sips", *SELECT, "--release_counts", "--min_users", "3", "--allowlist", ALLOWLIST)
-        + ("--cap_quantile", "0.98"),
+        + ("--cap_quantile", "0.98", "--weight_cap", "auto"),
     ),
     "extract_ngrams": Case("extract_ngrams", diagnostics=True),
     "extract_ngrams_counts": Case("extract_ngrams", ("--release_counts",)),

@@ -6,12 +6,14 @@ reference's choice on data, and the refusals."""
 from __future__ import annotations
 
 import math
+import pickle
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dp_partition_beam.privacy import cap as C
+from dp_partition_beam.privacy import thresholding as T
 from dp_partition_beam.privacy.selection import (
     SelectionParams,
     _gaussian_rounds,
@@ -178,3 +180,18 @@ def test_every_candidates_table_is_built_at_one_order_and_budget():
         assert own.threshold * 0.99 <= q.threshold <= own.threshold * 1.04, c  # (the search is on a coarse grid)
         if c == C.WEIGHT_CAP_COMMON_ORDER_OF:
             assert q.keep_table == own.keep_table and q.threshold == own.threshold
+
+
+def test_a_table_built_from_its_spec_on_a_worker_is_the_plans():
+    """The last round's steps carry KeepTableSpecs and build the chosen table on the worker: in a fresh
+    process (the cache cleared) the build gives the plan's table exactly, probabilities included."""
+    p = plan("mad_sips", AUTO)
+    table = p.weight_caps.last_round(0.25).keep_table
+    spec = T.KeepTableSpec.of(table)
+    T._keep_table_at.cache_clear()
+    rebuilt = spec.build()
+    assert rebuilt is not table and rebuilt == table
+    assert len(pickle.dumps(spec)) < len(pickle.dumps(table)) / 50
+    known = T.keep_table(table.alpha, table.epsilon_rdp, table.delta_rdp, (0.5, 1.0), 6, 1 << 12, unseen=0.01)
+    with pytest.raises(ValueError, match="only a table of an unknown domain"):
+        T.KeepTableSpec.of(known)

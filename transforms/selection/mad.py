@@ -189,14 +189,15 @@ class TableRoundPartialsFn(beam.DoFn):
     """(user shard, Packed(user, item, degree[, bias])) -> (item shard, Packed partials) of a keep-table last
     round (MAD-SIPS, MAD2R: :func:`mad_kernels.table_round_partials`; each element holds whole users).
 
-    ``table``: the round's keep table, or with MAD-SIPS's ``weight_cap='auto'`` a dict {weight cap: table}
-    from which the side input ``weight_cap`` (the run's choice) picks."""
+    ``table``: the round's keep table, or with MAD-SIPS's ``weight_cap='auto'`` a dict {weight cap:
+    KeepTableSpec} from which the side input ``weight_cap`` (the run's choice) picks the table to build (once
+    per process: the step carries a few numbers per candidate, not six tables)."""
 
     def __init__(self, b_min, b_max, table):
         self._b_min, self._b_max, self._table = b_min, b_max, table
 
     def process(self, element, num_shards, weight_cap=None):
-        table = self._table if weight_cap is None else self._table[float(weight_cap)]
+        table = self._table if weight_cap is None else self._table[float(weight_cap)].build()
         partials = table_round_partials(table_of(element[1]), self._b_min, self._b_max, table)
         yield from by_item_shard(partials, num_shards)  # packed
 

@@ -58,6 +58,7 @@ import pyarrow.compute as pc
 
 from dp_partition_beam.privacy import cap as cap_plans
 from dp_partition_beam.privacy.calibration import passes_threshold
+from dp_partition_beam.privacy.thresholding import KeepTableSpec
 from dp_partition_beam.transforms.core.batches import (
     DEFAULT_ROWS_PER_SHARD,
     ITEM,
@@ -218,15 +219,20 @@ class RoundStatusFn(WorkerRngDoFn):
 
 class LastRoundThresholdFn(NoisyThresholdFn):
     """:class:`NoisyThresholdFn` of round R with the plan of the run's cap (a side input or Delta_0); with
-    ``weight_cap='auto'`` (``last_by_weight_cap``, {weight cap: RoundPlan}) the plan of the run's weight cap
-    (a second side input)."""
+    ``weight_cap='auto'`` (``last_by_weight_cap``, {weight cap: RoundPlan without its table}) the plan of the
+    run's weight cap (a second side input), whose table it builds from ``specs`` ({weight cap:
+    KeepTableSpec}; once per process) rather than carry six."""
 
-    def __init__(self, plans_by_cap, round_, seed, last_by_weight_cap=None):
+    def __init__(self, plans_by_cap, round_, seed, last_by_weight_cap=None, specs=None):
         super().__init__(None, seed, with_holders=False)
         self._by_cap, self._round, self._by_weight_cap = plans_by_cap, round_, last_by_weight_cap
+        self._specs = specs
 
     def process(self, element, cap, weight_cap=None):
-        yield from self.release(element, run_plans(self._by_cap, cap, self._by_weight_cap, weight_cap)[self._round - 1])
+        plan = run_plans(self._by_cap, cap, self._by_weight_cap, weight_cap)[self._round - 1]
+        if weight_cap is not None and plan.keep_table is None:
+            plan = dataclasses.replace(plan, keep_table=self._specs[float(weight_cap)].build())
+        yield from self.release(element, plan)
 
 
 def run_plans(plans_by_cap, cap, last_by_weight_cap=None, weight_cap=None) -> tuple:
@@ -445,9 +451,9 @@ class _MADSIPS(beam.PTransform):
             )  # (user shard, Packed(user, item, degree[, bias])); candidates (item shard, Packed zero partials)
             b_min, b_max = (1.0, 1.0) if r == 1 else (p.b_min, p.b_max)
             if plan.keep_table is not None:  # the last round with threshold 'optimal' (the same table every cap)
-                if auto:  # the table of the chosen weight cap c (a side input)
-                    tables = {c: q.keep_table for c, q in last_by_c.items()}
-                    threshold_fn = (light, r, self._seed, last_by_c)
+                if auto:  # the table of the chosen weight cap c (a side input), built on the workers
+                    tables = {c: KeepTableSpec.of(q.keep_table) for c, q in last_by_c.items()}
+                    threshold_fn = (light, r, self._seed, last_light, tables)
                 else:
                     tables, threshold_fn = plan.keep_table, (by_cap, r, self._seed)
                 released_r = (
