@@ -28,8 +28,9 @@ compared and dropped, like the selection's noisy weights (docs/security.md).
 cap above is adaptive) also picks the keep table's weight cap, again as post-processing:
 :func:`choose_weight_cap` reads the noisy median degree ``m`` (the upper end of the bucket where the noisy
 cumulative count reaches half the noisy total), aims at ``WEIGHT_CAP_FACTOR / sqrt(m)`` and rounds it up
-onto the public candidates :data:`WEIGHT_CAP_CANDIDATES`. :class:`WeightCapPlan` holds the last round
-calibrated for every candidate, all before any data is read.
+onto the public candidates :data:`WEIGHT_CAP_CANDIDATES`. :class:`WeightCapPlan` holds the last round of
+every candidate, all before any data is read, their tables at one RDP order and budget (so that the choice
+composes: privacy.selection.plan_weight_cap).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ __all__ = [
     "check_cap_quantile",
     "check_cap_budget",
     "WEIGHT_CAP_CANDIDATES",
+    "WEIGHT_CAP_COMMON_ORDER_OF",
     "WEIGHT_CAP_FACTOR",
     "WeightCapPlan",
     "choose_weight_cap",

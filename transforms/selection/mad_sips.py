@@ -3,7 +3,7 @@
 Built from the shared engine (:mod:`transforms.core.engine`: ShardedUsers, barriers, checkpoints),
 :class:`transforms.selection.mad.MADWeights`, :class:`transforms.selection.basic.NoisyThresholdFn`, the
 count release's holders, and the kernels of :mod:`transforms.selection.mad_sips_kernels`. With the adaptive
-cap (privacy/cap.py), first:
+cap or weight_cap 'auto' (privacy/cap.py), first:
 
   Cap         Delta (one int) and/or c (one float),            per piece n_j of the users' degree
               materialised                                     buckets, summed, noise sigma_H per
