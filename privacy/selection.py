@@ -1005,7 +1005,7 @@ def plan_weight_cap(algorithm: str, params: SelectionParams) -> Optional[cap_pla
 
     Every candidate's table is built at ONE order alpha, RDP epsilon, mixture delta and grid, those the
     calibration finds for the candidate ``WEIGHT_CAP_COMMON_ORDER_OF`` (1, no cap;
-    :func:`thresholding.keep_table_at`), with one conversion delta: whichever table the histogram picks, the
+    ``thresholding.KeepTableSpec`` with C_c), with one conversion delta: whichever table the histogram picks, the
     run composes at that order exactly as the plan says (docs/mad_sips.md, "Automatic weight cap"). Their W50
     are within 3.8% of each table's at its own best order (epsilon 0.5-4, Delta_0 100). The last round does
     not depend on the adaptive cap (:func:`_table_last_round`): one per candidate."""
@@ -1017,9 +1017,11 @@ def plan_weight_cap(algorithm: str, params: SelectionParams) -> Optional[cap_pla
     _, sigma_h = adaptive_cap_sigmas(spec, params)
     candidates = cap_plans.WEIGHT_CAP_CANDIDATES
     common = _gaussian_rounds(spec, params, None, cap_plans.WEIGHT_CAP_COMMON_ORDER_OF)[-1]  # its calibration
+    common_spec = thresholding.KeepTableSpec.of(common.keep_table)
     last = []
     for c in candidates:
-        table = thresholding.keep_table_at(common.keep_table, last_round_contributions(params, c))
+        spec = dataclasses.replace(common_spec, contributions=last_round_contributions(params, c))
+        table = spec.build()
         eps_last, delta_last = thresholding.to_dp(table, common.delta_conversion)
         last.append(
             dataclasses.replace(

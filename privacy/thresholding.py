@@ -58,7 +58,6 @@ __all__ = [
     "table_violations",
     "rdp_to_dp_epsilon",
     "calibrate_keep_table",
-    "keep_table_at",
     "KeepTableSpec",
     "to_dp",
     "basic_contributions",
@@ -558,20 +557,16 @@ def calibrate_keep_table(
     return table, budget.delta * (1.0 - f)
 
 
-def keep_table_at(table: KeepTable, contributions: Sequence[float]) -> KeepTable:
-    """The table for ``contributions`` at ``table``'s order alpha, RDP epsilon, mixture delta and grid: the same
-    per-release guarantee (``to_dp`` with the same conversion delta), so that a run may pick one of several
-    such tables from a DP output and still compose at one order (MAD-SIPS's ``weight_cap='auto'``,
-    docs/mad_sips.md). Cached per arguments like :func:`calibrate_keep_table`; an error if it does not reach 1."""
-    return KeepTableSpec(table.alpha, table.epsilon_rdp, table.delta_rdp, table.grid_bits, tuple(contributions)).build()
-
-
 @dataclasses.dataclass(frozen=True)
 class KeepTableSpec:
-    """What :func:`keep_table` builds a table from (a few numbers instead of its ~340 KB of probabilities): the
-    steps of a pipeline that may use one of several tables (MAD-SIPS's ``weight_cap='auto'``) carry specs and
-    build the chosen one on the worker, once per process (:meth:`build`, cached); the same arguments give the
-    same table as at plan time."""
+    """What :func:`keep_table` builds a table from (a few numbers instead of its ~340 KB of probabilities).
+
+    A spec with another table's order alpha, RDP epsilon, mixture delta and grid but other ``contributions``
+    (``dataclasses.replace(KeepTableSpec.of(table), contributions=C)``) builds a table of the same per-release
+    guarantee (``to_dp`` with the same conversion delta), so that a run may pick one of several such tables
+    from a DP output and still compose at one order (MAD-SIPS's ``weight_cap='auto'``, docs/mad_sips.md). The
+    pipeline's steps carry the specs and build the chosen one on the worker, once per process (:meth:`build`,
+    cached); the same arguments give the same table as at plan time."""
 
     alpha: float
     epsilon_rdp: float

@@ -425,8 +425,8 @@ class _MADSIPS(beam.PTransform):
         # these barriers the in-memory runner stops with "watermark-pending bundles did not execute". Their
         # outputs stay packed: several stages read each (the round's sets and candidates, every later round)
         # and a runner keeps such a PCollection whole; the reading DoFns unpack them (table_of)
-        # (with weight_cap 'auto', round R - 1's status reads the weight cap: round 1's when R <= 2)
-        first = barrier(full, "FirstRound", packed=True) if adaptive or auto else None
+        # (with weight_cap 'auto', round R - 1's status and round R read the weight cap: round 1 when R <= 2)
+        first = barrier(full, "FirstRound", packed=True) if adaptive or (auto and len(plans) <= 2) else None
         later = barrier(full, "LaterRounds", packed=True) if len(plans) > 1 else None  # (user shard, Packed)
         outputs, released_so_far, biases = [], None, None
         last = len(plans)

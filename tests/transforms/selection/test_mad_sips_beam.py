@@ -77,7 +77,9 @@ def test_select_mad_sips_keep_table_equals_reference(changes, rows_per_shard):
 
 
 @pytest.mark.parametrize(
-    "changes", [{}, {"cap_quantile": 0.9}, {"budget_split": (1.0,)}], ids=["auto", "auto_adaptive_cap", "one_round"]
+    "changes",
+    [{}, {"cap_quantile": 0.9}, {"budget_split": (0.3, 0.7)}, {"budget_split": (1.0,)}],
+    ids=["auto", "auto_adaptive_cap", "two_rounds", "one_round"],  # R <= 2: round 1 reads the weight cap
 )
 def test_select_mad_sips_auto_weight_cap_equals_reference(changes):
     """weight_cap='auto' (docs/mad_sips.md): one noisy histogram (keys (seed, 'cap', 0, j)) picks the weight
