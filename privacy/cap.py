@@ -28,9 +28,9 @@ compared and dropped, like the selection's noisy weights (docs/security.md).
 cap above is adaptive) also picks the keep table's weight cap, again as post-processing:
 :func:`choose_weight_cap` reads the noisy median degree ``m`` (the upper end of the bucket where the noisy
 cumulative count reaches half the noisy total), aims at ``WEIGHT_CAP_FACTOR / sqrt(m)`` and rounds it up
-onto the public candidates :data:`WEIGHT_CAP_CANDIDATES`. :class:`WeightCapPlan` holds the last round of
-every candidate, all before any data is read, their tables at one RDP order and budget (so that the choice
-composes: privacy.selection.plan_weight_cap).
+onto the public candidates :data:`WEIGHT_CAP_CANDIDATES`. :class:`WeightCapPlan` fixes the last round of
+every candidate before any data is read, their tables at one RDP order and budget (so that the choice
+composes: privacy.selection.plan_weight_cap); a candidate's table is built when the run has chosen it.
 """
 
 from __future__ import annotations
@@ -210,7 +210,13 @@ class WeightCapPlan:
       budget: ``cap_budget``, the histogram's share of the selection's mu^2.
       candidates: the weight caps it can choose, decreasing (:data:`WEIGHT_CAP_CANDIDATES`).
       factor: the target is ``factor / sqrt(noisy median degree)`` (:data:`WEIGHT_CAP_FACTOR`).
-      last_rounds: the keep-table last round (a ``privacy.selection.RoundPlan``) of each candidate.
+      common: the keep-table last round (a ``privacy.selection.RoundPlan``) of the candidate
+        :data:`WEIGHT_CAP_COMMON_ORDER_OF`, whose order, RDP budget and grid every candidate's table shares
+        (its table may be left out: :meth:`without_tables`).
+      specs: each candidate's ``privacy.thresholding.KeepTableSpec`` (``common``'s with the candidate's
+        contributions). A candidate's table is built from it when first asked for (:meth:`last_round`; once
+        per process): a plan, and the pipeline's steps, carry a few numbers per candidate, and a run builds
+        only the table it chose.
     """
 
     grid: Tuple[int, ...]
@@ -218,14 +224,30 @@ class WeightCapPlan:
     budget: float
     candidates: Tuple[float, ...]
     factor: float
-    last_rounds: Tuple[object, ...]
+    common: object
+    specs: Tuple[object, ...]
 
-    def last_round(self, weight_cap: float):
-        """The last round calibrated for ``weight_cap`` (a candidate)."""
+    def spec(self, weight_cap: float):
+        """The ``KeepTableSpec`` of ``weight_cap`` (a candidate)."""
         try:
-            return self.last_rounds[self.candidates.index(float(weight_cap))]
+            return self.specs[self.candidates.index(float(weight_cap))]
         except ValueError:
             raise ValueError(f"weight cap {weight_cap!r} is not one of {list(self.candidates)}") from None
+
+    def last_round(self, weight_cap: float):
+        """The last round calibrated for ``weight_cap`` (a candidate): ``common`` with the candidate's table and
+        its W50 as the threshold. Its (epsilon, delta) are ``common``'s: every table shares the order, the RDP
+        budget and the conversion delta (``thresholding.to_dp`` reads only those). The table is ``common``'s
+        when the spec is its own, else built from the spec (cached per process)."""
+        spec = self.spec(weight_cap)
+        own = self.common.keep_table
+        table = own if own is not None and type(spec).of(own) == spec else spec.build()
+        return dataclasses.replace(self.common, threshold=table.weight_for(0.5), keep_table=table)
+
+    def without_tables(self) -> "WeightCapPlan":
+        """This plan without ``common``'s table (~340 KB pickled), for the pipeline's steps: they build the
+        chosen candidate's table from its spec."""
+        return dataclasses.replace(self, common=self.common.without_keep_table())
 
     def as_report(self) -> dict:
         return {

@@ -1018,18 +1018,11 @@ def plan_weight_cap(algorithm: str, params: SelectionParams) -> Optional[cap_pla
     candidates = cap_plans.WEIGHT_CAP_CANDIDATES
     common = _gaussian_rounds(spec, params, None, cap_plans.WEIGHT_CAP_COMMON_ORDER_OF)[-1]  # its calibration
     common_spec = thresholding.KeepTableSpec.of(common.keep_table)
-    last = []
-    for c in candidates:
-        spec = dataclasses.replace(common_spec, contributions=last_round_contributions(params, c))
-        table = spec.build()
-        eps_last, delta_last = thresholding.to_dp(table, common.delta_conversion)
-        last.append(
-            dataclasses.replace(
-                common, epsilon=eps_last, delta=delta_last, threshold=table.weight_for(0.5), keep_table=table
-            )
-        )
+    specs = tuple(
+        dataclasses.replace(common_spec, contributions=last_round_contributions(params, c)) for c in candidates
+    )  # each table is built when a run chooses it (WeightCapPlan.last_round): no plan time for the others
     return cap_plans.WeightCapPlan(
-        grid, sigma_h, params.cap_budget, candidates, cap_plans.WEIGHT_CAP_FACTOR, tuple(last)
+        grid, sigma_h, params.cap_budget, candidates, cap_plans.WEIGHT_CAP_FACTOR, common, specs
     )
 
 

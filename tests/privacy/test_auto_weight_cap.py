@@ -32,7 +32,7 @@ AUTO = SelectionParams(1.0, 1e-5, max_contributions=100, weight_cap="auto")
 
 
 def _plan_of(grid=GRID):
-    return C.WeightCapPlan(tuple(grid), 1.0, 0.01, C.WEIGHT_CAP_CANDIDATES, C.WEIGHT_CAP_FACTOR, ())
+    return C.WeightCapPlan(tuple(grid), 1.0, 0.01, C.WEIGHT_CAP_CANDIDATES, C.WEIGHT_CAP_FACTOR, None, ())
 
 
 def _all_in(j, grid=GRID, n=1000.0):
@@ -115,7 +115,7 @@ def test_every_candidates_rounds_spend_exactly_the_budget_with_the_histogram(cha
             got_eps, got_delta = _recomputed(rounds, w.noise_scale, p.counts)
             assert params.epsilon * 0.995 <= got_eps <= params.epsilon * (1 + 1e-9), (cap, c, got_eps)
             assert 0.99 * params.delta <= got_delta <= params.delta * (1 + 1e-9), (cap, c, got_delta)
-    w50 = [q.threshold for q in w.last_rounds]
+    w50 = [w.last_round(c).threshold for c in w.candidates]
     assert w50 == sorted(w50, reverse=True)  # a smaller cap keeps an item with less weight
 
 
@@ -171,11 +171,14 @@ def test_every_candidates_table_is_built_at_one_order_and_budget():
     delta, those the calibration finds for the candidate 1 (no cap): the run composes at that one order
     whichever it picks. Each W50 is within 4% of its table's at its own best order (and 1's is its own table)."""
     p = plan("mad_sips", AUTO)
-    tables = [q.keep_table for q in p.weight_caps.last_rounds]
+    last = [p.weight_caps.last_round(c) for c in p.weight_caps.candidates]
+    tables = [q.keep_table for q in last]
     shared = {(t.alpha, t.epsilon_rdp, t.delta_rdp, t.grid_bits) for t in tables}
-    assert len(shared) == 1 and len({q.delta_conversion for q in p.weight_caps.last_rounds}) == 1
+    assert len(shared) == 1 and len({q.delta_conversion for q in last}) == 1
+    # the one (epsilon, delta) of every candidate's round is what its own table converts to
+    assert {T.to_dp(q.keep_table, q.delta_conversion) for q in last} == {(last[0].epsilon, last[0].delta)}
     spec, params = algorithm_spec("mad_sips"), resolve_params("mad_sips", AUTO)
-    for c, q in zip(p.weight_caps.candidates, p.weight_caps.last_rounds):
+    for c, q in zip(p.weight_caps.candidates, last):
         own = _gaussian_rounds(spec, params, None, c)[-1]  # c's table at its own best order, the same budget
         assert own.threshold * 0.99 <= q.threshold <= own.threshold * 1.04, c  # (the search is on a coarse grid)
         if c == C.WEIGHT_CAP_COMMON_ORDER_OF:

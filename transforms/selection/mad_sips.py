@@ -58,7 +58,6 @@ import pyarrow.compute as pc
 
 from dp_partition_beam.privacy import cap as cap_plans
 from dp_partition_beam.privacy.calibration import passes_threshold
-from dp_partition_beam.privacy.thresholding import KeepTableSpec
 from dp_partition_beam.transforms.core.batches import (
     DEFAULT_ROWS_PER_SHARD,
     ITEM,
@@ -192,13 +191,13 @@ class RoundStatusFn(WorkerRngDoFn):
     with ``weight_cap='auto'``, of its weight cap (:func:`run_plans`: rho_R is the chosen table's W50).
     """
 
-    def __init__(self, plans_by_cap, round_, params, seed, last_by_weight_cap=None):
+    def __init__(self, plans_by_cap, round_, params, seed, weight_plan=None):
         super().__init__(seed)
         self._by_cap, self._round, self._params = plans_by_cap, round_, params
-        self._by_weight_cap = last_by_weight_cap
+        self._weight_plan = weight_plan
 
     def process(self, element, cap, weight_cap=None):
-        plans = run_plans(self._by_cap, cap, self._by_weight_cap, weight_cap)
+        plans = run_plans(self._by_cap, cap, self._weight_plan, weight_cap)
         p, q = plans[self._round - 1], plans[self._round]
         shard, partials = element
         w = merge_partials(unpacked(partials))
@@ -219,30 +218,27 @@ class RoundStatusFn(WorkerRngDoFn):
 
 class LastRoundThresholdFn(NoisyThresholdFn):
     """:class:`NoisyThresholdFn` of round R with the plan of the run's cap (a side input or Delta_0); with
-    ``weight_cap='auto'`` (``last_by_weight_cap``, {weight cap: RoundPlan without its table}) the plan of the
-    run's weight cap (a second side input), whose table it builds from ``specs`` ({weight cap:
-    KeepTableSpec}; once per process) rather than carry six."""
+    ``weight_cap='auto'`` (``weight_plan``, a ``privacy.cap.WeightCapPlan`` without tables) the last round of
+    the run's weight cap (a second side input), whose table it builds from the candidate's spec (once per
+    process) rather than carry six."""
 
-    def __init__(self, plans_by_cap, round_, seed, last_by_weight_cap=None, specs=None):
+    def __init__(self, plans_by_cap, round_, seed, weight_plan=None):
         super().__init__(None, seed, with_holders=False)
-        self._by_cap, self._round, self._by_weight_cap = plans_by_cap, round_, last_by_weight_cap
-        self._specs = specs
+        self._by_cap, self._round, self._weight_plan = plans_by_cap, round_, weight_plan
 
     def process(self, element, cap, weight_cap=None):
-        plan = run_plans(self._by_cap, cap, self._by_weight_cap, weight_cap)[self._round - 1]
-        if weight_cap is not None and plan.keep_table is None:
-            plan = dataclasses.replace(plan, keep_table=self._specs[float(weight_cap)].build())
+        plan = run_plans(self._by_cap, cap, self._weight_plan, weight_cap)[self._round - 1]
         yield from self.release(element, plan)
 
 
-def run_plans(plans_by_cap, cap, last_by_weight_cap=None, weight_cap=None) -> tuple:
+def run_plans(plans_by_cap, cap, weight_plan=None, weight_cap=None) -> tuple:
     """The rounds of the run: those of its cap (``plans_by_cap[cap]``), the last one replaced by the chosen
-    weight cap's with ``weight_cap='auto'`` (``last_by_weight_cap[weight_cap]``; as
-    ``SelectionPlan.rounds_for``)."""
+    weight cap's with ``weight_cap='auto'`` (``weight_plan.last_round(weight_cap)``, its table built from the
+    candidate's spec once per process; as ``SelectionPlan.rounds_for``)."""
     plans = tuple(plans_by_cap[int(cap)])
     if weight_cap is None:
         return plans
-    return plans[:-1] + (last_by_weight_cap[float(weight_cap)],)
+    return plans[:-1] + (weight_plan.last_round(weight_cap),)
 
 
 def without_keep_tables(plans_by_cap):
@@ -305,7 +301,7 @@ class ChooseCapFn(WorkerRngDoFn):
     def __init__(self, cap_plan, weight_plan, seed):
         super().__init__(seed)
         self._cap_plan = None if cap_plan is None else dataclasses.replace(cap_plan, rounds=())
-        self._weight_plan = None if weight_plan is None else dataclasses.replace(weight_plan, last_rounds=())
+        self._weight_plan = None if weight_plan is None else weight_plan.without_tables()
 
     def process(self, histogram):
         hist = self._cap_plan or self._weight_plan
@@ -415,10 +411,9 @@ class _MADSIPS(beam.PTransform):
             cap_arg, by_cap = k, {k: tuple(self._plans)}
         plans = by_cap[max(by_cap)]  # the rounds' count and indices (the same for every cap)
         light = without_keep_tables(by_cap)  # for the steps before the last round's threshold
-        last_by_c, last_light, choice = None, None, ()
-        if auto:  # the last round of each candidate weight cap, with and without its table; the run's choice
-            last_by_c = dict(zip(self._weight_plan.candidates, self._weight_plan.last_rounds))
-            last_light = {c: q.without_keep_table() for c, q in last_by_c.items()}
+        weight_light, choice = None, ()
+        if auto:  # each candidate's last round as a spec (its table built on the workers); the run's choice
+            weight_light = self._weight_plan.without_tables()
             choice = (beam.pvalue.AsSingleton(self.weight_cap),)
         # rounds that read side inputs computed from `full` itself (U_<r, biases, the cap) must not fuse into
         # its stage, nor round 1 (the cap's reader) into the stage of the later rounds (U_1's readers): without
@@ -452,8 +447,8 @@ class _MADSIPS(beam.PTransform):
             b_min, b_max = (1.0, 1.0) if r == 1 else (p.b_min, p.b_max)
             if plan.keep_table is not None:  # the last round with threshold 'optimal' (the same table every cap)
                 if auto:  # the table of the chosen weight cap c (a side input), built on the workers
-                    tables = {c: KeepTableSpec.of(q.keep_table) for c, q in last_by_c.items()}
-                    threshold_fn = (light, r, self._seed, last_light, tables)
+                    tables = dict(zip(weight_light.candidates, weight_light.specs))
+                    threshold_fn = (light, r, self._seed, weight_light)
                 else:
                     tables, threshold_fn = plan.keep_table, (by_cap, r, self._seed)
                 released_r = (
@@ -480,7 +475,8 @@ class _MADSIPS(beam.PTransform):
                     (weights | f"Parts{r}" >> beam.FlatMapTuple(each_partial), candidates)
                     | f"AllParts{r}" >> beam.Flatten()  # (item shard, Packed partials)
                     | f"GroupParts{r}" >> beam.GroupByKey()  # (item shard, [Packed partials])
-                    | f"Status{r}" >> beam.ParDo(RoundStatusFn(light, r, p, self._seed, last_light), cap_arg, *choice),
+                    | f"Status{r}"
+                    >> beam.ParDo(RoundStatusFn(light, r, p, self._seed, weight_light), cap_arg, *choice),
                     f"Checkpoint{r}",
                 )  # (item shard, Table(item, released, bias)), materialised: one draw per item
                 released_r = status | f"ReleasedRows{r}" >> beam.FlatMap(released_rows(r))  # (r, item bytes)
