@@ -26,20 +26,44 @@ def params_report(params) -> Dict[str, Any]:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(params).items()}
 
 
-def plan_reports(plan) -> Dict[Tuple[Optional[int], Optional[float]], dict]:
-    """The plan's part of the report for each (cap, weight cap) the run can choose (:meth:`SelectionPlan.as_report`):
-    every value of the adaptive cap's grid (else ``None``) with every candidate of ``weight_cap='auto'`` (else
-    ``None``). Computed before the run, so that the report step holds these dicts and not the plan (a keep table
-    is ~340 KB pickled, docs/columnar.md)."""
+@dataclasses.dataclass(frozen=True)
+class PlanReports:
+    """The plan's part of the report for every (cap, weight cap) a run can choose, without the plan itself
+    (a keep table is ~340 KB pickled, docs/columnar.md): the report step holds this.
+
+    Attributes:
+      by_cap: {cap: :meth:`SelectionPlan.as_report`} for every value of the adaptive cap's grid (else
+        {None: ...}); with ``weight_cap='auto'``, the reports of the candidate 1 (no cap).
+      weight_caps: ``weight_cap='auto'``'s ``privacy.cap.WeightCapPlan`` without tables, or None. The report of
+        the chosen weight cap swaps in its last round (:meth:`report`), whose table is built from the
+        candidate's spec where the report is made: the tables of the candidates not chosen are never built.
+    """
+
+    by_cap: Dict[Optional[int], dict]
+    weight_caps: Optional[Any] = None
+
+    def report(self, cap=None, weight_cap=None) -> dict:
+        """:meth:`SelectionPlan.as_report` of ``cap`` and ``weight_cap`` (None where the plan has no choice)."""
+        report = dict(self.by_cap[None if cap is None else int(cap)])
+        if self.weight_caps is not None:  # as SelectionPlan.rounds_for: the chosen candidate's last round
+            report["rounds"] = report["rounds"][:-1] + [self.weight_caps.last_round(weight_cap).as_report()]
+            report["chosen_weight_cap"] = float(weight_cap)
+        return report
+
+
+def plan_reports(plan) -> PlanReports:
+    """The :class:`PlanReports` of a :class:`privacy.selection.SelectionPlan`, computed before the run."""
     caps = (None,) if plan.cap is None else tuple(plan.cap.grid)
-    weight_caps = (None,) if plan.weight_caps is None else tuple(plan.weight_caps.candidates)
-    return {(cap, c): plan.as_report(cap, c) for cap in caps for c in weight_caps}
+    if plan.weight_caps is None:
+        return PlanReports({cap: plan.as_report(cap) for cap in caps})
+    one = max(plan.weight_caps.candidates)  # the plan's own last round (no cap): no table is built here
+    return PlanReports({cap: plan.as_report(cap, one) for cap in caps}, plan.weight_caps.without_tables())
 
 
 def build_report(
     _,
     base: dict,
-    reports: Dict[Tuple[Optional[int], Optional[float]], dict],
+    reports: PlanReports,
     round_counts: Dict[int, int],
     cap=None,
     weight_cap=None,
@@ -52,8 +76,7 @@ def build_report(
     else about the data: exact input counts (e.g. skipped bad records) go to the opt-in NON-PRIVATE
     ``--diagnostics`` file only.
     """
-    key = (None if cap is None else int(cap), None if weight_cap is None else float(weight_cap))
-    report = {**base, **reports[key]}
+    report = {**base, **reports.report(cap, weight_cap)}
     rounds = []
     for r in report["rounds"]:
         r = dict(r)

@@ -57,13 +57,15 @@ def test_only_the_last_rounds_steps_carry_the_keep_table(tmp_path, algorithm, fl
 
 
 def test_the_report_steps_plans_are_the_plans_reports():
+    """The report step holds PlanReports, whose report of every (cap, weight cap) a run can choose is the plan's;
+    with weight_cap 'auto' it holds specs, not tables, and builds only the chosen one."""
     params = selection.SelectionParams(epsilon=1.0, delta=1e-5, max_contributions=100)
-    auto = params.replace(weight_cap="auto")  # one report per weight cap it can choose
+    auto = params.replace(weight_cap="auto")
     for algorithm, p in (("mad_sips", params), ("basic", params), ("mad_sips", auto)):
         plan = selection.plan(algorithm, p)
         reports = outputs.plan_reports(plan)
         caps = [None] if plan.cap is None else list(plan.cap.grid)
         weight_caps = [None] if plan.weight_caps is None else list(plan.weight_caps.candidates)
-        assert list(reports) == [(c, w) for c in caps for w in weight_caps]
-        assert all(reports[c, w] == plan.as_report(c, w) for c in caps for w in weight_caps)
+        assert list(reports.by_cap) == caps
+        assert all(reports.report(c, w) == plan.as_report(c, w) for c in caps for w in weight_caps)
         assert len(pickle.dumps(reports)) < 50_000  # a few numbers per cap and round, not the keep table
