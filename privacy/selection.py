@@ -76,6 +76,7 @@ __all__ = [
     "plan_cap",
     "resolve_params",
     "default_cap_quantile",
+    "default_weight_cap",
     "ALGORITHM_DEFAULTS",
     "FIELD_USE",
 ]
@@ -290,8 +291,12 @@ def _adaptive_cap_on(values) -> bool:
 
 
 def _histogram_used(values) -> bool:
-    """mad_sips computes the degree histogram: the adaptive cap (:func:`_adaptive_cap_on`) or weight_cap auto."""
-    return _adaptive_cap_on(values) or str(values.weight_cap).strip().lower() == AUTO_WEIGHT_CAP
+    """mad_sips computes the degree histogram: the adaptive cap (:func:`_adaptive_cap_on`) or weight_cap auto
+    (given, or unset with a keep-table last round: :func:`default_weight_cap`)."""
+    weight_cap = values.weight_cap
+    if weight_cap is None:
+        return _adaptive_cap_on(values) or _table_round_on(values)
+    return _adaptive_cap_on(values) or str(weight_cap).strip().lower() == AUTO_WEIGHT_CAP
 
 
 def _table_round_on(values) -> bool:
@@ -309,6 +314,14 @@ def default_cap_quantile(algorithm: str, threshold: Optional[str]) -> float:
     defaults = _algorithm_defaults(algorithm_spec(algorithm))
     table = (threshold or defaults["threshold"]) == "optimal"
     return 1.0 if table else defaults["cap_quantile"]
+
+
+def default_weight_cap(spec: AlgorithmSpec, threshold: str) -> Union[float, str]:
+    """An unset ``weight_cap`` (``threshold`` resolved): 'auto' for mad_sips with its keep-table last round
+    (``threshold='optimal'``), 1 (no cap) otherwise. Where users hold many items the chosen cap releases
+    5-29% more; where they hold few the choice is 1 and the histogram's share (0.2% of mu^2) costs 0.0-0.1%
+    (docs/mad_sips.md, "Automatic weight cap")."""
+    return AUTO_WEIGHT_CAP if spec.shape == "mad_sips" and threshold == "optimal" else 1.0
 
 
 def _algorithm_defaults(spec: AlgorithmSpec) -> dict:
@@ -339,7 +352,8 @@ FIELD_USE = use_table(
         ),
         "cap_budget": (
             Condition(
-                "without the degree histogram ({cap_quantile} below 1 with {accounting} gdp, or {weight_cap} auto)",
+                "without the degree histogram ({cap_quantile} below 1 with {accounting} gdp, or {weight_cap} auto, "
+                "unset with a keep-table last round)",
                 _histogram_used,
                 (("accounting", "gdp"), ("cap_quantile", 0.98)),
             ),
@@ -433,12 +447,13 @@ class SelectionParams:
         "histogram); unset: mad_sips 0.98 with gdp accounting and threshold gaussian, 1 otherwise (the keep table's "
         "last round gains nothing from the cap)",
     )
-    cap_budget: float = _field(
-        cap_plans.DEFAULT_CAP_BUDGET,
-        "fraction of the selection's Gaussian budget (mu^2) spent on the adaptive cap's degree histogram, in (0, 0.5]",
+    cap_budget: Optional[float] = _field(
+        None,
+        "fraction of the selection's Gaussian budget (mu^2) spent on mad_sips's degree histogram, in (0, 0.5]; "
+        "unset: 0.01 with the adaptive cap, 0.002 when only weight_cap auto reads it (the median degree)",
     )
-    weight_cap: Union[float, str] = dataclasses.field(
-        default=1.0,
+    weight_cap: Union[float, str, None] = dataclasses.field(
+        default=None,
         metadata={
             "help": "mad2r/mad_sips keep-table round: the largest weight one user gives one item (each biased "
             "weight is rounded down onto the grid 2^(-k/16) at or below it), in (0, 1]; the table then only has to "
@@ -446,7 +461,8 @@ class SelectionParams:
             "Delta_0 100). It pays where users hold many items: about 1.5 / sqrt(median user degree); on data of "
             'users with a few items it loses (docs/mad_sips.md, "Weight cap"); 1 = no cap; auto (mad_sips): '
             "chosen from a noisy degree histogram (cap_budget of the selection's Gaussian budget) as 1.5 / "
-            "sqrt(its median) rounded up onto 1, 0.5, 0.354, 0.25, 0.177, 0.125",
+            "sqrt(its median) rounded up onto 1, 0.5, 0.354, 0.25, 0.177, 0.125 (1 on fewer than ~1,300 users); "
+            "unset: auto for mad_sips with its keep-table last round, 1 otherwise",
             "type": weight_cap_value,  # the CLI flag's argparse type
         },
     )
@@ -515,8 +531,8 @@ class SelectionParams:
             c_ub=None if self.c_ub is None else check_range("c_ub", self.c_ub, 0.0, math.inf),
             budget_split=None if self.budget_split is None else check_fractions("budget_split", self.budget_split),
             cap_quantile=None if self.cap_quantile is None else cap_plans.check_cap_quantile(self.cap_quantile),
-            cap_budget=cap_plans.check_cap_budget(self.cap_budget),
-            weight_cap=check_weight_cap(self.weight_cap),
+            cap_budget=None if self.cap_budget is None else cap_plans.check_cap_budget(self.cap_budget),
+            weight_cap=None if self.weight_cap is None else check_weight_cap(self.weight_cap),
             accounting=check_choice("accounting", self.accounting, ACCOUNTINGS),
             threshold=None if self.threshold is None else check_choice("threshold", self.threshold, THRESHOLDS),
             alpha=check_range("alpha", self.alpha, 0.0, math.inf),
@@ -814,8 +830,9 @@ def last_round_contributions(params: SelectionParams, weight_cap: Optional[float
 
 
 def _fixed_weight_cap(params: SelectionParams) -> float:
-    """The params' weight cap as a number: 1 for 'auto' (the rounds a run uses before its choice)."""
-    return 1.0 if params.weight_cap == AUTO_WEIGHT_CAP else params.weight_cap
+    """The params' weight cap as a number: 1 for 'auto' (the rounds a run uses before its choice) and unset
+    (whose default is 'auto' or 1)."""
+    return 1.0 if params.weight_cap in (None, AUTO_WEIGHT_CAP) else params.weight_cap
 
 
 def histogram_on(params: SelectionParams) -> bool:
@@ -918,6 +935,11 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
             defaults["threshold"] = noise_rule(spec)
     unset = {name: value for name, value in defaults.items() if getattr(params, name) is None}
     params = params.replace(**unset) if unset else params
+    if params.weight_cap is None:  # after the threshold: auto only where the last round is a keep table
+        params = params.replace(weight_cap=default_weight_cap(spec, params.threshold))
+    if params.cap_budget is None:  # after the cap and the weight cap: the median alone needs less
+        median_only = params.cap_quantile >= 1.0 and params.weight_cap == AUTO_WEIGHT_CAP
+        params = params.replace(cap_budget=cap_plans.MEDIAN_CAP_BUDGET if median_only else cap_plans.DEFAULT_CAP_BUDGET)
     if params.threshold in ("gaussian", "laplace") and params.threshold != noise_rule(spec):
         raise ValueError(
             f"threshold={params.threshold!r}: {algorithm}'s noise is {noise_rule(spec)} "
@@ -1082,6 +1104,11 @@ class SelectionPlan:
         """The plan's part of the run report: ``rounds`` (of the run's ``cap`` with the adaptive cap and of its
         ``weight_cap`` with 'auto', DP outputs then), ``counts`` (with ``min_users``), ``adaptive_cap``/``cap``
         and ``auto_weight_cap``/``chosen_weight_cap`` when they apply."""
+        if self.weight_caps is not None and weight_cap is None:
+            raise ValueError(
+                "this plan chooses its weight cap from the data (weight_cap='auto'): pass the run's chosen weight_cap "
+                f"(one of {list(self.weight_caps.candidates)})"
+            )
         report = {"rounds": [r.as_report() for r in self.rounds_for(cap, weight_cap)]}
         if self.counts is not None:
             # the per-round "released" numbers the report adds are the items kept by min_users

@@ -245,7 +245,8 @@ def test_one_plan_is_computed_once_and_shared():
         select = SelectPartitions(name, params, seed=1)
         assert select.plan == p and select.rounds is select.plan.rounds and select.counts is select.plan.counts
         assert p.rounds == plan_rounds(name, params) and p.params.budget_split is not None
-        report = p.as_report() if p.cap is None else p.as_report(p.cap.grid[-1])
+        chosen = None if p.weight_caps is None else 1.0  # mad_sips chooses its weight cap (the default 'auto')
+        report = p.as_report(None if p.cap is None else p.cap.grid[-1], chosen)
         assert [r["round"] for r in report["rounds"]] == [r.index for r in p.rounds]
         assert report["counts"]["min_users"] == 0
     with pytest.raises(TypeError, match="SelectionParams"):

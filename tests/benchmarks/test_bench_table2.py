@@ -141,9 +141,15 @@ def test_read_user_sets_splits_lines_at_newline_only(tmp_path):
 
 def test_only_selects_configurations_by_label_and_refuses_an_empty_selection():
     labels = [c[0] for c in bench_table2.CONFIGS if "weight_cap" in c[0]]
-    assert labels == ["mad_sips threshold optimal, weight_cap 0.25", "mad_sips threshold optimal, weight_cap auto"]
+    assert labels == [
+        "mad_sips threshold optimal, weight_cap 0.25",
+        "mad_sips threshold optimal, weight_cap auto (defaults)",
+    ]
     by_label = {label: extra for label, _, extra in bench_table2.CONFIGS}
-    assert [by_label[label]["weight_cap"] for label in labels] == [0.25, "auto"]
+    # the defaults' row leaves weight_cap unset: MAD-SIPS's default, 'auto'
+    assert [by_label[label].get("weight_cap") for label in labels] == [0.25, None]
+    assert bench_table2.params_for(by_label[labels[1]], "gdp").weight_cap is None
+    assert by_label["mad_sips [0.03,0.07,0.9] threshold optimal"]["weight_cap"] == 1.0  # the defaults before
     assert all(by_label[label]["threshold"] == "optimal" for label in labels)
     with pytest.raises(SystemExit) as exit_:  # before any data is read
         bench_table2.main(["--only", "no such row"])

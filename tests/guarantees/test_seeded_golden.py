@@ -31,7 +31,10 @@ default of mad2r and dp_sips too, and MAD-SIPS's adaptive cap off by default wit
 docs/thresholding.md "Defaults": 146 -> 159, 161 -> 180 and 203 -> 205 released items); the cases
 ``mad2r_gaussian``, ``dp_sips_gaussian`` and ``mad_sips_cap98`` give the former defaults explicitly and keep
 their former values, and so do ``mad2r_counts`` and ``dp_sips_counts_min_users``, which now name
-``--threshold gaussian``.
+``--threshold gaussian``. Then ``mad_sips`` and ``mad_sips_cap`` (reference and CLI) when ``weight_cap='auto'``
+became MAD-SIPS's default (issue 30, docs/mad_sips.md "Automatic weight cap": 205 -> 238 and 327 -> 401 released
+items); ``mad_sips_weight_cap1`` (new, ``--weight_cap 1``) keeps the former ``mad_sips`` value and
+``mad_sips_cap98`` (now with ``--weight_cap 1``) its own.
 The DPNE cases ``dpne``, ``dpne_mad`` and ``dpne_counts`` pass the paper's levels (``--selection single``,
 and ``--threshold gaussian`` since the keep tables became the default) explicitly (their values are unchanged);
 ``dpne_mad_sips`` and ``dpne_mad_sips_counts`` (MAD-SIPS inside the levels, issue 30) and ``dpne_tables`` and
@@ -76,7 +79,10 @@ SELECT_VARIANTS = {
     "mad2r_gaussian": ["--algorithm", "mad2r", "--threshold", "gaussian"],
     "dp_sips_gaussian": ["--algorithm", "dp_sips", "--threshold", "gaussian"],
     # MAD-SIPS's adaptive cap, asked for (off by default with the keep table since issue 30): the former default
-    "mad_sips_cap98": ["--algorithm", "mad_sips", "--cap_quantile", "0.98"],
+    # (with no weight cap, as before weight_cap 'auto' became the default)
+    "mad_sips_cap98": ["--algorithm", "mad_sips", "--cap_quantile", "0.98", "--weight_cap", "1"],
+    # MAD-SIPS without a weight cap: the default before weight_cap 'auto' (issue 30); the value recorded then
+    "mad_sips_weight_cap1": ["--algorithm", "mad_sips", "--weight_cap", "1"],
     "policy_gaussian_counts": ["--algorithm", "policy_gaussian", "--release_counts"],
     # the sharded join of the policies' count release: an execution option, same output as the default
     "policy_gaussian_counts_join": [
@@ -150,8 +156,8 @@ GOLDEN = {  # name: (sha256, number of lines)
     "reference/mad": ("9ba7be522803e4791246781e1677dcb75aaadc5e2439947ad5a9d777f9775136", 127),
     "reference/mad2r": ("3c00844d4085b9a27bfd916a1bd4c3f431d655eb24927eb97afdeaae83f3b8aa", 159),
     "reference/mad2r_counts": ("6dfb29279a95f46d9744c25f69b8350a0bf58d77532f14e417cedb9ec6a38bdb", 125),
-    "reference/mad_sips": ("25e696b419b88568756fa1bc7349eac554b6962138f50f909f84d317969a2c13", 205),
-    "reference/mad_sips_cap": ("7ef2c077cadcec023f6af54499f5280d99fac85416823ade9695436e061c634c", 327),
+    "reference/mad_sips": ("7f612ee1a13fc3891ab599f37d2affd6ee663d033dfbab71a266280bcf791457", 238),
+    "reference/mad_sips_cap": ("7403a63ef9fd4d9e8b504878498d74a8e44f6d4982f6efe1672afdf94ab6d47b", 401),
     "reference/policy_gaussian": ("95783e29ea36e7c25e7a4ecd531e317997f5ab84d0583d69b9c9e43918d20262", 133),
     "reference/policy_gaussian_counts": ("8982f4c863f67e2fc21bcde1d85db33739659ad8720afb873f0d43ae31e714a7", 114),
     "reference/policy_laplace": (
@@ -180,8 +186,8 @@ GOLDEN = {  # name: (sha256, number of lines)
     "select_partitions/mad": ("9ba7be522803e4791246781e1677dcb75aaadc5e2439947ad5a9d777f9775136", 127),
     "select_partitions/mad2r": ("3c00844d4085b9a27bfd916a1bd4c3f431d655eb24927eb97afdeaae83f3b8aa", 159),
     "select_partitions/mad2r_counts": ("6dfb29279a95f46d9744c25f69b8350a0bf58d77532f14e417cedb9ec6a38bdb", 125),
-    "select_partitions/mad_sips": ("25e696b419b88568756fa1bc7349eac554b6962138f50f909f84d317969a2c13", 205),
-    "select_partitions/mad_sips_cap": ("7ef2c077cadcec023f6af54499f5280d99fac85416823ade9695436e061c634c", 327),
+    "select_partitions/mad_sips": ("7f612ee1a13fc3891ab599f37d2affd6ee663d033dfbab71a266280bcf791457", 238),
+    "select_partitions/mad_sips_cap": ("7403a63ef9fd4d9e8b504878498d74a8e44f6d4982f6efe1672afdf94ab6d47b", 401),
     "select_partitions/policy_gaussian": ("95783e29ea36e7c25e7a4ecd531e317997f5ab84d0583d69b9c9e43918d20262", 133),
     "select_partitions/policy_gaussian_counts": (
         "8982f4c863f67e2fc21bcde1d85db33739659ad8720afb873f0d43ae31e714a7",
@@ -218,6 +224,7 @@ GOLDEN = {  # name: (sha256, number of lines)
     "select_partitions/mad2r_gaussian": ("3c68b7216a297e4d916f11cc8e862a4b2a53fa25a43b178ccddff1e660605cbf", 146),
     "select_partitions/dp_sips_gaussian": ("7f55c5e2a3d5f227f9492314babd417296b5c3c8f06cebe99e00d90d2ccb2e19", 161),
     "select_partitions/mad_sips_cap98": ("0ad8801a8169ae3e002cc6552c33d7bebc01b4c84d1fc9f4d105433a3bc1eadf", 203),
+    "select_partitions/mad_sips_weight_cap1": ("25e696b419b88568756fa1bc7349eac554b6962138f50f909f84d317969a2c13", 205),
     "select_partitions/weighted_laplace": (
         "8a7ad9fbdc2092960bed60b9fb29ce0f8c3683c890704ce153a06a0da978750c",
         53,

@@ -266,13 +266,13 @@ UNUSED = [
         "select_partitions",
         {"--algorithm": "mad_sips", "--accounting": "basic", "--cap_budget": "0.02"},
         "--cap_budget is not used by --algorithm mad_sips without the degree histogram (--cap_quantile below 1 "
-        "with --accounting gdp, or --weight_cap auto)",
+        "with --accounting gdp, or --weight_cap auto, unset with a keep-table last round)",
     ),
     (
         "select_partitions",
-        {"--algorithm": "mad_sips", "--cap_quantile": "1", "--cap_budget": "0.02"},
+        {"--algorithm": "mad_sips", "--cap_quantile": "1", "--weight_cap": "0.5", "--cap_budget": "0.02"},
         "--cap_budget is not used by --algorithm mad_sips without the degree histogram (--cap_quantile below 1 "
-        "with --accounting gdp, or --weight_cap auto)",
+        "with --accounting gdp, or --weight_cap auto, unset with a keep-table last round)",
     ),
     (
         "select_partitions",

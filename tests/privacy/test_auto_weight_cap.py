@@ -152,9 +152,12 @@ def test_every_candidates_rounds_spend_exactly_the_budget_with_the_histogram(cha
 def test_the_rounds_without_a_choice_and_the_report():
     p = plan("mad_sips", AUTO)
     fixed = plan("mad_sips", AUTO.replace(weight_cap=1.0))
-    # the histogram costs the rounds 1% of mu^2: a little more noise than without it
+    # the histogram costs the rounds its share of mu^2 (unset: 0.2% for the median alone; 1% with the
+    # adaptive cap, whose tail needs more): a little more noise than without it
+    assert p.params.cap_budget == C.MEDIAN_CAP_BUDGET and fixed.params.cap_budget == C.DEFAULT_CAP_BUDGET
+    assert plan("mad_sips", AUTO.replace(cap_quantile=0.98)).params.cap_budget == C.DEFAULT_CAP_BUDGET
     assert [r.noise_scale for r in p.rounds[:-1]] == pytest.approx(
-        [r.noise_scale / math.sqrt(1 - AUTO.cap_budget) for r in fixed.rounds[:-1]], rel=1e-9
+        [r.noise_scale / math.sqrt(1 - C.MEDIAN_CAP_BUDGET) for r in fixed.rounds[:-1]], rel=1e-9
     )
     assert p.rounds[-1].keep_table.contributions == last_round_contributions(AUTO, 1.0)  # c = 1 until chosen
     report = p.as_report(None, 0.25)
@@ -199,7 +202,7 @@ def test_the_value_is_a_number_in_range_or_auto():
 def test_every_candidates_table_is_built_at_one_order_and_budget():
     """The tables the histogram chooses from share (alpha, RDP epsilon, mixture delta, grid) and the conversion
     delta, those the calibration finds for the candidate 1 (no cap): the run composes at that one order
-    whichever it picks. Each W50 is within 4% of its table's at its own best order (and 1's is its own table)."""
+    whichever it picks. Each W50 is within 4.5% of its table's at its own best order (and 1's is its own table)."""
     p = plan("mad_sips", AUTO)
     last = [p.weight_caps.last_round(c) for c in p.weight_caps.candidates]
     tables = [q.keep_table for q in last]
@@ -210,7 +213,7 @@ def test_every_candidates_table_is_built_at_one_order_and_budget():
     spec, params = algorithm_spec("mad_sips"), resolve_params("mad_sips", AUTO)
     for c, q in zip(p.weight_caps.candidates, last):
         own = _gaussian_rounds(spec, params, None, c)[-1]  # c's table at its own best order, the same budget
-        assert own.threshold * 0.99 <= q.threshold <= own.threshold * 1.04, c  # (the search is on a coarse grid)
+        assert own.threshold * 0.99 <= q.threshold <= own.threshold * 1.045, c  # (the search is on a coarse grid)
         if c == C.WEIGHT_CAP_COMMON_ORDER_OF:
             assert q.keep_table == own.keep_table and q.threshold == own.threshold
 

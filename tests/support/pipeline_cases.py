@@ -77,6 +77,8 @@ UNSET_FLAG_EXAMPLES = {
     "budget_split": "0.5,0.5",
     "c_ub": "2",
     "cap_quantile": "0.9",
+    "cap_budget": "0.005",
+    "weight_cap": "auto",
     "threshold": "gaussian",
     "dpsu_single_length": "2",
     "S": "0.01",

@@ -293,7 +293,14 @@ def standard_cases() -> List[AuditCase]:
         AuditCase("basic/optimal_tip", "basic", _sel(4, threshold="optimal"), "tip", holders=5),
         # MAD-SIPS's last round as a keep table (docs/mad_sips.md): the target is out of reach of rounds 1-2
         # (rho_1, rho_2 ~ 60, 40), so the event is round 3's table on biased Basic weights
-        AuditCase("mad_sips/optimal_tip", "mad_sips", _sel(4, threshold="optimal", cap_quantile=1.0), "tip", holders=5),
+        # (weight_cap 1: the table alone, many copies per call; the default 'auto' is weight_cap_auto_tip below)
+        AuditCase(
+            "mad_sips/optimal_tip",
+            "mad_sips",
+            _sel(4, threshold="optimal", cap_quantile=1.0, weight_cap=1.0),
+            "tip",
+            holders=5,
+        ),
         # the same with a weight cap (docs/mad_sips.md, "Weight cap"): C only up to 0.3, each holder of the target
         # (a set of one item, weight 1) contributes the grid value 0.29. One such step is a small privacy loss:
         # the expected bound is ~0.16 at 4,000 runs (holders 11, the design's best), a sanity check only; that
@@ -305,9 +312,10 @@ def standard_cases() -> List[AuditCase]:
             "tip",
             holders=11,
         ),
-        # weight_cap 'auto' (docs/mad_sips.md, "Automatic weight cap"): the noisy degree histogram (1% of the
-        # budget, one per call: one copy per call) then the table of the chosen cap. The holders hold one item
-        # each, so the choice is 1: the case checks the histogram and the table composed, not the cap's grid
+        # weight_cap 'auto' (docs/mad_sips.md, "Automatic weight cap"; mad_sips's default): the noisy degree
+        # histogram (0.2% of the budget, one per call: one copy per call) then the table of the chosen cap. The
+        # holders hold one item each and are few, so the choice is 1: the case checks the histogram and the table
+        # composed, not the cap's grid
         AuditCase(
             "mad_sips/weight_cap_auto_tip",
             "mad_sips",

@@ -196,8 +196,12 @@ STAGE_LABELS = {
     # its defaults: the last round a keep table (issue 30: TablePartials3, GroupTableParts3, KeepTable3 instead of
     # MADWeights3/..., NoisyThreshold3; with counts too since the counts compose with the table in RDP) and, with
     # the table, no adaptive cap (no Cap stage)
-    "mad_sips": ("a572aa97840ac751", "14c94c91093df488"),
-    "mad_sips/cap": ("75d02b6ce6331ad9", "1078750cae69d8a6"),  # cap_quantile=0.98: the Cap stage
+    # and since weight_cap 'auto' became its default (issue 30): the Cap stage (the degree histogram) added, no
+    # label removed (checked by diffing the label sets); weight_cap=1 gives the labels before
+    "mad_sips": ("b0ffd806a0e01e24", "1d1c1976100831a9"),
+    "mad_sips/fixed": ("a572aa97840ac751", "14c94c91093df488"),  # weight_cap=1: no histogram, no Cap stage
+    "mad_sips/cap": ("4962ee2245c00dfd", "e133a4a721548922"),  # cap_quantile=0.98: the Cap stage (+ChosenWeightCap)
+    "mad_sips/cap_fixed": ("75d02b6ce6331ad9", "1078750cae69d8a6"),  # cap_quantile=0.98, weight_cap=1
     "mad_sips/gaussian": ("48206a5de68208d9", "58207e60c1e24850"),  # threshold='gaussian' (and its cap)
     "policy_gaussian": ("0a45ade62247d818", "f133509b3fd1d38b"),
     # its default: the l1 keep curve (issue 30: KeepByCurve instead of NoisyThreshold; weighted_laplace and
@@ -233,7 +237,13 @@ def _stage_labels_hash(algorithm, **params):
 def test_stage_labels_are_unchanged(case):
     """Every algorithm's job graph keeps its stage names, with and without released counts."""
     algorithm, _, variant = case.partition("/")
-    extra = {"cap": {"cap_quantile": 0.98}, "gaussian": {"threshold": "gaussian"}, "laplace": {"threshold": "laplace"}}
+    extra = {
+        "cap": {"cap_quantile": 0.98},
+        "fixed": {"weight_cap": 1.0},
+        "cap_fixed": {"cap_quantile": 0.98, "weight_cap": 1.0},
+        "gaussian": {"threshold": "gaussian"},
+        "laplace": {"threshold": "laplace"},
+    }
     extra = extra.get(variant, {})
     plain, counts = STAGE_LABELS[case]
     assert _stage_labels_hash(algorithm, **extra) == plain
