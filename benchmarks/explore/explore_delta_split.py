@@ -53,9 +53,10 @@ def h_functions(algo, params):
 
 
 def sigma_rounds(algo, params, noise_delta):
-    """The rounds' GDP noise: AGM(eps, noise_delta), less the adaptive cap's histogram share (mad_sips)."""
+    """The rounds' GDP noise: AGM(eps, noise_delta), less the degree histogram's share (mad_sips: the adaptive
+    cap or weight_cap 'auto')."""
     sigma = calibration.analytic_gaussian_sigma(params.epsilon, noise_delta)
-    if params.cap_quantile < 1.0:
+    if algo == "mad_sips" and S.histogram_on(params):
         return sigma / math.sqrt(1.0 - params.cap_budget) * (1.0 + 1e-12), sigma / math.sqrt(params.cap_budget) * (
             1.0 + 1e-12
         )
