@@ -221,6 +221,12 @@ def _bigram_case(name: str, **kw) -> AuditCase:
     return AuditCase(name, "dpne", _dpne_params(**kw), "bigram", holders=4, targets=2, copies_per_call=100)
 
 
+def _mad_sips_table_case(name: str, weight_cap, holders: int, copies_per_call: int = 500) -> AuditCase:
+    """A ``tip`` case of MAD-SIPS's keep-table last round (epsilon 4, no adaptive cap) at ``weight_cap``."""
+    params = _sel(4, threshold="optimal", cap_quantile=1.0, weight_cap=weight_cap)
+    return AuditCase(f"mad_sips/{name}", "mad_sips", params, "tip", holders=holders, copies_per_call=copies_per_call)
+
+
 #: users holding each word of a 'bigram' case alone (enough for level 1 to release both words every time)
 BIGRAM_BACKGROUND = 40
 
@@ -294,36 +300,17 @@ def standard_cases() -> List[AuditCase]:
         # MAD-SIPS's last round as a keep table (docs/mad_sips.md): the target is out of reach of rounds 1-2
         # (rho_1, rho_2 ~ 60, 40), so the event is round 3's table on biased Basic weights
         # (weight_cap 1: the table alone, many copies per call; the default 'auto' is weight_cap_auto_tip below)
-        AuditCase(
-            "mad_sips/optimal_tip",
-            "mad_sips",
-            _sel(4, threshold="optimal", cap_quantile=1.0, weight_cap=1.0),
-            "tip",
-            holders=5,
-        ),
+        _mad_sips_table_case("optimal_tip", 1.0, holders=5),
         # the same with a weight cap (docs/mad_sips.md, "Weight cap"): C only up to 0.3, each holder of the target
         # (a set of one item, weight 1) contributes the grid value 0.29. One such step is a small privacy loss:
         # the expected bound is ~0.16 at 4,000 runs (holders 11, the design's best), a sanity check only; that
         # no weight escapes the cap is what tests/privacy/test_mad_sips_table.py checks (properties, exact)
-        AuditCase(
-            "mad_sips/weight_cap_tip",
-            "mad_sips",
-            _sel(4, threshold="optimal", cap_quantile=1.0, weight_cap=0.3),
-            "tip",
-            holders=11,
-        ),
+        _mad_sips_table_case("weight_cap_tip", 0.3, holders=11),
         # weight_cap 'auto' (docs/mad_sips.md, "Automatic weight cap"; mad_sips's default): the noisy degree
         # histogram (0.2% of the budget, one per call: one copy per call) then the table of the chosen cap. The
         # holders hold one item each and are few, so the choice is 1: the case checks the histogram and the table
         # composed, not the cap's grid
-        AuditCase(
-            "mad_sips/weight_cap_auto_tip",
-            "mad_sips",
-            _sel(4, threshold="optimal", cap_quantile=1.0, weight_cap="auto"),
-            "tip",
-            holders=5,
-            copies_per_call=1,
-        ),
+        _mad_sips_table_case("weight_cap_auto_tip", "auto", holders=5, copies_per_call=1),
         # MAD2R's round 2 as the table over biased Basic weights (as MAD-SIPS's last round)
         AuditCase("mad2r/optimal_tip", "mad2r", _sel(4, threshold="optimal"), "tip", holders=5),
         # DP-SIPS's last round (0.9 of its budget) as basic's table
