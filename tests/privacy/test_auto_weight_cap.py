@@ -231,3 +231,30 @@ def test_a_table_built_from_its_spec_on_a_worker_is_the_plans():
     known = T.keep_table(table.alpha, table.epsilon_rdp, table.delta_rdp, (0.5, 1.0), 6, 1 << 12, unseen=0.01)
     with pytest.raises(ValueError, match="only a table of an unknown domain"):
         T.KeepTableSpec.of(known)
+
+
+@pytest.mark.parametrize(
+    "algorithm,changes,want_cap,want_budget",
+    [
+        ("mad_sips", {}, "auto", C.MEDIAN_CAP_BUDGET),  # the default: the keep-table last round
+        ("mad_sips", {"cap_quantile": 0.98}, "auto", C.DEFAULT_CAP_BUDGET),  # one histogram, the tail's share
+        ("mad_sips", {"threshold": "gaussian"}, 1.0, C.DEFAULT_CAP_BUDGET),  # no table: no weight cap
+        ("mad_sips", {"accounting": "basic"}, 1.0, C.DEFAULT_CAP_BUDGET),  # basic: the Gaussian last round
+        ("mad2r", {}, 1.0, C.DEFAULT_CAP_BUDGET),  # a table but no histogram
+        ("basic", {}, 1.0, C.DEFAULT_CAP_BUDGET),
+    ],
+)
+def test_unset_weight_cap_and_share_resolve_per_algorithm(algorithm, changes, want_cap, want_budget):
+    """An unset weight_cap is 'auto' exactly where MAD-SIPS's last round is a keep table, and an unset cap_budget
+    is the median's share when only 'auto' reads the histogram; explicit values win."""
+    params = SelectionParams(1.0, 1e-5, max_contributions=100, **changes)
+    assert (params.weight_cap, params.cap_budget) == (None, None)
+    resolved = resolve_params(algorithm, params)
+    assert (resolved.weight_cap, resolved.cap_budget) == (want_cap, want_budget)
+    p = plan(algorithm, params)
+    assert (p.weight_caps is not None) == (want_cap == "auto")
+    explicit = resolve_params(algorithm, params.replace(weight_cap=1.0, cap_budget=0.05))
+    assert (explicit.weight_cap, explicit.cap_budget) == (1.0, 0.05)
+    if p.weight_caps is not None:  # a plan that chooses from the data needs the run's choice for its report
+        with pytest.raises(ValueError, match="pass the run's chosen weight_cap"):
+            p.as_report()
