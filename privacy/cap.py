@@ -41,6 +41,7 @@ from typing import Sequence, Tuple
 
 import numpy as np
 
+from dp_partition_beam.privacy.thresholding import KeepTableSpec
 from dp_partition_beam.privacy.validation import check_int, check_range
 
 __all__ = [
@@ -227,7 +228,7 @@ class WeightCapPlan:
       common: the keep-table last round (a ``privacy.selection.RoundPlan``) of the candidate
         :data:`WEIGHT_CAP_COMMON_ORDER_OF`, whose order, RDP budget and grid every candidate's table shares
         (its table may be left out: :meth:`without_tables`).
-      specs: each candidate's ``privacy.thresholding.KeepTableSpec`` (``common``'s with the candidate's
+      specs: each candidate's :class:`privacy.thresholding.KeepTableSpec` (``common``'s with the candidate's
         contributions). A candidate's table is built from it when first asked for (:meth:`last_round`; once
         per process): a plan, and the pipeline's steps, carry a few numbers per candidate, and a run builds
         only the table it chose.
@@ -239,9 +240,9 @@ class WeightCapPlan:
     candidates: Tuple[float, ...]
     factor: float
     common: object
-    specs: Tuple[object, ...]
+    specs: Tuple[KeepTableSpec, ...]
 
-    def spec(self, weight_cap: float):
+    def spec(self, weight_cap: float) -> KeepTableSpec:
         """The ``KeepTableSpec`` of ``weight_cap`` (a candidate)."""
         try:
             return self.specs[self.candidates.index(float(weight_cap))]
@@ -255,7 +256,7 @@ class WeightCapPlan:
         when the spec is its own, else built from the spec (cached per process)."""
         spec = self.spec(weight_cap)
         own = self.common.keep_table
-        table = own if own is not None and type(spec).of(own) == spec else spec.build()
+        table = own if own is not None and KeepTableSpec.of(own) == spec else spec.build()
         return dataclasses.replace(self.common, threshold=table.weight_for(0.5), keep_table=table)
 
     def without_tables(self) -> "WeightCapPlan":
