@@ -43,7 +43,7 @@ from typing import Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from dp_partition_beam.privacy import accounting, calibration, counts, thresholding
+from dp_partition_beam.privacy import accounting, calibration, counts, l2_rule, thresholding
 from dp_partition_beam.privacy import cap as cap_plans
 from dp_partition_beam.privacy.validation import (
     Condition,
@@ -261,7 +261,9 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             "1/sqrt(t)",
             "sequential l2-descent toward the cutoff Gamma (one worker)",
             "DPSU paper Alg. 5-6",
-            ("alpha", "passes", "max_sequential_pairs"),
+            ("alpha", "passes", "max_sequential_pairs", "threshold"),
+            # the l2 keep rule for real-valued shifts (docs/thresholding.md, "The l2 rule: Policy Gaussian")
+            defaults=(("threshold", "optimal"),),
         ),
         AlgorithmSpec(
             "policy_laplace",
@@ -483,8 +485,9 @@ class SelectionParams:
             "biased Basic weights; calibrating it takes seconds; docs/thresholding.md, docs/mad_sips.md); for "
             "weighted_laplace, count_laplace and policy_laplace: laplace (their Laplace noise + rho) or optimal "
             "(the l1 keep curve, a continuous truncated geometric in closed form; docs/thresholding.md). "
-            "unset: optimal for dp_sips, mad2r and mad_sips (gdp accounting), count_gaussian and the three Laplace "
-            "algorithms, gaussian otherwise (basic)",
+            "policy_gaussian: gaussian or optimal (the l2 keep rule for real-valued shifts; docs/thresholding.md). "
+            "unset: optimal for dp_sips, mad2r and mad_sips (gdp accounting), count_gaussian, policy_gaussian and the "
+            "three Laplace algorithms, gaussian otherwise (basic)",
             "choices": THRESHOLDS,
         },
     )
@@ -576,8 +579,9 @@ class RoundPlan:
     tau: Optional[float] = None  # MAD adaptive threshold (calibration.mad_tau)
     h: str = "1/sqrt(t)"  # novel-item sensitivity bound used for the threshold
     cutoff: Optional[float] = None  # policy algorithms' Gamma = rho + alpha * noise_scale
-    # threshold 'optimal': noise is 'keep_table' (a KeepTable) or 'keep_curve' (an L1KeepCurve, l1 weightings)
-    keep_table: Optional[Union[thresholding.KeepTable, thresholding.L1KeepCurve]] = None
+    # threshold 'optimal': noise is 'keep_table' (a KeepTable), 'keep_curve' (an L1KeepCurve, l1 weightings) or
+    # 'keep_rule' (an L2KeepRule, Policy Gaussian's real-valued shifts)
+    keep_table: Optional[Union[thresholding.KeepTable, thresholding.L1KeepCurve, l2_rule.L2KeepRule]] = None
     delta_conversion: Optional[float] = None  # its RDP -> DP conversion's delta
 
     def without_keep_table(self) -> "RoundPlan":
@@ -604,6 +608,9 @@ class RoundPlan:
         if isinstance(self.keep_table, thresholding.L1KeepCurve):  # "threshold" is W50, as for a table
             d["noise_scale"] = None
             d["keep_table"] = self.keep_table.as_report()
+        elif isinstance(self.keep_table, l2_rule.L2KeepRule):
+            d["noise_scale"] = None
+            d["keep_table"] = self.keep_table.as_report(self.delta_conversion)
         elif self.keep_table is not None:  # no noise scale; "threshold" is W50, the weight kept half the time
             t = self.keep_table
             d["noise_scale"] = None
@@ -720,9 +727,38 @@ def _l1_curve_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[Round
     return (RoundPlan(1, eps, delta, "keep_curve", 0.0, w50, spec.weighting, None, "curve", gamma, curve),)
 
 
+def _l2_rule_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan, ...]:
+    """Policy Gaussian's round with the l2 keep rule (docs/thresholding.md, "Policy Gaussian"): its histograms of
+    neighbouring datasets differ by l2 norm <= 1 in real-valued coordinates, which the rule covers. At the run's
+    (epsilon, delta) less the float reserve of every item on the worker (``max_sequential_pairs``); with counts,
+    composed with them in RDP as the tables are (:func:`_table_with_counts`). Gamma is the weight the rule keeps
+    with probability Phi(alpha), as rho + alpha sigma is for the Gaussian rule."""
+    delta_p, gaussian_rdp = params.delta, 0.0
+    share = selection_share(spec, params)
+    if share is not None:
+        plan = share.counts
+        gaussian_rdp = plan.l0 / (2.0 * plan.sigma_continuous**2)
+        counts.check_kernel_slack(plan.l0, delta_p, plan.tau2)
+        delta_p *= 1.0 - counts.DELTA_SLACK
+    rule, delta_conversion = l2_rule.calibrate_l2_keep_rule(
+        params.epsilon, delta_p, _changed_items(spec, params), gaussian_rdp
+    )
+    eps, delta = params.epsilon, params.delta
+    if share is not None:  # the round on its own (informational): the rule's conversion at its order
+        eps = thresholding.rdp_to_dp_epsilon(rule.epsilon_rdp, rule.alpha, delta_conversion)
+        delta = rule.delta_rdp + delta_conversion
+    gamma = rule.weight_for(0.5 * math.erfc(-params.alpha / math.sqrt(2.0)))  # Phi(alpha)
+    w50 = rule.weight_for(0.5)
+    return (
+        RoundPlan(1, eps, delta, "keep_rule", 0.0, w50, spec.weighting, None, "rule", gamma, rule, delta_conversion),
+    )
+
+
 def _one_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan, ...]:
     if params.threshold == "optimal" and spec.calibration in L1_CALIBRATIONS:
         return _l1_curve_round(spec, params)
+    if params.threshold == "optimal" and spec.weighting == "l2_descent":
+        return _l2_rule_round(spec, params)
     if params.threshold == "optimal":
         return _keep_table_round(spec, params)
     c = _one_round_calibration(spec, params)
@@ -933,6 +969,10 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
         reserve = thresholding.rounding_reserve(params.epsilon, _changed_items(spec, params))
         if reserve >= params.delta / 2:
             defaults["threshold"] = noise_rule(spec)
+    if params.threshold is None and defaults["threshold"] == "optimal" and spec.weighting == "l2_descent":
+        # the l2 rule's float reserve must fit in delta (tiny delta: Policy Gaussian's Gaussian rule)
+        if l2_rule.realisation_reserve(params.epsilon, _changed_items(spec, params)) >= params.delta / 2:
+            defaults["threshold"] = noise_rule(spec)
     unset = {name: value for name, value in defaults.items() if getattr(params, name) is None}
     params = params.replace(**unset) if unset else params
     if params.weight_cap is None:  # after the threshold: auto only where the last round is a keep table
@@ -948,8 +988,8 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
     if params.threshold == "optimal" and "threshold" not in spec.options:
         raise ValueError(
             f"threshold={params.threshold!r} is an option of basic, count_gaussian, dp_sips, mad2r, mad_sips, "
-            f"weighted_laplace, count_laplace and policy_laplace for now ({algorithm}'s weights are not proven for a "
-            "keep table: docs/thresholding.md); use threshold='gaussian'"
+            f"weighted_laplace, count_laplace, policy_laplace and policy_gaussian for now ({algorithm}'s weights are "
+            "not proven for a keep table: docs/thresholding.md); use threshold='gaussian'"
         )
     if params.threshold == "optimal" and spec.shape in MULTI_ROUND_SHAPES and params.accounting != "gdp":
         raise ValueError(

@@ -77,7 +77,7 @@ def one_cell_slack_table(epsilon: float, delta: float, bits: int) -> T.KeepTable
 
 def policy_gaussian_rule(epsilon: float, delta: float, max_contributions: int):
     """(rho, sigma) of Policy Gaussian's Gaussian threshold at (epsilon, delta, Delta_0)."""
-    params = SelectionParams(epsilon=epsilon, delta=delta, max_contributions=max_contributions)
+    params = SelectionParams(epsilon=epsilon, delta=delta, max_contributions=max_contributions, threshold="gaussian")
     (r,) = plan_rounds("policy_gaussian", params)
     return r.threshold, r.noise_scale
 

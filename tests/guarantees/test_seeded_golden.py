@@ -34,7 +34,10 @@ their former values, and so do ``mad2r_counts`` and ``dp_sips_counts_min_users``
 ``--threshold gaussian``. Then ``mad_sips`` and ``mad_sips_cap`` (reference and CLI) when ``weight_cap='auto'``
 became MAD-SIPS's default (issue 30, docs/mad_sips.md "Automatic weight cap": 205 -> 238 and 327 -> 401 released
 items); ``mad_sips_weight_cap1`` (new, ``--weight_cap 1``) keeps the former ``mad_sips`` value and
-``mad_sips_cap98`` (now with ``--weight_cap 1``) its own.
+``mad_sips_cap98`` (now with ``--weight_cap 1``) its own. Then ``policy_gaussian`` (reference and CLI) when the l2
+keep rule became Policy Gaussian's default (issue 30, docs/thresholding.md "The l2 rule": 133 -> 140 released
+items); ``policy_gaussian_gaussian`` (new) keeps the former value, the counts cases now name ``--threshold
+gaussian`` and keep theirs, and ``policy_gaussian_rule_counts`` (the rule with counts) was recorded then.
 The DPNE cases ``dpne``, ``dpne_mad`` and ``dpne_counts`` pass the paper's levels (``--selection single``,
 and ``--threshold gaussian`` since the keep tables became the default) explicitly (their values are unchanged);
 ``dpne_mad_sips`` and ``dpne_mad_sips_counts`` (MAD-SIPS inside the levels, issue 30) and ``dpne_tables`` and
@@ -83,12 +86,17 @@ SELECT_VARIANTS = {
     "mad_sips_cap98": ["--algorithm", "mad_sips", "--cap_quantile", "0.98", "--weight_cap", "1"],
     # MAD-SIPS without a weight cap: the default before weight_cap 'auto' (issue 30); the value recorded then
     "mad_sips_weight_cap1": ["--algorithm", "mad_sips", "--weight_cap", "1"],
-    "policy_gaussian_counts": ["--algorithm", "policy_gaussian", "--release_counts"],
+    # Policy Gaussian's Gaussian rule given explicitly since the l2 keep rule became its default (issue 30): the
+    # values recorded before that change
+    "policy_gaussian_gaussian": ["--algorithm", "policy_gaussian", "--threshold", "gaussian"],
+    "policy_gaussian_counts": ["--algorithm", "policy_gaussian", "--threshold", "gaussian", "--release_counts"],
     # the sharded join of the policies' count release: an execution option, same output as the default
     "policy_gaussian_counts_join": [
-        *["--algorithm", "policy_gaussian", "--release_counts", "--max_broadcast_items", "0"],
-        *["--max_users_per_key", "3"],
+        *["--algorithm", "policy_gaussian", "--threshold", "gaussian", "--release_counts", "--max_broadcast_items"],
+        *["0", "--max_users_per_key", "3"],
     ],
+    # the l2 rule with counts (composed in RDP), recorded when the rule became the default
+    "policy_gaussian_rule_counts": ["--algorithm", "policy_gaussian", "--release_counts"],
     "basic_allowlist": ["--algorithm", "basic", "--allowlist", "ALLOWLIST"],
     # the Laplace rule given explicitly: the l1 keep curve became the Laplace algorithms' default (issue 30); the
     # values recorded before that change
@@ -158,7 +166,7 @@ GOLDEN = {  # name: (sha256, number of lines)
     "reference/mad2r_counts": ("6dfb29279a95f46d9744c25f69b8350a0bf58d77532f14e417cedb9ec6a38bdb", 125),
     "reference/mad_sips": ("7f612ee1a13fc3891ab599f37d2affd6ee663d033dfbab71a266280bcf791457", 238),
     "reference/mad_sips_cap": ("7403a63ef9fd4d9e8b504878498d74a8e44f6d4982f6efe1672afdf94ab6d47b", 401),
-    "reference/policy_gaussian": ("95783e29ea36e7c25e7a4ecd531e317997f5ab84d0583d69b9c9e43918d20262", 133),
+    "reference/policy_gaussian": ("350271c1893059b8977425d7506185aa9aa17354d0cddd4954ada0caa733276e", 140),
     "reference/policy_gaussian_counts": ("8982f4c863f67e2fc21bcde1d85db33739659ad8720afb873f0d43ae31e714a7", 114),
     "reference/policy_laplace": (
         "cb4607baab5360a806fda6766f07c3de24d459b0300777704ef80e1783ec9886",
@@ -188,7 +196,15 @@ GOLDEN = {  # name: (sha256, number of lines)
     "select_partitions/mad2r_counts": ("6dfb29279a95f46d9744c25f69b8350a0bf58d77532f14e417cedb9ec6a38bdb", 125),
     "select_partitions/mad_sips": ("7f612ee1a13fc3891ab599f37d2affd6ee663d033dfbab71a266280bcf791457", 238),
     "select_partitions/mad_sips_cap": ("7403a63ef9fd4d9e8b504878498d74a8e44f6d4982f6efe1672afdf94ab6d47b", 401),
-    "select_partitions/policy_gaussian": ("95783e29ea36e7c25e7a4ecd531e317997f5ab84d0583d69b9c9e43918d20262", 133),
+    "select_partitions/policy_gaussian": ("350271c1893059b8977425d7506185aa9aa17354d0cddd4954ada0caa733276e", 140),
+    "select_partitions/policy_gaussian_gaussian": (
+        "95783e29ea36e7c25e7a4ecd531e317997f5ab84d0583d69b9c9e43918d20262",
+        133,
+    ),
+    "select_partitions/policy_gaussian_rule_counts": (
+        "54000538e3658c81f2e7e73b349ab280b8acde40ad52f96c59c8adbb17eef24a",
+        124,
+    ),
     "select_partitions/policy_gaussian_counts": (
         "8982f4c863f67e2fc21bcde1d85db33739659ad8720afb873f0d43ae31e714a7",
         114,
@@ -291,8 +307,8 @@ def test_reference_variants(user_sets):
     check("reference/mad_sips_cap", result.items)
     for algorithm in ("mad2r", "policy_gaussian"):
         p = SelectionParams(EPSILON, DELTA, max_contributions=DELTA_0, release_counts=True)
-        if algorithm == "mad2r":  # the Gaussian round 2, as the CLI's mad2r_counts case
-            p = p.replace(threshold="gaussian")
+        # the Gaussian round 2 and Policy Gaussian's Gaussian rule, as the CLI's *_counts cases
+        p = p.replace(threshold="gaussian")
         counts = reference.select_counts(user_sets, algorithm, p, SEED)
         check(f"reference/{algorithm}_counts", [f"{i}\t{c}" for i, c in counts.items()])
 

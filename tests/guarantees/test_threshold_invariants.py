@@ -147,6 +147,14 @@ def test_the_keep_rules_keep_exactly_the_calibrated_bit_patterns():
             want = [False, True]
         bits = np.array([limit - 1, limit], dtype=np.uint64)
         assert curve.keep(np.full(2, w), bits).tolist() == want, w
+    # Policy Gaussian's l2 rule (privacy/l2_rule.py): keep iff bits < floor(f 2^64), in the quadratic start, at the
+    # junction and on the knots
+    rule = plan("policy_gaussian", SelectionParams(1.0, 1e-5, threshold="optimal")).rounds[0].keep_table
+    for w in (0.5, rule.start, rule.weight_for(0.5), rule.weight_for(0.99)):
+        limit = rule.limit(w)  # floor(f(W) 2^64), exact (tests/privacy/test_l2_rule.py recomputes it in fractions)
+        assert abs(limit / 2.0**64 - float(rule.keep_probability(np.array([w]))[0])) <= 2.0**-50
+        bits = np.array([limit - 1, limit], dtype=np.uint64)
+        assert rule.keep(np.full(2, w), bits).tolist() == [True, False], w
 
 
 def test_the_scan_finds_a_comparison_of_its_own(tmp_path):

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from scipy import integrate, special
 
 from dp_partition_beam.privacy import counts as C
+from dp_partition_beam.privacy import l2_rule
 from dp_partition_beam.privacy.selection import ALGORITHMS, SelectionParams, plan_cap, plan_counts, plan_rounds
 from dp_partition_beam.transforms.selection import counts_kernels
 from dp_partition_beam.transforms.selection.reference import bound_contributions
@@ -219,10 +220,12 @@ def _check_counts_plan(algorithm, params):
         candidates = [rounds] if cap is None else list(cap.rounds)
         assert (cap is not None) == (params.cap_quantile is not None and params.cap_quantile < 1)
         for rs in candidates:  # every cap the run may choose
-            if rs[-1].noise == "keep_table":  # the default last round: the counts join the table's RDP composition
-                from .test_mad_sips_table import _recomputed
+            if rs[-1].noise in ("keep_table", "keep_rule"):  # a table or Policy Gaussian's l2 rule: the counts join
+                from .test_mad_sips_table import _recomputed  # its RDP composition
 
                 got_eps, got_delta = _recomputed(rs, None if cap is None else cap.noise_scale, counts)
+                if rs[-1].noise == "keep_rule":  # and the rule's 2^-64 realisation reserve
+                    got_delta += l2_rule.realisation_reserve(eps, params.max_sequential_pairs)
                 assert got_eps <= eps * (1 + 1e-9) and delta * 0.99 <= got_delta <= delta * (1 + 1e-9)
                 continue
             sigmas = [r.noise_scale / sens for r in rs] + ([] if cap is None else [cap.noise_scale])

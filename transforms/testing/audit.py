@@ -234,14 +234,14 @@ BIGRAM_BACKGROUND = 40
 def _tip_settings(spec) -> dict:
     """The multi-round algorithms' ``tip`` cases audit their Gaussian rounds (``threshold='gaussian'``; the
     ``*/optimal_tip`` cases audit the keep-table last round, their default), the Laplace algorithms' and
-    count_gaussian's their own noise (``threshold`` 'laplace' / 'gaussian'; ``*/optimal_tip``: the l1 curve and
-    count_gaussian's table, their defaults). MAD-SIPS's multi-copy cases fix
+    count_gaussian's and policy_gaussian's their own noise (``threshold`` 'laplace' / 'gaussian'; ``*/optimal_tip``:
+    the l1 curve, count_gaussian's table and Policy Gaussian's l2 rule, their defaults). MAD-SIPS's multi-copy cases fix
     the cap at Delta_0 (``cap_quantile=1``): the adaptive cap's histogram would couple the copies of one call
     (the ``cap_tip`` case audits the adaptive cap, one copy per call)."""
     if spec.shape == "mad_sips":
         return {"cap_quantile": 1.0, "threshold": "gaussian"}
-    if spec.calibration in L1_CALIBRATIONS or spec.name == "count_gaussian":  # their noise + rho (*/optimal_tip:
-        return {"threshold": noise_rule(spec)}  # the l1 curve or count_gaussian's table, their defaults)
+    if spec.calibration in L1_CALIBRATIONS or spec.name in ("count_gaussian", "policy_gaussian"):  # their noise +
+        return {"threshold": noise_rule(spec)}  # rho (*/optimal_tip: the l1 curve, the tables, the l2 rule)
     return {"threshold": "gaussian"} if spec.shape in ("mad2r", "dp_sips") else {}
 
 
@@ -328,6 +328,16 @@ def standard_cases() -> List[AuditCase]:
             _sel(4, threshold="optimal"),
             "tip",
             holders=3,
+            copies_per_call=1,
+        ),
+        # Policy Gaussian's l2 keep rule (docs/thresholding.md, "The l2 rule"): at epsilon 4, delta 1e-6,
+        # f(6) ~ 0.056 and f(7) ~ 0.24 (each holder's one item weighs 1, below the cutoff Gamma ~ 13.5)
+        AuditCase(
+            "policy_gaussian/optimal_tip",
+            "policy_gaussian",
+            _sel(4, threshold="optimal"),
+            "tip",
+            holders=6,
             copies_per_call=1,
         ),
     ]

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from dp_partition_beam.pipelines import select_partitions
-from dp_partition_beam.privacy import thresholding
+from dp_partition_beam.privacy import l2_rule, thresholding
 from dp_partition_beam.privacy.selection import SelectionParams, plan
 from dp_partition_beam.transforms import reference
 from dp_partition_beam.transforms.core import randomness
@@ -40,8 +40,9 @@ def pairs():
 
 @pytest.mark.parametrize("release_counts", [False, True], ids=["items", "counts"])
 @pytest.mark.parametrize(
-    "algorithm", ["basic", "count_gaussian", "weighted_laplace", "count_laplace", "policy_laplace"]
-)  # the step tables, and the l1 curve of the Laplace algorithms (NoisyThresholdFn's keep step, KeepByTable)
+    "algorithm", ["basic", "count_gaussian", "weighted_laplace", "count_laplace", "policy_laplace", "policy_gaussian"]
+)  # the step tables, the l1 curve of the Laplace algorithms (NoisyThresholdFn's keep step, KeepByTable) and
+# Policy Gaussian's l2 rule (KeepByTable)
 def test_seeded_beam_equals_the_reference(pairs, algorithm, release_counts):
     params = PARAMS.replace(release_counts=release_counts)
     want = reference.release(reference.user_sets_from_pairs(pairs), algorithm, params, SEED)
@@ -93,10 +94,34 @@ def test_plan_and_report():
     json.dumps(p.as_report())  # the report is JSON (no NaN)
 
 
-@pytest.mark.parametrize("algorithm", ["mad", "policy_gaussian"])
+@pytest.mark.parametrize("algorithm", ["mad"])
 def test_other_algorithms_refuse_the_table(algorithm):
     with pytest.raises(ValueError, match="is an option of basic, count_gaussian, dp_sips, mad2r, mad_sips"):
         plan(algorithm, PARAMS)
+
+
+def test_policy_gaussian_plan_and_report():
+    """Policy Gaussian with the l2 rule (privacy/l2_rule.py): W50 below the Gaussian rho, Gamma the weight kept with
+    probability Phi(alpha) (as rho + alpha sigma for the Gaussian), the budget less the float reserve of
+    max_sequential_pairs items; with counts, the gdp split's counts and the rule composed with them in RDP."""
+    (r,) = plan("policy_gaussian", PARAMS).rounds
+    rule = r.keep_table
+    assert r.noise == "keep_rule" and r.h == "rule" and (r.epsilon, r.delta) == (1.0, 1e-5)
+    reserve = l2_rule.realisation_reserve(1.0, PARAMS.max_sequential_pairs)
+    eps = thresholding.rdp_to_dp_epsilon(rule.epsilon_rdp, rule.alpha, r.delta_conversion)
+    assert eps == pytest.approx(1.0, rel=1e-9)
+    assert rule.delta_rdp + r.delta_conversion + reserve == pytest.approx(1e-5, rel=1e-12)
+    phi = 0.5 * math.erfc(-PARAMS.alpha / math.sqrt(2))
+    assert float(rule.keep_probability(np.array([r.cutoff]))[0]) == pytest.approx(phi, abs=1e-9)
+    gaussian = plan("policy_gaussian", PARAMS.replace(threshold="gaussian")).rounds[0]
+    assert r.threshold < 0.9 * gaussian.threshold and r.cutoff < gaussian.cutoff
+    rep = r.as_report()
+    assert rep["noise_scale"] is None and rep["keep_table"]["kind"] == "l2_rule"
+    assert rep["keep_table"]["weight_kept_10_50_90"][1] == rep["threshold"]
+    pc = plan("policy_gaussian", PARAMS.replace(release_counts=True, count_budget=0.25))
+    gc = plan("policy_gaussian", PARAMS.replace(release_counts=True, count_budget=0.25, threshold="gaussian"))
+    assert pc.counts == gc.counts and pc.rounds[0].threshold < gc.rounds[0].threshold
+    json.dumps(pc.as_report())
 
 
 @pytest.mark.parametrize("rows_per_shard", [10**9, 900])

@@ -294,7 +294,7 @@ def test_plan_uses_theorem_4_1_and_5_1_thresholds_and_gamma():
     assert lap.noise == "laplace" and lap.noise_scale == 1 / eps
     assert lap.threshold == pytest.approx(rho_lap, rel=1e-9)
     assert lap.cutoff == lap.threshold + alpha / eps  # Alg. 4: rho_Lap + alpha*lambda
-    (gau,) = plan_rounds("policy_gaussian", params)
+    (gau,) = plan_rounds("policy_gaussian", params.replace(threshold="gaussian"))  # the default is the l2 rule
     sigma = calibration.analytic_gaussian_sigma(eps, delta / 2)
     assert gau.noise == "gaussian" and gau.noise_scale == sigma
     assert calibration.gaussian_delta(sigma, eps) <= delta / 2  # Theorem 5.1, first condition

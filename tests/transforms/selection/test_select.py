@@ -203,7 +203,9 @@ STAGE_LABELS = {
     "mad_sips/cap": ("4962ee2245c00dfd", "e133a4a721548922"),  # cap_quantile=0.98: the Cap stage (+ChosenWeightCap)
     "mad_sips/cap_fixed": ("75d02b6ce6331ad9", "1078750cae69d8a6"),  # cap_quantile=0.98, weight_cap=1
     "mad_sips/gaussian": ("48206a5de68208d9", "58207e60c1e24850"),  # threshold='gaussian' (and its cap)
-    "policy_gaussian": ("0a45ade62247d818", "f133509b3fd1d38b"),
+    # its default: the l2 keep rule (issue 30: KeepByCurve instead of NoisyThreshold, as Policy Laplace's curve)
+    "policy_gaussian": ("67a04f02d4171f18", "9658074651079dad"),
+    "policy_gaussian/gaussian": ("0a45ade62247d818", "f133509b3fd1d38b"),  # threshold='gaussian': the labels before
     # its default: the l1 keep curve (issue 30: KeepByCurve instead of NoisyThreshold; weighted_laplace and
     # count_laplace keep their labels, their NoisyThresholdFn draws the keep bits)
     "policy_laplace": ("bfc205a221c59ef5", "5331daf3e390d2ac"),
