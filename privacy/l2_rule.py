@@ -433,14 +433,10 @@ def _search(epsilon: float, delta: float, gaussian_rdp: float) -> Tuple[float, f
     """(alpha, mixture fraction, its W50) minimising the W50 of the necessary-condition table on a coarse grid
     (2^-5)."""
     bits = 5
-    shifts = tuple(m * math.ldexp(1.0, -bits) for m in range(1, (1 << bits) + 1))
-    sub = T._search_subset(shifts)
-
-    def exact(contributions, grid_bits):
-        return (
-            np.array([max(1, round(math.ldexp(c, grid_bits))) for c in contributions], dtype=np.int64),
-            np.array(contributions, dtype=np.float64),
-        )
+    grid = math.ldexp(1.0, -bits)
+    sub = T._search_subset(tuple(m * grid for m in range(1, (1 << bits) + 1)))
+    # exact shifts: the shift m H moves the index by m (no float slack), at the budget of m H
+    exact = (np.array([round(c / grid) for c in sub], dtype=np.int64), np.array(sub, dtype=np.float64))
 
     def table_epsilon(alpha: float, f: float) -> float:
         return epsilon - T.rdp_to_dp_epsilon(0.0, alpha, delta * (1.0 - f)) - alpha * gaussian_rdp
@@ -448,11 +444,6 @@ def _search(epsilon: float, delta: float, gaussian_rdp: float) -> Tuple[float, f
     def w50(alphas, fractions):
         alphas, fractions = np.broadcast_arrays(np.asarray(alphas, float), np.asarray(fractions, float))
         eps = np.array([table_epsilon(x, f) for x, f in zip(alphas.ravel(), fractions.ravel())])
-        saved = T._shift_budgets
-        T._shift_budgets = exact
-        try:
-            return T._weights_kept(alphas, eps, delta * fractions, sub, bits, 0.5)
-        finally:
-            T._shift_budgets = saved
+        return T._weights_kept(alphas, eps, delta * fractions, sub, bits, 0.5, shifts=exact)
 
     return T.search_order(table_epsilon, w50, epsilon)

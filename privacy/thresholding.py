@@ -324,13 +324,16 @@ def _shift_budgets(contributions: Iterable[float], grid_bits: int) -> Tuple[np.n
     return ms, np.array([best[m] for m in ms], dtype=np.float64)
 
 
-def _build_rows(alphas, eps, deltas, contributions, grid_bits, limit, bisections, until, start=0.0, every=False):
+def _build_rows(
+    alphas, eps, deltas, contributions, grid_bits, limit, bisections, until, start=0.0, every=False, shifts=None
+):
     """The recursion of the module docstring for one or many (alpha, eps, delta) at once (one row each):
     ``(probs, n)``, probs of shape (rows, limit) filled up to index n from F[0] = ``start`` (a multiple of
     2^-64), built until some row (``every``: every row) reaches ``until`` (or ``limit``). Every entry is a
-    multiple of 2^-64 (exact in float)."""
+    multiple of 2^-64 (exact in float). ``shifts``: the (index shifts, budgets) to use instead of
+    :func:`_shift_budgets` of ``contributions`` (the l2 rule's search: exact shifts, privacy/l2_rule.py)."""
     a, e, d = (np.asarray(x, dtype=np.float64).reshape(-1, 1, 1) for x in np.broadcast_arrays(alphas, eps, deltas))
-    ms, cs = _shift_budgets(contributions, grid_bits)
+    ms, cs = _shift_budgets(contributions, grid_bits) if shifts is None else shifts
     eps_c, delta_c = e * cs**2, d * cs**2  # (rows, 1, |C|)
     probs = np.zeros((a.shape[0], limit), dtype=np.float64)
     probs[:, 0] = start
@@ -435,7 +438,15 @@ def _search_subset(contributions: Sequence[float]) -> Tuple[float, ...]:
 
 
 def _weights_kept(
-    alphas, eps, deltas, contributions, grid_bits: int, probability: float, start: float = 0.0, every: bool = False
+    alphas,
+    eps,
+    deltas,
+    contributions,
+    grid_bits: int,
+    probability: float,
+    start: float = 0.0,
+    every: bool = False,
+    shifts=None,
 ):
     """The weight kept with ``probability`` (W50 for 1/2) by the tables of many (alpha, eps, delta) at once,
     for the search's argmin: :func:`keep_table`'s recursion with one row per candidate, built only until the
@@ -459,6 +470,7 @@ def _weights_kept(
         probability,
         start,
         every,
+        shifts,
     )
     reached = probs[:, :n] >= probability
     first = np.where(reached.any(axis=1), reached.argmax(axis=1).astype(np.float64), math.inf)
