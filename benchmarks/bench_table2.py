@@ -66,7 +66,9 @@ CONFIGS = [
     ("mad2r", "mad2r", dict(MAD, budget_split=(0.1, 0.9), b_min=0.5, b_max=2.0, c_lb=1.0, c_ub=3.0, **GAUSSIAN)),
     ("dp_sips [0.1,0.9]", "dp_sips", dict(budget_split=(0.1, 0.9), **GAUSSIAN)),
     ("dp_sips [0.05,0.15,0.8]", "dp_sips", dict(budget_split=(0.05, 0.15, 0.8), **GAUSSIAN)),
-    ("policy_gaussian (alpha 4)", "policy_gaussian", dict(alpha=4.0)),
+    ("policy_gaussian (alpha 4)", "policy_gaussian", dict(alpha=4.0, **GAUSSIAN)),
+    # issue 30: Policy Gaussian's l2 keep rule (its default since 2026-12-01; docs/thresholding.md, "The l2 rule")
+    ("policy_gaussian l2 rule (alpha 4)", "policy_gaussian", dict(alpha=4.0, threshold="optimal")),
     # ours (issue 17, docs/mad_sips.md): its defaults of issue 17 (Gaussian rounds; the adaptive cap under gdp),
     # MAD2R's other settings
     (

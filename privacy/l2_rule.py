@@ -178,6 +178,8 @@ class L2KeepRule:
         :meth:`keep` keeps. f(W) is a dyadic rational there (c, W, the knots and W's position in its cell are), so
         the only rounding is this floor, at most 2^-64 below f (:func:`realisation_reserve`)."""
         w = max(float(weight), 0.0)
+        if not math.isfinite(w):
+            raise ValueError(f"the keep rule reads finite weights, got {weight}")
         if w < self.start:
             a, b = self.coefficient.as_integer_ratio()
             p, q = w.as_integer_ratio()

@@ -747,7 +747,8 @@ def _l2_rule_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundP
     if share is not None:  # the round on its own (informational): the rule's conversion at its order
         eps = thresholding.rdp_to_dp_epsilon(rule.epsilon_rdp, rule.alpha, delta_conversion)
         delta = rule.delta_rdp + delta_conversion
-    gamma = rule.weight_for(0.5 * math.erfc(-params.alpha / math.sqrt(2.0)))  # Phi(alpha)
+    # Phi(alpha), capped at the rule's last knot: a large alpha (Phi(alpha) ~ 1 in float) still gets a finite cutoff
+    gamma = rule.weight_for(min(0.5 * math.erfc(-params.alpha / math.sqrt(2.0)), rule.probs[-1]))
     w50 = rule.weight_for(0.5)
     return (
         RoundPlan(1, eps, delta, "keep_rule", 0.0, w50, spec.weighting, None, "rule", gamma, rule, delta_conversion),

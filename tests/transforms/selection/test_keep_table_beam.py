@@ -122,6 +122,9 @@ def test_policy_gaussian_plan_and_report():
     gc = plan("policy_gaussian", PARAMS.replace(release_counts=True, count_budget=0.25, threshold="gaussian"))
     assert pc.counts == gc.counts and pc.rounds[0].threshold < gc.rounds[0].threshold
     json.dumps(pc.as_report())
+    # a large alpha (Phi(15) rounds to 1 in float): the cutoff is the rule's last knot, finite
+    (big,) = plan("policy_gaussian", PARAMS.replace(alpha=15.0)).rounds
+    assert math.isfinite(big.cutoff) and big.cutoff == big.keep_table.weight_for(big.keep_table.probs[-1])
 
 
 @pytest.mark.parametrize("rows_per_shard", [10**9, 900])

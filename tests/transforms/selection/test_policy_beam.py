@@ -2,13 +2,14 @@
 independent of input order, the memory guard, and the CLI."""
 
 import json
+import math
 import random
 
 import apache_beam as beam
 import pytest
 
 from dp_partition_beam.pipelines import select_partitions
-from dp_partition_beam.privacy.selection import SelectionParams
+from dp_partition_beam.privacy.selection import SelectionParams, plan_rounds
 from dp_partition_beam.transforms import reference
 from dp_partition_beam.transforms.selection.policy import GuardAndKeyToOneFn, SequentialSizeError
 from dp_partition_beam.transforms.selection.select import SelectPartitions
@@ -58,9 +59,9 @@ def test_output_does_not_depend_on_input_order():
 
 def test_unseeded_run_releases_items_every_user_holds():
     """Production mode (OS entropy). An item in all 1500 sets survives the cap to 8 in most of them
-    and is pushed to the cutoff Gamma = rho + 15 * noise_scale (alpha = 15); it is then missed
-    only if its noise is below -15 scales: probability 0.5 e^-15 = 1.5e-7 (Laplace), < 1e-50
-    (Gaussian) per run."""
+    and is pushed to the cutoff Gamma (alpha = 15): the l1 curve keeps it with probability 1 - 0.5 e^-15 (missed:
+    1.5e-7 per run), and the l2 rule's Gamma, the weight kept with probability Phi(15) = 1 - 4e-51, is capped at
+    the rule's last knot (kept with probability >= 1 - 1e-8: a finite cutoff for any alpha)."""
     sets = {u: items + ["everyone"] for u, items in SETS.items()}
     for alg in ("policy_gaussian", "policy_laplace"):
         got = run_beam(pairs_of(sets), alg, PARAMS.replace(alpha=15.0), None)
@@ -137,8 +138,18 @@ def test_cli_policy_gaussian_with_alpha_and_passes(tmp_path):
     assert set(items) == reference.select(SETS, "policy_gaussian", params, seed=5) and items
     assert rep["algorithm"] == "policy_gaussian" and rep["alpha"] == 3.0 and rep["passes"] == 2
     (r,) = rep["rounds"]
-    assert r["cutoff"] == pytest.approx(r["threshold"] + 3.0 * r["noise_scale"])
+    # the default l2 keep rule: Gamma is the weight it keeps with probability Phi(3), as rho + 3 sigma for the
+    # Gaussian rule (--threshold gaussian, below)
+    rule = plan_rounds("policy_gaussian", params)[0].keep_table
+    phi = 0.5 * math.erfc(-3.0 / math.sqrt(2.0))
+    assert r["noise"] == "keep_rule" and r["cutoff"] == pytest.approx(rule.weight_for(phi))
     assert r["released"] == len(items) and r["weighting"] == "l2_descent"
+    (tmp_path / "g").mkdir()
+    code, items, rep = _cli(
+        tmp_path / "g", *("--algorithm", "policy_gaussian", "--threshold", "gaussian", "--alpha", "3"), "--seed", "5"
+    )
+    (r,) = rep["rounds"]
+    assert code == 0 and r["cutoff"] == pytest.approx(r["threshold"] + 3.0 * r["noise_scale"])
 
 
 def test_cli_memory_guard_exits_3_with_the_message(tmp_path, capsys):
