@@ -6,7 +6,6 @@ random neighbouring Policy Laplace histograms, the gain over the Laplace thresho
 from __future__ import annotations
 
 import math
-import random
 
 import mpmath as mp
 import numpy as np
@@ -16,7 +15,8 @@ from hypothesis import strategies as st
 
 from dp_partition_beam.privacy import calibration
 from dp_partition_beam.privacy import thresholding as T
-from dp_partition_beam.transforms.selection import policy_kernels as PK
+
+from tests.support.policy_neighbours import neighbouring_histograms
 
 PROPS = settings(max_examples=150, deadline=None, derandomize=True)
 mp.mp.dps = 60
@@ -124,18 +124,10 @@ def test_neighbouring_policy_laplace_histograms_compose_within_the_budget():
     shared items, the curve's cutoff): the l1 change is <= 1, and every item's realised pair is within
     (eps t_i, delta t_i) for its own change t_i (to the 2^-64 rounding for t_i >= 1e-6, else within 2^-48), so
     the release's (sum eps t_i, sum delta t_i) <= (eps, delta) (basic composition over independent items)."""
-    rng = random.Random(20261129)
     curve = T.calibrate_l1_curve(1.0, 1e-3)  # a large delta: a short curve that small datasets reach
     gamma = curve.weight_for(1 - 0.5 * math.exp(-5.0))
     checked = 0
-    for case in range(200):
-        sets = [sorted(set(rng.choices(range(30), k=rng.randint(1, 8)))) for _ in range(rng.randint(1, 80))]
-        shared = sorted(set(rng.sample(range(30), rng.randint(0, 5))), key=str)
-        extra = shared + [f"new{j}" for j in range(rng.randint(0, 3))] or [0]
-        pos = rng.randint(0, len(sets))
-        h = PK.build_histogram(sets, "l1_descent", gamma)
-        h2 = PK.build_histogram(sets[:pos] + [extra] + sets[pos:], "l1_descent", gamma)
-        change = {i: abs(h2.get(i, 0.0) - h.get(i, 0.0)) for i in set(h) | set(h2)}
+    for case, h, h2, change in neighbouring_histograms(20261129, "l1_descent", gamma, 200, 30, 8, 80, 5):
         assert sum(change.values()) <= 1.0 + 1e-9, case
         for i, t in change.items():
             if t == 0.0:

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from dp_partition_beam.privacy import l2_rule as L
 from dp_partition_beam.privacy import thresholding as T
 from dp_partition_beam.privacy.selection import SelectionParams, plan_rounds
-from dp_partition_beam.transforms.selection import policy_kernels as PK
+
+from tests.support.policy_neighbours import neighbouring_histograms
 
 PROPS = settings(max_examples=300, deadline=None, derandomize=True)
 mp.mp.dps = 60
@@ -118,17 +119,9 @@ def test_neighbouring_policy_gaussian_histograms_compose_within_the_budget(rule)
     """200 random neighbouring datasets under Policy Gaussian (the extra user anywhere in the order, novel and
     shared items, the rule's cutoff): the l2 change is <= 1, every item's pair is within its own (eps t_i^2,
     delta t_i^2) (Lemma 1's cores), and the sums over the items stay within (eps, delta)."""
-    rng = random.Random(20261201)
     gamma = rule.weight_for(0.9999)
     checked = 0
-    for case in range(200):
-        sets = [sorted(set(rng.choices(range(12), k=rng.randint(1, 6)))) for _ in range(rng.randint(1, 90))]
-        shared = sorted(set(rng.sample(range(12), rng.randint(0, 4))), key=str)
-        extra = shared + [f"new{j}" for j in range(rng.randint(0, 3))] or [0]
-        pos = rng.randint(0, len(sets))
-        h = PK.build_histogram(sets, "l2_descent", gamma)
-        h2 = PK.build_histogram(sets[:pos] + [extra] + sets[pos:], "l2_descent", gamma)
-        change = {i: abs(h2.get(i, 0.0) - h.get(i, 0.0)) for i in set(h) | set(h2)}
+    for case, h, h2, change in neighbouring_histograms(20261201, "l2_descent", gamma, 200, 12, 6, 90, 4):
         assert sum(t * t for t in change.values()) <= 1.0 + 1e-9, case
         total = mp.mpf(0)
         for i, t in change.items():
