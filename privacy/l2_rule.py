@@ -99,11 +99,16 @@ def start_coefficient(alpha: float, eps: float, delta: float, w_start: float) ->
 def _taylor_ok(b: float, p_lo: float, r_hi: float, t_max: float, alpha: float, eps: float) -> bool:
     """The certified bound of the local pairs: for p, r in [p_lo, r_hi] with 0 <= r - p <= b t, t <= t_max,
     ``D_alpha <= (alpha/2) (r - p)^2 K`` both ways (second-order Taylor bounds, alpha >= 2) with K below."""
-    r_top = r_hi + 0.0
+    b, p_lo, r_top, t_max, alpha = float(b), float(p_lo), float(r_hi), float(t_max), float(alpha)
     if r_top >= 1.0 or p_lo <= 0.0:
         return False
-    k_up = (1.0 + b * t_max / p_lo) ** (alpha - 2.0) / p_lo + 1.0 / (1.0 - r_top)
-    k_down = 1.0 / p_lo + (1.0 + b * t_max / (1.0 - r_top)) ** (alpha - 2.0) / (1.0 - r_top)
+
+    def ratio_power(x: float) -> float:  # (1 + x)^(alpha - 2), inf past the float range
+        log = (alpha - 2.0) * math.log1p(x)
+        return math.inf if log > 700.0 else math.exp(log)
+
+    k_up = ratio_power(b * t_max / p_lo) / p_lo + 1.0 / (1.0 - r_top)
+    k_down = 1.0 / p_lo + ratio_power(b * t_max / (1.0 - r_top)) / (1.0 - r_top)
     return 0.5 * alpha * b * b * max(k_up, k_down) <= eps
 
 
@@ -414,7 +419,7 @@ def calibrate_l2_keep_rule(
     budget = PrivacyBudget(epsilon, delta)
     reserve = realisation_reserve(budget.epsilon, changed_items)
     if reserve >= budget.delta / 2:
-        raise ValueError(f"delta {delta:g} is too small for the float evaluation of {changed_items} items' rule")
+        raise ValueError(f"delta {delta:g} is too small for the 2^-64 rounding reserve of {changed_items} items")
     avail = budget.delta - reserve
     alpha, f, w50 = _search(budget.epsilon, avail, gaussian_rdp)
     alpha = max(alpha, 2.0)

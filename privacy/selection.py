@@ -728,11 +728,11 @@ def _l1_curve_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[Round
 
 
 def _l2_rule_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan, ...]:
-    """Policy Gaussian's round with the l2 keep rule (docs/thresholding.md, "Policy Gaussian"): its histograms of
+    """Policy Gaussian's round with the l2 keep rule (docs/thresholding.md, "The l2 rule"): its histograms of
     neighbouring datasets differ by l2 norm <= 1 in real-valued coordinates, which the rule covers. At the run's
-    (epsilon, delta) less the float reserve of every item on the worker (``max_sequential_pairs``); with counts,
-    composed with them in RDP as the tables are (:func:`_table_with_counts`). Gamma is the weight the rule keeps
-    with probability Phi(alpha), as rho + alpha sigma is for the Gaussian rule."""
+    (epsilon, delta) less the 2^-64 realisation reserve of every item on the worker (``max_sequential_pairs``);
+    with counts, composed with them in RDP as the tables are (:func:`_table_with_counts`). Gamma is the weight the
+    rule keeps with probability Phi(alpha), as rho + alpha sigma is for the Gaussian rule."""
     delta_p, gaussian_rdp = params.delta, 0.0
     share = selection_share(spec, params)
     if share is not None:
@@ -971,7 +971,7 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
         if reserve >= params.delta / 2:
             defaults["threshold"] = noise_rule(spec)
     if params.threshold is None and defaults["threshold"] == "optimal" and spec.weighting == "l2_descent":
-        # the l2 rule's float reserve must fit in delta (tiny delta: Policy Gaussian's Gaussian rule)
+        # the l2 rule's 2^-64 realisation reserve must fit in delta (tiny delta: Policy Gaussian's Gaussian rule)
         if l2_rule.realisation_reserve(params.epsilon, _changed_items(spec, params)) >= params.delta / 2:
             defaults["threshold"] = noise_rule(spec)
     unset = {name: value for name, value in defaults.items() if getattr(params, name) is None}
