@@ -989,8 +989,8 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
     if params.threshold == "optimal" and "threshold" not in spec.options:
         raise ValueError(
             f"threshold={params.threshold!r} is an option of basic, count_gaussian, dp_sips, mad2r, mad_sips, "
-            f"weighted_laplace, count_laplace, policy_laplace and policy_gaussian for now ({algorithm}'s weights are "
-            "not proven for a keep table: docs/thresholding.md); use threshold='gaussian'"
+            f"weighted_laplace, count_laplace, policy_laplace and policy_gaussian for now ({algorithm} has no keep "
+            "rule wired: docs/thresholding.md, 'Where it applies'); use threshold='gaussian'"
         )
     if params.threshold == "optimal" and spec.shape in MULTI_ROUND_SHAPES and params.accounting != "gdp":
         raise ValueError(
