@@ -297,12 +297,11 @@ def _far_bounds(knots: _Knots, n: int, alpha, eps, delta, pieces, m0: int, margi
     t_all = np.concatenate([(mm[a] + lo[a]) * h, (mm[b] + lo[b]) * h, t_start[live]])
     if p_all.size:
         g = T.one_step(p_all, alpha, eps * t_all * t_all, delta * t_all * t_all, margin, bisections)
-        na, nb = int(np.count_nonzero(a)), int(np.count_nonzero(b))
-        if na:
+        na = int(np.count_nonzero(a))
+        if na:  # family A bounds the value at the piece's end: (1 - hi) F[n-1] + hi F[n] <= g
             best.append(float(np.min(prev + (g[:na] - prev) / hi[a])))
-        if g.size > na:
+        if g.size > na:  # family B and from the start bound F[n] itself
             best.append(float(np.min(g[na:])))
-        del nb
     return min(best)
 
 
