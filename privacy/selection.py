@@ -669,14 +669,20 @@ def _table_with_counts(spec, params, contributions, gaussian_rdp: float, delta_t
     (alpha, alpha l0 / (2 sigma_1^2))-RDP, and the table is calibrated to ``delta_P (1 - DELTA_SLACK)`` so that
     ``e^kappa (H + e^{2 kappa} - 1) <= delta_P`` (:func:`counts.check_kernel_slack`). The counts keep the noise
     of the gdp split (``count_budget`` of mu^2): as precise as with the Gaussian threshold."""
-    delta_p = params.delta - delta_thresholds
-    share = selection_share(spec, params)
-    if share is not None:
-        plan = share.counts
-        gaussian_rdp += plan.l0 / (2.0 * plan.sigma_continuous**2)
-        counts.check_kernel_slack(plan.l0, delta_p, plan.tau2)
-        delta_p *= 1.0 - counts.DELTA_SLACK
+    delta_p, gaussian_rdp = _with_counts_rdp(spec, params, params.delta - delta_thresholds, gaussian_rdp)
     return thresholding.calibrate_keep_table(params.epsilon, delta_p, contributions, gaussian_rdp=gaussian_rdp)
+
+
+def _with_counts_rdp(spec, params, delta_p: float, gaussian_rdp: float) -> Tuple[float, float]:
+    """``(delta_p, gaussian_rdp)`` of a keep rule's RDP plan with the released counts joined, if any: their
+    continuous-Gaussian RDP added, the kernel slack checked to fit delta_p and ``DELTA_SLACK`` of it reserved
+    (:func:`_table_with_counts`); unchanged without counts."""
+    share = selection_share(spec, params)
+    if share is None:
+        return delta_p, gaussian_rdp
+    plan = share.counts
+    counts.check_kernel_slack(plan.l0, delta_p, plan.tau2)
+    return delta_p * (1.0 - counts.DELTA_SLACK), gaussian_rdp + plan.l0 / (2.0 * plan.sigma_continuous**2)
 
 
 def _keep_table_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan, ...]:
@@ -733,18 +739,12 @@ def _l2_rule_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundP
     (epsilon, delta) less the 2^-64 realisation reserve of every item on the worker (``max_sequential_pairs``);
     with counts, composed with them in RDP as the tables are (:func:`_table_with_counts`). Gamma is the weight the
     rule keeps with probability Phi(alpha), as rho + alpha sigma is for the Gaussian rule."""
-    delta_p, gaussian_rdp = params.delta, 0.0
-    share = selection_share(spec, params)
-    if share is not None:
-        plan = share.counts
-        gaussian_rdp = plan.l0 / (2.0 * plan.sigma_continuous**2)
-        counts.check_kernel_slack(plan.l0, delta_p, plan.tau2)
-        delta_p *= 1.0 - counts.DELTA_SLACK
+    delta_p, gaussian_rdp = _with_counts_rdp(spec, params, params.delta, 0.0)
     rule, delta_conversion = l2_rule.calibrate_l2_keep_rule(
         params.epsilon, delta_p, _changed_items(spec, params), gaussian_rdp
     )
     eps, delta = params.epsilon, params.delta
-    if share is not None:  # the round on its own (informational): the rule's conversion at its order
+    if params.release_counts:  # the round on its own (informational): the rule's conversion at its order
         eps = thresholding.rdp_to_dp_epsilon(rule.epsilon_rdp, rule.alpha, delta_conversion)
         delta = rule.delta_rdp + delta_conversion
     # Phi(alpha), capped at the rule's last knot: a large alpha (Phi(alpha) ~ 1 in float) still gets a finite cutoff
