@@ -57,9 +57,12 @@ __all__ = [
     "realisation_reserve",
     "calibrate_l2_keep_rule",
     "DEFAULT_GRID_BITS",
+    "exact_shifts",
+    "necessary_table",
 ]
 
-#: H = 2^-6 (W50 17.77 at epsilon 1, delta 1e-5; 2^-7: 17.49 in twice the time; the necessary bound: 17.28)
+#: H = 2^-6 (W50 17.67 at epsilon 1, delta 1e-5; 2^-7 about 0.3 lower in twice the time; the necessary bound at
+#: the same order: 17.02)
 DEFAULT_GRID_BITS = 6
 DEFAULT_SUB_STEPS = 8  # K: a far shift's theta in [0, 1) in 8 sub-steps
 DEFAULT_LOCAL_CELLS = 4  # m0: shifts below 4 H are certified by the local Taylor bound
@@ -435,14 +438,40 @@ def calibrate_l2_keep_rule(
     return rule, delta_conv
 
 
+def exact_shifts(grid_bits: int, subset: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+    """(index shifts, budgets) of the necessary condition on the grid 2^-grid_bits: the exact shift m H moves a knot
+    by m cells, at the budget of m H (no float slack), m = 1..2^grid_bits (``subset``: a few spread over them, for
+    the order search, as :func:`thresholding._search_subset`)."""
+    grid = math.ldexp(1.0, -grid_bits)
+    shifts = tuple(m * grid for m in range(1, (1 << grid_bits) + 1))
+    if subset:
+        shifts = T._search_subset(shifts)
+    return np.array([round(c / grid) for c in shifts], dtype=np.int64), np.array(shifts, dtype=np.float64)
+
+
+def necessary_table(epsilon: float, delta: float, grid_bits: int) -> T.KeepTable:
+    """The pointwise-largest knot values on the grid 2^-grid_bits that every sound real-shift keep rule stays below
+    (docs/thresholding.md, "How close to the best keep rule"), at the order and split of :func:`_search`: its W50
+    bounds any such rule's from below. ``contributions`` of the table are the shifts (the table is a bound, not a
+    release rule: it is never used to keep items)."""
+    alpha, f, _ = _search(epsilon, delta, 0.0)
+    eps = epsilon - T.rdp_to_dp_epsilon(0.0, alpha, delta * (1.0 - f))
+    shifts = exact_shifts(grid_bits)
+    probs, n = T._build_rows(
+        alpha, eps, delta * f, (), grid_bits, _MAX_ENTRIES << 2, T._BISECTIONS, _ALMOST_ONE, shifts=shifts
+    )
+    probs = probs[0, :n]
+    full = np.flatnonzero(probs >= _ALMOST_ONE)
+    probs = probs[: int(full[0]) + 1] if full.size else probs
+    return T.KeepTable(grid_bits, tuple(probs.tolist()), float(alpha), float(eps), delta * f, tuple(shifts[1]))
+
+
 def _search(epsilon: float, delta: float, gaussian_rdp: float) -> Tuple[float, float, float]:
     """(alpha, mixture fraction, its W50) minimising the W50 of the necessary-condition table on a coarse grid
     (2^-5)."""
     bits = 5
-    grid = math.ldexp(1.0, -bits)
-    sub = T._search_subset(tuple(m * grid for m in range(1, (1 << bits) + 1)))
-    # exact shifts: the shift m H moves the index by m (no float slack), at the budget of m H
-    exact = (np.array([round(c / grid) for c in sub], dtype=np.int64), np.array(sub, dtype=np.float64))
+    exact = exact_shifts(bits, subset=True)
+    sub = tuple(exact[1].tolist())
 
     def table_epsilon(alpha: float, f: float) -> float:
         return epsilon - T.rdp_to_dp_epsilon(0.0, alpha, delta * (1.0 - f)) - alpha * gaussian_rdp

@@ -22,47 +22,20 @@ Policy Gaussian's Gaussian rule (rho = W50, sigma), the simplest SUFFICIENT tabl
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import time
 
-import numpy as np
 from scipy.stats import norm
 
+from dp_partition_beam.privacy import l2_rule as L
 from dp_partition_beam.privacy import thresholding as T
 from dp_partition_beam.privacy.selection import SelectionParams, plan_rounds
 
 
-def exact_shift_budgets(contributions, grid_bits):
-    """(m, c) with m = c / H: an exact shift c = m H moves the index by m (the necessary condition). The order
-    search of ``calibrate_keep_table`` ranks candidates on a coarser grid, where c / H is rounded (ranking only:
-    the table it returns is rebuilt on the grid of the shifts, where every c is a multiple of H)."""
-    best = {}
-    for c in contributions:
-        m = max(1, int(round(math.ldexp(float(c), grid_bits))))
-        best[m] = min(best.get(m, c), c)
-    ms = np.array(sorted(best), dtype=np.int64)
-    return ms, np.array([best[m] for m in ms], dtype=np.float64)
-
-
-@contextlib.contextmanager
-def exact_shifts():
-    """The table recursion with exact shifts (m cells for budget (mH)^2) instead of the +1 of float totals."""
-    saved = T._shift_budgets
-    T._shift_budgets = exact_shift_budgets
-    try:
-        yield
-    finally:
-        T._shift_budgets = saved
-
-
 def necessary_table(epsilon: float, delta: float, bits: int) -> T.KeepTable:
-    """The pointwise-largest knot values at grid 2^-bits that every sound real-shift keep rule stays below."""
-    grid = math.ldexp(1.0, -bits)
-    shifts = tuple(m * grid for m in range(1, (1 << bits) + 1))
-    with exact_shifts():
-        table, _ = T.calibrate_keep_table.__wrapped__(epsilon, delta, shifts, grid_bits=bits)
-    return table
+    """The pointwise-largest knot values at grid 2^-bits that every sound real-shift keep rule stays below
+    (:func:`privacy.l2_rule.necessary_table`, at the order and split the rule's calibration uses)."""
+    return L.necessary_table(epsilon, delta, bits)
 
 
 def one_cell_slack_table(epsilon: float, delta: float, bits: int) -> T.KeepTable:

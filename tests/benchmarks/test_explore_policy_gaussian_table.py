@@ -10,19 +10,17 @@ import math
 import numpy as np
 
 from benchmarks.explore import explore_policy_gaussian_table as X
+from dp_partition_beam.privacy import l2_rule as L
 from dp_partition_beam.privacy import thresholding as T
 
 BITS = 4
 
 
-def test_exact_shift_budgets_move_the_index_by_the_shift():
-    grid = math.ldexp(1.0, -BITS)
-    ms, cs = X.exact_shift_budgets([3 * grid, grid, 16 * grid], BITS)
-    assert ms.tolist() == [1, 3, 16] and cs.tolist() == [grid, 3 * grid, 1.0]
-    assert T._shift_budgets is not X.exact_shift_budgets  # the context manager restored the library's rule
-    with X.exact_shifts():
-        assert T._shift_budgets is X.exact_shift_budgets
-    assert T._shift_budgets is not X.exact_shift_budgets
+def test_exact_shifts_move_the_index_by_the_shift():
+    ms, cs = L.exact_shifts(BITS)
+    assert ms.tolist() == list(range(1, (1 << BITS) + 1)) and np.allclose(cs, ms * math.ldexp(1.0, -BITS))
+    sub_ms, sub_cs = L.exact_shifts(5, subset=True)
+    assert set(sub_ms.tolist()) <= set(range(1, 33)) and np.all(sub_cs == sub_ms / 32.0)
 
 
 def test_the_bound_meets_its_exact_shift_condition_and_lies_above_the_sufficient_table():
@@ -39,7 +37,7 @@ def test_the_bound_meets_its_exact_shift_condition_and_lies_above_the_sufficient
     # are searched at their own order alpha, hence compared on W50 rather than entry by entry)
     assert slack.weight_for(0.5) > bound.weight_for(0.5)
     rho, _ = X.policy_gaussian_rule(1.0, 1e-5, 100)
-    assert bound.weight_for(0.5) < 0.9 * rho  # room for a keep rule (17.3 against 20.8 at 2^-8, docs)
+    assert bound.weight_for(0.5) < 0.9 * rho  # room for a keep rule (17.0 against 20.8 at 2^-8, docs)
 
 
 def test_main_prints_one_row_per_epsilon(capsys):
