@@ -1,4 +1,4 @@
-"""A keep rule for weights that move by any real amount under an l2 bound: Policy Gaussian's release (issue 30).
+"""A keep rule for weights that move by any real amount under an l2 bound: Policy Gaussian's and MAD's release.
 
 Pure math, fixed before any data is read (no Beam). Policy Gaussian's neighbouring histograms differ by a vector
 of l2 norm <= 1 whose coordinates take any real value (the l2-descent reroutes other users' weight; DPSU paper,
@@ -7,7 +7,8 @@ delta-approximately (alpha, eps)-RDP per user if, for every real W >= 0 and t in
 
     (Bern f(W), Bern f(W + t)) is (delta t^2)-approximately (alpha, eps t^2)-RDP in both directions     (*)
 
-(the items are independent and sum t_i^2 <= 1; docs/thresholding.md, "Policy Gaussian"). The step tables of
+(the items are independent and sum t_i^2 <= 1; docs/thresholding.md, "The l2 rule"). MAD's one round is in the
+same position (its change vector has l2 norm <= 1 with real coordinates, MAD paper Lemma 5.6). The step tables of
 :mod:`privacy.thresholding` cannot meet (*): a tiny shift across a step is a jump at a budget that vanishes.
 This rule is continuous:
 
@@ -33,6 +34,9 @@ Every knot is a multiple of 2^-64; ``c W_s^2`` is one too (W_s is a power of two
 integers at the float weight W (:meth:`L2KeepRule.limit`): the realised probability is at most 2^-64 below f,
 which :func:`calibrate_l2_keep_rule` reserves from delta for every item one user's change may touch
 (``(1 + e^eps) items 2^-64``: the total variation between the realised and the ideal release, on both sides).
+Where nothing public bounds those items (MAD's rerouting) the rule reads 128 bits (``realisation_bits``; the second
+64 only for an item whose first 64 equal its limit, probability 2^-64) and reserves ``(1 + e^eps) 2^64 2^-128``
+(:data:`ANY_RUN_ITEMS`).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Tuple
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 
@@ -55,6 +59,8 @@ __all__ = [
     "start_coefficient",
     "local_slope",
     "realisation_reserve",
+    "ANY_RUN_ITEMS",
+    "WIDE_REALISATION_BITS",
     "calibrate_l2_keep_rule",
     "DEFAULT_GRID_BITS",
     "exact_shifts",
@@ -69,6 +75,11 @@ DEFAULT_LOCAL_CELLS = 4  # m0: shifts below 4 H are certified by the local Taylo
 _BUILD_MARGIN = 1e-9  # the rule is built for eps (1 - 1e-9); rule_violations checks the exact budget
 _ALMOST_ONE = 1.0 - 1e-8
 _MAX_ENTRIES = 1 << 16
+#: a bound on the distinct items of any run, for a release whose changes reach items no public parameter bounds
+#: (MAD's rerouting): Beam's and Arrow's element counts and offsets are 64-bit, so no run holds 2^64 items
+ANY_RUN_ITEMS = 1 << 64
+#: the random bits of such a release's keep decisions: its reserve (1 + e^eps) 2^64 2^-128 is then ~1e-19
+WIDE_REALISATION_BITS = 128
 _BUILD_BISECTIONS = 20  # g to 2^-20 of its bracket, feasible end (a lower bound: the build stays below the check's)
 
 
@@ -141,6 +152,9 @@ class L2KeepRule:
       alpha, epsilon_rdp, delta_rdp: (*)'s budget per unit of l2 norm squared (the release is delta_rdp-
         approximately (alpha, epsilon_rdp)-RDP per user).
       sub_steps, local_cells: K and m0 of the conditions (module docstring).
+      realisation_bits: 64 or 128, the random bits an item's decision reads (:meth:`keep`): with 128 the realised
+        probability is at most 2^-128 below f, for releases where no public bound limits the items one user's
+        change may touch (MAD's rerouting: :data:`ANY_RUN_ITEMS`).
     """
 
     grid_bits: int
@@ -152,6 +166,7 @@ class L2KeepRule:
     delta_rdp: float
     sub_steps: int = DEFAULT_SUB_STEPS
     local_cells: int = DEFAULT_LOCAL_CELLS
+    realisation_bits: int = T.KEEP_BITS
 
     @property
     def grid(self) -> float:
@@ -183,29 +198,52 @@ class L2KeepRule:
 
     def limit(self, weight: float) -> int:
         """``floor(f(W) 2^64)`` computed exactly (integers) at the float weight W: the number of 64-bit patterns
-        :meth:`keep` keeps. f(W) is a dyadic rational there (c, W, the knots and W's position in its cell are), so
-        the only rounding is this floor, at most 2^-64 below f (:func:`realisation_reserve`)."""
+        :meth:`keep` keeps outright. f(W) is a dyadic rational there (c, W, the knots and W's position in its cell
+        are), so the only rounding is this floor, at most 2^-64 below f (:func:`realisation_reserve`)."""
+        return self.limit_bits(weight, T.KEEP_BITS)
+
+    def limit_bits(self, weight: float, bits: int) -> int:
+        """``floor(f(W) 2^bits)`` exactly (``bits`` >= 64, so every knot is an integer there): :meth:`limit` at 64
+        bits; at 128, its top 64 bits are :meth:`limit` (``floor(floor(x 2^128) / 2^64) = floor(x 2^64)``)."""
         w = max(float(weight), 0.0)
         if not math.isfinite(w):
             raise ValueError(f"the keep rule reads finite weights, got {weight}")
+        if bits < T.KEEP_BITS:
+            raise ValueError(f"bits must be >= {T.KEEP_BITS}, got {bits}")
         if w < self.start:
             a, b = self.coefficient.as_integer_ratio()
             p, q = w.as_integer_ratio()
-            return (a * p * p << T.KEEP_BITS) // (b * q * q)
+            return (a * p * p << bits) // (b * q * q)
         x = math.ldexp(w, self.grid_bits)  # exact
         j = min(int(math.floor(x)), len(self.probs) - 1)
+        shift = bits - T.KEEP_BITS
         units = self._units
         if j >= len(units) - 1:
-            return units[-1]
+            return units[-1] << shift
         p, q = (x - j).as_integer_ratio()  # x - j exact (Sterbenz: j <= x < j + 1, j >= start cells >= 1)
-        return units[j] + ((units[j + 1] - units[j]) * p) // q
+        return (units[j] << shift) + (((units[j + 1] - units[j]) << shift) * p) // q
 
-    def keep(self, weights, bits: np.ndarray) -> np.ndarray:
-        """Keep decisions: ``bits < floor(f(W) 2^64)`` for uint64 random ``bits`` (one per weight; :meth:`limit`,
-        exact: every limit is an integer below 2^64 since f < 1)."""
+    def keep(self, weights, bits: np.ndarray, low_bits: Optional[Callable[[np.ndarray], np.ndarray]] = None):
+        """Keep decisions for uint64 random ``bits`` (one per weight): ``bits < floor(f(W) 2^64)`` (:meth:`limit`,
+        exact: every limit is an integer below 2^64 since f < 1). With ``realisation_bits`` 128 the decision is
+        ``bits 2^64 + low < floor(f(W) 2^128)``: an item whose ``bits`` equal its limit (probability 2^-64) reads
+        64 more, ``low_bits(indices)`` (uint64, one per index into the flattened weights; keyed (seed,
+        'noise_low', round, item) under a seed), the others are decided by ``bits`` alone."""
         w = np.asarray(weights, dtype=np.float64)
-        limits = np.array([self.limit(x) for x in w.ravel().tolist()], dtype=np.uint64).reshape(w.shape)
-        return np.asarray(bits, dtype=np.uint64) < limits
+        flat = w.ravel().tolist()
+        limits = np.array([self.limit(x) for x in flat], dtype=np.uint64)
+        b = np.asarray(bits, dtype=np.uint64).ravel()
+        kept = b < limits
+        if self.realisation_bits > T.KEEP_BITS:
+            ties = np.flatnonzero(b == limits)
+            if ties.size:
+                if low_bits is None:
+                    raise ValueError("a 128-bit keep rule needs low_bits for the items at their 64-bit limit")
+                low = np.asarray(low_bits(ties), dtype=np.uint64)
+                mask = (1 << T.KEEP_BITS) - 1
+                low_limits = [self.limit_bits(flat[i], self.realisation_bits) & mask for i in ties.tolist()]
+                kept[ties] = low < np.array(low_limits, dtype=np.uint64)
+        return kept.reshape(w.shape)
 
     def weight_for(self, probability: float) -> float:
         """The smallest total weight kept with at least ``probability`` (``inf`` if none): W50 for 1/2."""
@@ -399,29 +437,42 @@ def rule_violations(rule: L2KeepRule) -> dict:
     return out
 
 
-def realisation_reserve(epsilon: float, changed_items: int) -> float:
-    """The delta reserved for the 2^-64 rounding of the realised keep probabilities (:meth:`L2KeepRule.limit`: f
-    exactly at the float weight, rounded down): the realised release is within total variation ``items 2^-64`` of
-    the ideal one on either dataset, so ``M~(D)(S) <= e^eps M~(D')(S) + delta + (1 + e^eps) items 2^-64``; items:
-    every item a user's change may touch (a policy: any item on its worker, ``max_sequential_pairs``)."""
-    return (1.0 + math.exp(epsilon)) * float(check_int("changed_items", changed_items, 0)) * 2.0**-T.KEEP_BITS
+def realisation_reserve(epsilon: float, changed_items: int, bits: int = T.KEEP_BITS) -> float:
+    """The delta reserved for the 2^-bits rounding of the realised keep probabilities (:meth:`L2KeepRule.limit_bits`:
+    f exactly at the float weight, rounded down): the realised release is within total variation ``items 2^-bits``
+    of the ideal one on either dataset (on the items whose weight differs; the others are the same factor of the
+    product on both sides), so ``M~(D)(S) <= e^eps M~(D')(S) + delta + (1 + e^eps) items 2^-bits``; items: every
+    item a user's change may touch (a policy: any item on its worker, ``max_sequential_pairs``; MAD:
+    :data:`ANY_RUN_ITEMS` with 128 bits)."""
+    items = float(check_int("changed_items", changed_items, 0))
+    return (1.0 + math.exp(epsilon)) * items * 2.0 ** -check_int("bits", bits, T.KEEP_BITS, 1024)
 
 
 @functools.lru_cache(maxsize=32)
 def calibrate_l2_keep_rule(
-    epsilon: float, delta: float, changed_items: int = 0, gaussian_rdp: float = 0.0, grid_bits: int = DEFAULT_GRID_BITS
+    epsilon: float,
+    delta: float,
+    changed_items: int = 0,
+    gaussian_rdp: float = 0.0,
+    grid_bits: int = DEFAULT_GRID_BITS,
+    realisation_bits: int = T.KEEP_BITS,
 ) -> Tuple[L2KeepRule, float]:
     """The rule for one (epsilon, delta)-DP release: ``(rule, delta_conversion)``.
 
-    delta less the :func:`realisation_reserve` of ``changed_items`` is split between the mixture (delta_rdp) and
+    delta less the :func:`realisation_reserve` of ``changed_items`` at ``realisation_bits`` (64, or 128 where the
+    changed items have no public bound but :data:`ANY_RUN_ITEMS`) is split between the mixture (delta_rdp) and
     the RDP conversion; the order alpha and the split are those of the necessary-condition bound (the table with
     exact shifts, docs/thresholding.md; a fast vectorised search whose optimum the rule's tracks), and the rule
     gets ``epsilon - conversion - alpha gaussian_rdp`` (Gaussian mechanisms composed at its order, as for the
     tables). An error if the rule does not reach probability 1."""
     budget = PrivacyBudget(epsilon, delta)
-    reserve = realisation_reserve(budget.epsilon, changed_items)
+    if realisation_bits not in (T.KEEP_BITS, WIDE_REALISATION_BITS):
+        raise ValueError(f"realisation_bits must be {T.KEEP_BITS} or {WIDE_REALISATION_BITS}, got {realisation_bits}")
+    reserve = realisation_reserve(budget.epsilon, changed_items, realisation_bits)
     if reserve >= budget.delta / 2:
-        raise ValueError(f"delta {delta:g} is too small for the 2^-64 rounding reserve of {changed_items} items")
+        raise ValueError(
+            f"delta {delta:g} is too small for the 2^-{realisation_bits} rounding reserve of {changed_items} items"
+        )
     avail = budget.delta - reserve
     alpha, f, w50 = _search(budget.epsilon, avail, gaussian_rdp)
     alpha = max(alpha, 2.0)
@@ -435,7 +486,7 @@ def calibrate_l2_keep_rule(
     rule = l2_keep_rule(alpha, eps_r, avail * f, grid_bits)
     if not rule.complete:
         raise ValueError(f"the keep rule at ({epsilon:g}, {delta:g}) does not reach probability 1; use gaussian")
-    return rule, delta_conv
+    return dataclasses.replace(rule, realisation_bits=realisation_bits), delta_conv
 
 
 def exact_shifts(grid_bits: int, subset: bool = False) -> Tuple[np.ndarray, np.ndarray]:

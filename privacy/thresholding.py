@@ -288,9 +288,10 @@ class KeepTable:
     def keep_probability(self, weights) -> np.ndarray:
         return np.asarray(self.probs, dtype=np.float64)[self.index(weights)]
 
-    def keep(self, weights, bits: np.ndarray) -> np.ndarray:
+    def keep(self, weights, bits: np.ndarray, low_bits=None) -> np.ndarray:
         """Keep decisions: ``bits < F * 2^64`` for uint64 random ``bits`` (one per weight), so each item is
-        kept with probability exactly F(W) (an entry times 2^64 is an integer below 2^64)."""
+        kept with probability exactly F(W) (an entry times 2^64 is an integer below 2^64; ``low_bits``, the
+        128-bit l2 rule's second draw, is never read)."""
         limits = np.ldexp(self.keep_probability(weights), KEEP_BITS).astype(np.uint64)  # exact: integers < 2^64
         return np.asarray(bits, dtype=np.uint64) < limits
 
@@ -696,10 +697,11 @@ class L1KeepCurve:
         lower, value = self._pieces(weights)
         return np.where(lower, value, 1.0 - value)
 
-    def keep(self, weights, bits: np.ndarray) -> np.ndarray:
+    def keep(self, weights, bits: np.ndarray, low_bits=None) -> np.ndarray:
         """Keep decisions from uint64 random ``bits``: below x*, keep iff ``bits < floor(u 2^64)``; above,
         drop iff ``bits < ceil(v 2^64)`` (v the drop probability). Either way the keep probability is f rounded
-        down to a multiple of 2^-64, without a float uniform in between (docs/thresholding.md)."""
+        down to a multiple of 2^-64, without a float uniform in between (docs/thresholding.md; ``low_bits`` is
+        never read)."""
         lower, value = self._pieces(weights)
         scaled = np.ldexp(value, KEEP_BITS)  # < 2^63 (value <= 1/2)
         bits = np.asarray(bits, dtype=np.uint64)

@@ -3,7 +3,8 @@
 builder (the cores of Lemma 1 and the Bernoulli Renyi divergences in 60-digit arithmetic), over random W and t in
 every part of the rule (the quadratic start, the junction, the knots, the tail), over random neighbouring Policy
 Gaussian histograms (their sum of t_i^2 <= 1 and the composed budget), the certificate's own check, that both
-have teeth (a rule built with 1.3x the budget fails them), the shape and the gain over the Gaussian rule."""
+have teeth (a rule built with 1.3x the budget fails them), random neighbouring MAD histograms (Lemma 5.6's l2 <= 1),
+the 128-bit realisation of MAD's rule, the shape and the gain over the Gaussian rule."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from dp_partition_beam.privacy import l2_rule as L
 from dp_partition_beam.privacy import thresholding as T
 from dp_partition_beam.privacy.selection import SelectionParams, plan_rounds
+from dp_partition_beam.transforms.selection import mad_kernels as MK
 
 from tests.support.policy_neighbours import neighbouring_histograms
 
@@ -137,6 +139,35 @@ def test_neighbouring_policy_gaussian_histograms_compose_within_the_budget(rule)
     assert checked > 300
 
 
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    sets=st.lists(st.sets(st.integers(0, 9), min_size=1, max_size=6), min_size=1, max_size=40),
+    extra=st.sets(st.one_of(st.integers(0, 9), st.sampled_from(["new0", "new1", "new2"])), min_size=1, max_size=6),
+    tau=st.sampled_from([1.0, 1.5, 3.0, "rule"]),
+    d_max=st.sampled_from([4, 5, 50]),
+)
+def test_neighbouring_mad_histograms_compose_within_the_budget(rule, sets, extra, tau, d_max):
+    """MAD (Alg. 3) on random D and D + one user (shared and novel items, tau from 1 to the rule's, d_max 4-50):
+    the change has l2 norm <= 1 with real coordinates (MAD paper Lemma 5.6, the premise of the l2 rule's theorem),
+    every item's pair is within its own (eps t_i^2, delta t_i^2) and the sums stay within (eps, delta)."""
+    tau = max(1.0, rule.weight_for(0.977)) if tau == "rule" else tau
+    users = {f"u{k}": sorted(s_) for k, s_ in enumerate(sets)}
+    h = MK.mad_weights(users, tau, d_max)
+    h2 = MK.mad_weights({**users, "v": sorted(extra, key=str)}, tau, d_max)
+    change = {i: abs(h2.get(i, 0.0) - h.get(i, 0.0)) for i in set(h) | set(h2)}
+    assert sum(t * t for t in change.values()) <= 1.0 + 1e-9
+    total = mp.mpf(0)
+    for i, t in change.items():
+        if t < 1e-7:  # the float regime (the weights' own float sums): not claimed here
+            continue
+        lo, hi = sorted([h.get(i, 0.0), h2.get(i, 0.0)])
+        p, r = (float(x) for x in rule.keep_probability(np.array([lo, hi])))
+        e = pair_excess(rule.alpha, rule.epsilon_rdp, rule.delta_rdp, p, r, t)
+        assert e <= 0, (i, lo, hi, t)
+        total += e + mp.mpf(rule.epsilon_rdp) * mp.mpf(t) ** 2
+    assert total <= rule.epsilon_rdp * (1 + 1e-9)
+
+
 def test_shape_and_the_quadratic_start(rule):
     w = np.linspace(0.0, len(rule.probs) * rule.grid + 2.0, 5001)
     f = rule.keep_probability(w)
@@ -178,6 +209,37 @@ def test_keep_realises_the_exact_probability_rounded_down(rule, w):
     assert abs(float(rule.keep_probability(np.array([w]))[0]) - float(exact_f(rule, w))) <= 2.0**-50
 
 
+@PROPS
+@given(w=st.floats(0.0, 100.0), low=st.integers(0, 2**64 - 1))
+def test_a_128_bit_rule_decides_on_128_bits(rule, w, low):
+    """realisation_bits 128 (MAD): keep iff ``bits 2^64 + low < floor(f(W) 2^128)``, f exact at the float W; the
+    second 64 bits are read only for an item whose first 64 equal its 64-bit limit; a 64-bit rule never reads
+    them."""
+    wide = dataclasses.replace(rule, realisation_bits=128)
+    limit128 = math.floor(exact_f(rule, w) * 2**128)
+    assert wide.limit_bits(w, 128) == limit128 and limit128 >> 64 == rule.limit(w)
+    top, asked = limit128 >> 64, []
+
+    def low_bits(idx):
+        asked.extend(idx.tolist())
+        return np.full(len(idx), low, dtype=np.uint64)
+
+    patterns = [x for x in (top - 1, top, top + 1) if 0 <= x < 2**64]
+    got = wide.keep(np.full(len(patterns), w), np.array(patterns, dtype=np.uint64), low_bits).tolist()
+    assert got == [(x << 64) + low < limit128 for x in patterns]
+    assert asked == [patterns.index(top)]  # only the tie reads more bits
+
+    def refuse(idx):
+        raise AssertionError("a 64-bit rule read low bits")
+
+    assert rule.keep(np.full(len(patterns), w), np.array(patterns, dtype=np.uint64), refuse).tolist() == [
+        x < top for x in patterns
+    ]
+    if any(x == top for x in patterns):
+        with pytest.raises(ValueError, match="low_bits"):
+            wide.keep(np.array([w]), np.array([top], dtype=np.uint64))
+
+
 @pytest.mark.parametrize("epsilon", [0.5, 1.0, 4.0])
 def test_it_keeps_with_less_weight_than_the_gaussian_rule(epsilon):
     """The calibrated rule's W50 is below Policy Gaussian's rho at the same (epsilon, delta) (measured: -18.5%,
@@ -193,6 +255,14 @@ def test_it_keeps_with_less_weight_than_the_gaussian_rule(epsilon):
 def test_the_realisation_reserve():
     assert L.realisation_reserve(1.0, 0) == 0.0
     assert L.realisation_reserve(1.0, 20_000_000) == pytest.approx((1 + math.e) * 2e7 * 2.0**-64)
+    # MAD: any item a run can hold, at 128 bits: (1 + e) 2^-64
+    assert L.realisation_reserve(1.0, L.ANY_RUN_ITEMS, 128) == pytest.approx((1 + math.e) * 2.0**-64)
+    rule, _ = L.calibrate_l2_keep_rule(1.0, 1e-5, L.ANY_RUN_ITEMS, realisation_bits=128)
+    assert rule.realisation_bits == 128
+    with pytest.raises(ValueError, match="too small"):  # 2^64 items at 64 bits: a reserve above any delta
+        L.calibrate_l2_keep_rule(1.0, 1e-5, L.ANY_RUN_ITEMS)
+    with pytest.raises(ValueError, match="realisation_bits"):
+        L.calibrate_l2_keep_rule(1.0, 1e-5, 0, realisation_bits=96)
     with pytest.raises(ValueError, match="too small"):
         L.calibrate_l2_keep_rule(1.0, 1e-14, 20_000_000)
 

@@ -97,8 +97,11 @@ class KeepFn(WorkerRngDoFn):
             bits = np.array([randomness.draw64_of(self._key, randomness.key_fingerprint(item))], dtype=np.uint64)
         else:
             bits = randomness.worker_bits(self._rng, 1)
-        if self._table.keep(np.array([float(weight)]), bits)[0]:
+        if self._table.keep(np.array([float(weight)]), bits, lambda idx: self._low_bits(item))[0]:
             yield item
+
+    def _low_bits(self, item):  # a 128-bit rule's second draw (keyed (seed, 'noise_low', round, item))
+        return randomness.random_bits([item], randomness.KEEP_LOW_PURPOSE, self._round, self._seed, self._rng)
 
 
 class KeepByTable(beam.PTransform):

@@ -64,9 +64,14 @@ __all__ = [
     "subsample",
     "pair_priorities",
     "warn_if_seeded",
+    "KEEP_LOW_PURPOSE",
 ]
 
 _LOG = logging.getLogger(__name__)
+
+#: the purpose of a keep decision's second 64 bits (a 128-bit l2 rule, read only when the first 64 equal the
+#: item's limit: privacy/l2_rule.py, ``L2KeepRule.keep``); the first 64 are the round's 'noise' draw
+KEEP_LOW_PURPOSE = "noise_low"
 
 _TWO_POW_53 = float(2**53)
 _M64 = (1 << 64) - 1

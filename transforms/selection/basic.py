@@ -13,8 +13,10 @@ from typing import Optional
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
 
 from dp_partition_beam.privacy.calibration import passes_threshold
+from dp_partition_beam.transforms.core import randomness
 from dp_partition_beam.transforms.core.batches import DEFAULT_ROWS_PER_SHARD, ITEM, by_item_shard, unpacked
 from dp_partition_beam.transforms.core.dofns import WorkerRngDoFn
 from dp_partition_beam.transforms.core.engine import (
@@ -66,13 +68,20 @@ class NoisyThresholdFn(WorkerRngDoFn):
     def process(self, element):
         yield from self.release(element, self._plan)
 
+    def _low_bits(self, items, p):
+        """A 128-bit rule's second draws, for the indices it asks (``L2KeepRule.keep``): keyed (seed,
+        'noise_low', round, item) under a seed, the worker's generator otherwise."""
+        purpose = randomness.KEEP_LOW_PURPOSE
+        return lambda idx: item_bits(items.take(pa.array(idx)), self._seed, p.index, self._rng, purpose)
+
     def release(self, element, p):
         """The released items (and holders) of ``element`` under round plan ``p``."""
         _, partials = element
         w = merge_partials(unpacked(partials))
         if p.keep_table is not None:  # keep iff 64 random bits < F(W) * 2^64 (docs/thresholding.md)
-            bits = item_bits(w.column(ITEM), self._seed, p.index, self._rng)
-            idx = np.flatnonzero(p.keep_table.keep(w.column("weight").to_numpy(), bits))
+            items = w.column(ITEM)
+            bits = item_bits(items, self._seed, p.index, self._rng)
+            idx = np.flatnonzero(p.keep_table.keep(w.column("weight").to_numpy(), bits, self._low_bits(items, p)))
         else:
             noisy = noisy_weights(
                 w.column(ITEM), w.column("weight").to_numpy(), p.noise, p.noise_scale, self._seed, p.index, self._rng

@@ -104,7 +104,11 @@ def noisy_threshold(
             rng = randomness.worker_rng()
         items = list(weights)
         bits = randomness.random_bits(items, "noise", plan.index, seed, rng)
-        kept = plan.keep_table.keep(np.array([float(weights[i]) for i in items], dtype=np.float64), bits)
+
+        def low_bits(idx):  # a 128-bit rule's second draws (keyed (seed, 'noise_low', round, item))
+            return randomness.random_bits([items[i] for i in idx], randomness.KEEP_LOW_PURPOSE, plan.index, seed, rng)
+
+        kept = plan.keep_table.keep(np.array([float(weights[i]) for i in items], dtype=np.float64), bits, low_bits)
         return {item for item, k in zip(items, kept) if k}
     noisy = add_noise(weights, plan.noise, plan.noise_scale, seed, plan.index, rng)
     return {item for item, w in noisy.items() if passes_threshold(w, plan.threshold)}
