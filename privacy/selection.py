@@ -207,7 +207,9 @@ ALGORITHMS: Dict[str, AlgorithmSpec] = {
             "1/sqrt(t)",
             "MaxAdaptiveDegree: excess weight of heavy items rerouted to the users' other items",
             "MAD paper Alg. 3",
-            ("d_max", "beta"),
+            ("d_max", "beta", "threshold"),
+            # the l2 keep rule (docs/thresholding.md, "The l2 rule"): its change has l2 norm <= 1 (Lemma 5.6)
+            defaults=(("threshold", "optimal"),),
         ),
         AlgorithmSpec(
             "mad2r",
@@ -485,9 +487,10 @@ class SelectionParams:
             "biased Basic weights; calibrating it takes seconds; docs/thresholding.md, docs/mad_sips.md); for "
             "weighted_laplace, count_laplace and policy_laplace: laplace (their Laplace noise + rho) or optimal "
             "(the l1 keep curve, a continuous truncated geometric in closed form; docs/thresholding.md). "
-            "policy_gaussian: gaussian or optimal (the l2 keep rule for real-valued shifts; docs/thresholding.md). "
-            "unset: optimal for dp_sips, mad2r and mad_sips (gdp accounting), count_gaussian, policy_gaussian and the "
-            "three Laplace algorithms, gaussian otherwise (basic)",
+            "policy_gaussian and mad: gaussian or optimal (the l2 keep rule for real-valued shifts; MAD's reads 128 "
+            "random bits; docs/thresholding.md). "
+            "unset: optimal for dp_sips, mad2r and mad_sips (gdp accounting), count_gaussian, policy_gaussian, mad and "
+            "the three Laplace algorithms, gaussian otherwise (basic)",
             "choices": THRESHOLDS,
         },
     )
@@ -580,7 +583,7 @@ class RoundPlan:
     h: str = "1/sqrt(t)"  # novel-item sensitivity bound used for the threshold
     cutoff: Optional[float] = None  # policy algorithms' Gamma = rho + alpha * noise_scale
     # threshold 'optimal': noise is 'keep_table' (a KeepTable), 'keep_curve' (an L1KeepCurve, l1 weightings) or
-    # 'keep_rule' (an L2KeepRule, Policy Gaussian's real-valued shifts)
+    # 'keep_rule' (an L2KeepRule, the real-valued shifts of Policy Gaussian and MAD)
     keep_table: Optional[Union[thresholding.KeepTable, thresholding.L1KeepCurve, l2_rule.L2KeepRule]] = None
     delta_conversion: Optional[float] = None  # its RDP -> DP conversion's delta
 
@@ -707,6 +710,9 @@ def _keep_table_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[Rou
 #: the calibrations whose change per user has l1 norm <= 1 (in units of 1 or Delta_0): their keep rule is the
 #: l1 curve (docs/thresholding.md, "The l1 curve")
 L1_CALIBRATIONS = ("weighted_laplace", "count_laplace")
+#: the one-round weightings whose change per user has l2 norm <= 1 in real-valued coordinates (rerouted weights):
+#: their keep rule is the l2 rule (docs/thresholding.md, "The l2 rule")
+L2_RULE_WEIGHTINGS = ("l2_descent", "mad")
 
 
 def _changed_items(spec: AlgorithmSpec, params: SelectionParams) -> int:
@@ -733,32 +739,49 @@ def _l1_curve_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[Round
     return (RoundPlan(1, eps, delta, "keep_curve", 0.0, w50, spec.weighting, None, "curve", gamma, curve),)
 
 
+def _l2_realisation(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[int, int]:
+    """``(changed items, random bits)`` of the l2 rule's realisation reserve: a policy's change touches items of its
+    one worker only (``max_sequential_pairs``, 64 bits); MAD's rerouting reaches any item of the users who share a
+    truncated item with the new one, which no parameter bounds, so its decisions read 128 bits and reserve for
+    every item a run can hold (``l2_rule.ANY_RUN_ITEMS``; docs/thresholding.md, "Realising f")."""
+    if spec.weighting == "mad":
+        return l2_rule.ANY_RUN_ITEMS, l2_rule.WIDE_REALISATION_BITS
+    return _changed_items(spec, params), thresholding.KEEP_BITS
+
+
 def _l2_rule_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan, ...]:
-    """Policy Gaussian's round with the l2 keep rule (docs/thresholding.md, "The l2 rule"): its histograms of
-    neighbouring datasets differ by l2 norm <= 1 in real-valued coordinates, which the rule covers. At the run's
-    (epsilon, delta) less the 2^-64 realisation reserve of every item on the worker (``max_sequential_pairs``);
-    with counts, composed with them in RDP as the tables are (:func:`_table_with_counts`). Gamma is the weight the
-    rule keeps with probability Phi(alpha), as rho + alpha sigma is for the Gaussian rule."""
+    """The one round of Policy Gaussian and of MAD with the l2 keep rule (docs/thresholding.md, "The l2 rule"):
+    their histograms of neighbouring datasets differ by l2 norm <= 1 in real-valued coordinates (DPSU Lemma 5.2;
+    MAD Lemma 5.6), which the rule covers. At the run's (epsilon, delta) less the realisation reserve
+    (:func:`_l2_realisation`); with counts, composed with them in RDP as the tables are (:func:`_table_with_counts`).
+    Policy Gaussian's cutoff Gamma is the weight the rule keeps with probability Phi(alpha), and MAD's tau the weight
+    it keeps with probability Phi(beta) (at least 1), as rho + alpha sigma and rho + beta sigma are for the Gaussian
+    rule (both capped at the last knot's probability, so a large alpha or beta still gets a finite weight)."""
     delta_p, gaussian_rdp = _with_counts_rdp(spec, params, params.delta, 0.0)
+    changed, bits = _l2_realisation(spec, params)
     rule, delta_conversion = l2_rule.calibrate_l2_keep_rule(
-        params.epsilon, delta_p, _changed_items(spec, params), gaussian_rdp
+        params.epsilon, delta_p, changed, gaussian_rdp, realisation_bits=bits
     )
     eps, delta = params.epsilon, params.delta
     if params.release_counts:  # the round on its own (informational): the rule's conversion at its order
         eps = thresholding.rdp_to_dp_epsilon(rule.epsilon_rdp, rule.alpha, delta_conversion)
         delta = rule.delta_rdp + delta_conversion
-    # Phi(alpha), capped at the rule's last knot: a large alpha (Phi(alpha) ~ 1 in float) still gets a finite cutoff
-    gamma = rule.weight_for(min(0.5 * math.erfc(-params.alpha / math.sqrt(2.0)), rule.probs[-1]))
+
+    def weight_kept_with(z: float) -> float:  # the weight kept with probability Phi(z), capped at the last knot
+        return rule.weight_for(min(0.5 * math.erfc(-z / math.sqrt(2.0)), rule.probs[-1]))
+
+    gamma = weight_kept_with(params.alpha) if spec.sequential else None
+    tau = max(1.0, weight_kept_with(params.beta)) if spec.weighting == "mad" else None  # MAD Alg. 3's tau
     w50 = rule.weight_for(0.5)
     return (
-        RoundPlan(1, eps, delta, "keep_rule", 0.0, w50, spec.weighting, None, "rule", gamma, rule, delta_conversion),
+        RoundPlan(1, eps, delta, "keep_rule", 0.0, w50, spec.weighting, tau, "rule", gamma, rule, delta_conversion),
     )
 
 
 def _one_round(spec: AlgorithmSpec, params: SelectionParams) -> Tuple[RoundPlan, ...]:
     if params.threshold == "optimal" and spec.calibration in L1_CALIBRATIONS:
         return _l1_curve_round(spec, params)
-    if params.threshold == "optimal" and spec.weighting == "l2_descent":
+    if params.threshold == "optimal" and spec.weighting in L2_RULE_WEIGHTINGS:
         return _l2_rule_round(spec, params)
     if params.threshold == "optimal":
         return _keep_table_round(spec, params)
@@ -970,9 +993,13 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
         reserve = thresholding.rounding_reserve(params.epsilon, _changed_items(spec, params))
         if reserve >= params.delta / 2:
             defaults["threshold"] = noise_rule(spec)
-    if params.threshold is None and defaults["threshold"] == "optimal" and spec.weighting == "l2_descent":
-        # the l2 rule's 2^-64 realisation reserve must fit in delta (tiny delta: Policy Gaussian's Gaussian rule)
-        if l2_rule.realisation_reserve(params.epsilon, _changed_items(spec, params)) >= params.delta / 2:
+    if (
+        params.threshold is None
+        and defaults["threshold"] == "optimal"
+        and spec.shape not in MULTI_ROUND_SHAPES
+        and spec.weighting in L2_RULE_WEIGHTINGS
+    ):  # the l2 rule's realisation reserve must fit in delta (a tiny delta: the Gaussian rule)
+        if l2_rule.realisation_reserve(params.epsilon, *_l2_realisation(spec, params)) >= params.delta / 2:
             defaults["threshold"] = noise_rule(spec)
     unset = {name: value for name, value in defaults.items() if getattr(params, name) is None}
     params = params.replace(**unset) if unset else params
@@ -986,18 +1013,14 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
             f"threshold={params.threshold!r}: {algorithm}'s noise is {noise_rule(spec)} "
             f"(use threshold={noise_rule(spec)!r}, or 'optimal' where it applies)"
         )
-    if params.threshold == "optimal" and "threshold" not in spec.options:
-        raise ValueError(
-            f"threshold={params.threshold!r} is an option of basic, count_gaussian, dp_sips, mad2r, mad_sips, "
-            f"weighted_laplace, count_laplace, policy_laplace and policy_gaussian for now ({algorithm} has no keep "
-            "rule wired: docs/thresholding.md, 'Where it applies'); use threshold='gaussian'"
-        )
     if params.threshold == "optimal" and spec.shape in MULTI_ROUND_SHAPES and params.accounting != "gdp":
         raise ValueError(
             f"threshold='optimal' with {algorithm} composes its rounds in RDP from the Gaussian plan of "
             "accounting='gdp' (docs/mad_sips.md); leave accounting unset"
         )
-    if params.weight_cap != 1.0 and not (params.threshold == "optimal" and spec.weighting == "mad"):
+    if params.weight_cap != 1.0 and not (
+        params.threshold == "optimal" and spec.weighting == "mad" and spec.shape in MULTI_ROUND_SHAPES
+    ):
         raise ValueError(
             f"weight_cap={params.weight_cap!r} caps the weights of the keep-table round of mad2r and mad_sips "
             f"({algorithm} with threshold={params.threshold!r} has none); leave it at 1"

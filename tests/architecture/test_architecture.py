@@ -103,13 +103,12 @@ def test_every_registry_entry_is_complete():
             spec.shape in selection_reference._RUNNERS
         )
         rounds = plan_rounds(name, params)
-        # every round weights as the registry says, except a keep-table last round of a MAD algorithm (biased
-        # Basic weights by design: docs/mad_sips.md)
+        # every round weights as the registry says, except a keep-table last round of a multi-round MAD algorithm
+        # (biased Basic weights by design: docs/mad_sips.md; single-round MAD keeps its weights under the l2 rule)
         assert rounds and all(r.weighting == spec.weighting for r in rounds[:-1])
         last = rounds[-1]
-        assert last.weighting == (
-            "biased_basic" if last.keep_table is not None and spec.weighting == "mad" else spec.weighting
-        )
+        biased = last.keep_table is not None and spec.weighting == "mad" and len(rounds) > 1
+        assert last.weighting == ("biased_basic" if biased else spec.weighting)
         assert name in tip_cases
         assert set(spec.options) <= {f for f in SelectionParams.__dataclass_fields__}, spec.options
 

@@ -29,6 +29,7 @@ ALPHA = 1e-6 / (4 * len(CASES))
 # Runs per dataset, by cost of the reference (the whole file stays around a minute on 2 cores).
 RUNS = {
     "mad/dmax": 1500,
+    "mad/optimal_dmax": 1500,
     "mad_sips/resample": 1500,
     "dp_sips/resample": 2000,
     "mad2r/tip": 4000,
@@ -178,14 +179,14 @@ def test_single_user_items_never_released(algorithm):
     "algorithm",
     [
         *["basic", "count_gaussian", "dp_sips", "mad2r", "mad_sips", "dpne"],
-        *["weighted_laplace", "count_laplace", "policy_laplace"],
+        *["weighted_laplace", "count_laplace", "policy_laplace", "mad"],
     ],
 )
 def test_single_user_items_never_released_by_the_keep_table(algorithm):
     """threshold 'optimal' (basic's round, MAD-SIPS's last round; docs/thresholding.md, docs/mad_sips.md): an
     item of one user is kept with probability F(its weight) <= delta_rdp c^2 <= 1e-12 per run (and MAD-SIPS's
     Gaussian rounds release it with probability <= their delta_r / 2); the l1 curve of the Laplace algorithms
-    with f(t) <= delta t <= 1e-12."""
+    with f(t) <= delta t <= 1e-12; MAD's l2 rule with f(t) <= c t^2 <= delta."""
     # at delta 1e-12 a policy's curve needs fewer than the default max_sequential_pairs (its rounding reserve)
     extra = {"max_sequential_pairs": 10**5} if algorithm == "policy_laplace" else {}
     (case,) = audit.unique_item_cases([algorithm], threshold="optimal", **extra)

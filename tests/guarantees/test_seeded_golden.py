@@ -37,7 +37,9 @@ items); ``mad_sips_weight_cap1`` (new, ``--weight_cap 1``) keeps the former ``ma
 ``mad_sips_cap98`` (now with ``--weight_cap 1``) its own. Then ``policy_gaussian`` (reference and CLI) when the l2
 keep rule became Policy Gaussian's default (issue 30, docs/thresholding.md "The l2 rule": 133 -> 140 released
 items); ``policy_gaussian_gaussian`` (new) keeps the former value, the counts cases now name ``--threshold
-gaussian`` and keep theirs, and ``policy_gaussian_rule_counts`` (the rule with counts) was recorded then.
+gaussian`` and keep theirs, and ``policy_gaussian_rule_counts`` (the rule with counts) was recorded then. Then
+``mad`` (reference and CLI) when the l2 rule, read with 128 random bits, became MAD's default too (issue 30: 127 ->
+137 released items); ``mad_gaussian`` (new) keeps the former value.
 The DPNE cases ``dpne``, ``dpne_mad`` and ``dpne_counts`` pass the paper's levels (``--selection single``,
 and ``--threshold gaussian`` since the keep tables became the default) explicitly (their values are unchanged);
 ``dpne_mad_sips`` and ``dpne_mad_sips_counts`` (MAD-SIPS inside the levels, issue 30) and ``dpne_tables`` and
@@ -106,6 +108,8 @@ SELECT_VARIANTS = {
     # count_gaussian's keep table became its default (issue 30): its Gaussian rule given explicitly
     "count_gaussian_gaussian": ["--algorithm", "count_gaussian", "--threshold", "gaussian"],
     "policy_laplace_laplace": ["--algorithm", "policy_laplace", "--threshold", "laplace"],
+    # MAD's Gaussian rule given explicitly since the l2 keep rule became its default (issue 30): the value before
+    "mad_gaussian": ["--algorithm", "mad", "--threshold", "gaussian"],
 }
 
 DPNE_ARGS = ["--max_n", "3", "--epsilon", "4", "--delta", "1e-6", "--max_contributions", "30"]
@@ -161,7 +165,7 @@ GOLDEN = {  # name: (sha256, number of lines)
         48,
     ),  # the l1 keep curve (issue 30)
     "reference/dp_sips": ("e938ffa52fcf6a0a1a3d637dcd058470f2ddb17cef1212c69e60663f93be9d77", 180),
-    "reference/mad": ("9ba7be522803e4791246781e1677dcb75aaadc5e2439947ad5a9d777f9775136", 127),
+    "reference/mad": ("fa69f0de9deb58bad610261468e7cc81b34954ca5ec06e58a5d214933539afdc", 137),
     "reference/mad2r": ("3c00844d4085b9a27bfd916a1bd4c3f431d655eb24927eb97afdeaae83f3b8aa", 159),
     "reference/mad2r_counts": ("6dfb29279a95f46d9744c25f69b8350a0bf58d77532f14e417cedb9ec6a38bdb", 125),
     "reference/mad_sips": ("7f612ee1a13fc3891ab599f37d2affd6ee663d033dfbab71a266280bcf791457", 238),
@@ -191,7 +195,8 @@ GOLDEN = {  # name: (sha256, number of lines)
         "93fab06fe3ffc0fdd1094b476174d2f8ee356a4a41aa4b0dc1865008a89a4761",
         130,
     ),
-    "select_partitions/mad": ("9ba7be522803e4791246781e1677dcb75aaadc5e2439947ad5a9d777f9775136", 127),
+    "select_partitions/mad": ("fa69f0de9deb58bad610261468e7cc81b34954ca5ec06e58a5d214933539afdc", 137),
+    "select_partitions/mad_gaussian": ("9ba7be522803e4791246781e1677dcb75aaadc5e2439947ad5a9d777f9775136", 127),
     "select_partitions/mad2r": ("3c00844d4085b9a27bfd916a1bd4c3f431d655eb24927eb97afdeaae83f3b8aa", 159),
     "select_partitions/mad2r_counts": ("6dfb29279a95f46d9744c25f69b8350a0bf58d77532f14e417cedb9ec6a38bdb", 125),
     "select_partitions/mad_sips": ("7f612ee1a13fc3891ab599f37d2affd6ee663d033dfbab71a266280bcf791457", 238),

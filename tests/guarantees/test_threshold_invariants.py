@@ -155,6 +155,22 @@ def test_the_keep_rules_keep_exactly_the_calibrated_bit_patterns():
         assert abs(limit / 2.0**64 - float(rule.keep_probability(np.array([w]))[0])) <= 2.0**-50
         bits = np.array([limit - 1, limit], dtype=np.uint64)
         assert rule.keep(np.full(2, w), bits).tolist() == [True, False], w
+    # MAD's l2 rule reads 128 bits: keep iff bits 2^64 + low < floor(f 2^128); at the 64-bit limit the low word
+    # decides, with the same strict comparison
+    wide = plan("mad", SelectionParams(1.0, 1e-5)).rounds[0].keep_table
+    assert wide.realisation_bits == 128
+    start = wide.limit(wide.start)  # f(W_s) is a knot, a multiple of 2^-64: no low word, the tie drops
+    assert wide.limit_bits(wide.start, 128) == start << 64
+    assert wide.keep(np.ones(1), np.array([start], dtype=np.uint64), lambda idx: np.zeros(1, np.uint64)).tolist() == [
+        False
+    ]
+    for w in (0.5, wide.start + 2.0**-20, wide.weight_for(0.5), wide.weight_for(0.99)):
+        limit, low = wide.limit(w), wide.limit_bits(w, 128) % 2**64
+        assert low > 0, w  # f(W) 2^64 is not an integer at these weights: the tie has a low word to decide
+        bits = np.array([limit - 1, limit, limit, limit + 1], dtype=np.uint64)
+        lows = {1: low - 1, 2: low}
+        got = wide.keep(np.full(4, w), bits, lambda idx: np.array([lows[int(i)] for i in idx], dtype=np.uint64))
+        assert got.tolist() == [True, True, False, False], w
 
 
 def test_the_scan_finds_a_comparison_of_its_own(tmp_path):

@@ -224,8 +224,12 @@ def _check_counts_plan(algorithm, params):
                 from .test_mad_sips_table import _recomputed  # its RDP composition
 
                 got_eps, got_delta = _recomputed(rs, None if cap is None else cap.noise_scale, counts)
-                if rs[-1].noise == "keep_rule":  # and the rule's 2^-64 realisation reserve
-                    got_delta += l2_rule.realisation_reserve(eps, params.max_sequential_pairs)
+                if rs[-1].noise == "keep_rule":  # and the rule's realisation reserve: a policy's 2^-64 per item on
+                    # its worker; MAD's 2^-128 per item of any run (its rerouting has no public item bound)
+                    if spec.weighting == "mad":
+                        got_delta += l2_rule.realisation_reserve(eps, 2**64, 128)
+                    else:
+                        got_delta += l2_rule.realisation_reserve(eps, params.max_sequential_pairs)
                 assert got_eps <= eps * (1 + 1e-9) and delta * 0.99 <= got_delta <= delta * (1 + 1e-9)
                 continue
             sigmas = [r.noise_scale / sens for r in rs] + ([] if cap is None else [cap.noise_scale])

@@ -70,9 +70,14 @@ def test_params_are_frozen_and_defaults_are_the_papers():
 def test_plans_mad_tau_and_round_thresholds():
     p = SelectionParams(epsilon=1, delta=1e-5)
     (basic,) = plan_rounds("basic", p)
-    (mad,) = plan_rounds("mad", p)
+    (mad,) = plan_rounds("mad", p.replace(threshold="gaussian"))
     assert mad.noise_scale == basic.noise_scale and mad.threshold == basic.threshold  # Theorem 1.1
     assert mad.tau == pytest.approx(basic.threshold + 2.0 * basic.noise_scale)
+    # the default, the l2 rule (docs/thresholding.md): tau is the weight it keeps with probability Phi(beta = 2)
+    (rule,) = plan_rounds("mad", p)
+    assert rule.noise == "keep_rule" and rule.keep_table.realisation_bits == 128
+    kept = float(rule.keep_table.keep_probability(np.array([rule.tau]))[0])
+    assert kept == pytest.approx(0.5 * math.erfc(-2.0 / math.sqrt(2.0)), abs=1e-9) and rule.tau < mad.tau
     assert plan_rounds("mad2r", p)[-1].noise == "keep_table"  # the default last round (issue 30)
     r1, r2 = plan_rounds("mad2r", p.replace(threshold="gaussian"))
     assert r2.threshold > r2.noise_scale  # sanity

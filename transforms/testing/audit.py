@@ -234,14 +234,14 @@ BIGRAM_BACKGROUND = 40
 def _tip_settings(spec) -> dict:
     """The multi-round algorithms' ``tip`` cases audit their Gaussian rounds (``threshold='gaussian'``; the
     ``*/optimal_tip`` cases audit the keep-table last round, their default), the Laplace algorithms' and
-    count_gaussian's and policy_gaussian's their own noise (``threshold`` 'laplace' / 'gaussian'; ``*/optimal_tip``:
-    the l1 curve, count_gaussian's table and Policy Gaussian's l2 rule, their defaults). MAD-SIPS's multi-copy cases fix
-    the cap at Delta_0 (``cap_quantile=1``): the adaptive cap's histogram would couple the copies of one call
-    (the ``cap_tip`` case audits the adaptive cap, one copy per call)."""
+    count_gaussian's, mad's and policy_gaussian's their own noise (``threshold`` 'laplace' / 'gaussian';
+    ``*/optimal_tip``: the l1 curve, count_gaussian's table and MAD's and Policy Gaussian's l2 rule, their
+    defaults). MAD-SIPS's multi-copy cases fix the cap at Delta_0 (``cap_quantile=1``): the adaptive cap's histogram
+    would couple the copies of one call (the ``cap_tip`` case audits the adaptive cap, one copy per call)."""
     if spec.shape == "mad_sips":
         return {"cap_quantile": 1.0, "threshold": "gaussian"}
-    if spec.calibration in L1_CALIBRATIONS or spec.name in ("count_gaussian", "policy_gaussian"):  # their noise +
-        return {"threshold": noise_rule(spec)}  # rho (*/optimal_tip: the l1 curve, the tables, the l2 rule)
+    if spec.calibration in L1_CALIBRATIONS or spec.name in ("count_gaussian", "policy_gaussian", "mad"):  # their
+        return {"threshold": noise_rule(spec)}  # noise + rho (*/optimal_tip: the l1 curve, the tables, the l2 rule)
     return {"threshold": "gaussian"} if spec.shape in ("mad2r", "dp_sips") else {}
 
 
@@ -266,7 +266,12 @@ def standard_cases() -> List[AuditCase]:
     return cases + [
         AuditCase("count_gaussian/all", "count_gaussian", _sel(4, threshold="gaussian"), "all", holders=13, targets=4),
         AuditCase("count_laplace/all", "count_laplace", _sel(4, threshold="laplace"), "all", holders=15, targets=4),
-        AuditCase("mad/dmax", "mad", _sel(4), "dmax", holders=7, targets=4),
+        AuditCase("mad/dmax", "mad", _sel(4, threshold="gaussian"), "dmax", holders=7, targets=4),
+        # MAD's l2 keep rule (its default; docs/thresholding.md, "The l2 rule"), read with 128 bits: the tip (each
+        # holder's one item weighs 1; expected bound ~1.4 at 10^4 runs) and the d_max case, where the added user's
+        # weight is rerouted (a sanity check: ~0.01 expected at 1,500 runs, the Gaussian case's budget)
+        AuditCase("mad/optimal_tip", "mad", _sel(4, threshold="optimal"), "tip", holders=4),
+        AuditCase("mad/optimal_dmax", "mad", _sel(4, threshold="optimal"), "dmax", holders=8, targets=4),
         # the added user holds 8 targets at Delta_0 = 4: rounds 2 and 3 re-subsample its unreleased ones
         AuditCase(
             "mad_sips/resample",

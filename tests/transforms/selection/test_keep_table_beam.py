@@ -16,7 +16,7 @@ import pytest
 
 from dp_partition_beam.pipelines import select_partitions
 from dp_partition_beam.privacy import l2_rule, thresholding
-from dp_partition_beam.privacy.selection import SelectionParams, plan
+from dp_partition_beam.privacy.selection import ALGORITHMS, SelectionParams, plan
 from dp_partition_beam.transforms import reference
 from dp_partition_beam.transforms.core import randomness
 from dp_partition_beam.transforms.core.fingerprint import key_bytes_array
@@ -40,9 +40,10 @@ def pairs():
 
 @pytest.mark.parametrize("release_counts", [False, True], ids=["items", "counts"])
 @pytest.mark.parametrize(
-    "algorithm", ["basic", "count_gaussian", "weighted_laplace", "count_laplace", "policy_laplace", "policy_gaussian"]
-)  # the step tables, the l1 curve of the Laplace algorithms (NoisyThresholdFn's keep step, KeepByTable) and
-# Policy Gaussian's l2 rule (KeepByTable)
+    "algorithm",
+    ["basic", "count_gaussian", "weighted_laplace", "count_laplace", "policy_laplace", "policy_gaussian", "mad"],
+)  # the step tables, the l1 curve of the Laplace algorithms (NoisyThresholdFn's keep step, KeepByTable),
+# Policy Gaussian's l2 rule (KeepByTable) and MAD's 128-bit l2 rule (NoisyThresholdFn)
 def test_seeded_beam_equals_the_reference(pairs, algorithm, release_counts):
     params = PARAMS.replace(release_counts=release_counts)
     want = reference.release(reference.user_sets_from_pairs(pairs), algorithm, params, SEED)
@@ -94,10 +95,13 @@ def test_plan_and_report():
     json.dumps(p.as_report())  # the report is JSON (no NaN)
 
 
-@pytest.mark.parametrize("algorithm", ["mad"])
-def test_other_algorithms_refuse_the_table(algorithm):
-    with pytest.raises(ValueError, match="is an option of basic, count_gaussian, dp_sips, mad2r, mad_sips"):
-        plan(algorithm, PARAMS)
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_every_algorithm_takes_a_keep_rule(algorithm):
+    """threshold='optimal' applies to every algorithm (docs/thresholding.md, "Where it applies"): its one round,
+    or its last, keeps items by a table, the l1 curve or the l2 rule, with no noise scale."""
+    last = plan(algorithm, PARAMS).rounds[-1]
+    assert last.noise in ("keep_table", "keep_curve", "keep_rule") and last.keep_table is not None
+    assert last.noise_scale == 0.0
 
 
 def test_policy_gaussian_plan_and_report():
@@ -174,8 +178,14 @@ def test_cli(tmp_path):
     assert chosen in report["auto_weight_cap"]["candidates"]
     params = SelectionParams(1.0, 1e-5, max_contributions=20, weight_cap="auto", cap_budget=0.02)
     assert report["rounds"][-1]["threshold"] == plan("mad_sips", params).weight_caps.last_round(chosen).threshold
+    # mad: the l2 rule by default, read with 128 bits; tau is the weight it keeps with probability Phi(beta)
+    assert select_partitions.run([*argv, "--algorithm", "mad", "--overwrite"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    (r,) = report["rounds"]
+    assert report["threshold"] == "optimal" and r["noise"] == "keep_rule" and r["keep_table"]["kind"] == "l2_rule"
+    assert r["tau"] == plan("mad", SelectionParams(1.0, 1e-5, max_contributions=20)).rounds[0].tau
     with pytest.raises(SystemExit) as exit_:  # a flag mad does not read: exit 2 before anything runs
-        select_partitions.run([*argv, "--algorithm", "mad", "--threshold", "optimal", "--overwrite"])
+        select_partitions.run([*argv, "--algorithm", "mad", "--weight_cap", "0.5", "--overwrite"])
     assert exit_.value.code == 2
 
 

@@ -95,7 +95,7 @@ def test_stochastic_dominance_on_section_6_2_instance():
     the difference (false-failure rate < 1e-8 given the ~+130 item expected gap, sd ~ 15).
     """
     sets = heavy_light_sets(15_000, 1_000, 2, seed=0)
-    params = SelectionParams(epsilon=1.0, delta=1e-5, d_max=4)
+    params = SelectionParams(epsilon=1.0, delta=1e-5, d_max=4, threshold="gaussian")
     (basic_plan,) = plan_rounds("basic", params)
     (mad_plan,) = plan_rounds("mad", params)
     assert (mad_plan.noise_scale, mad_plan.threshold) == (basic_plan.noise_scale, basic_plan.threshold)
@@ -123,6 +123,28 @@ def test_stochastic_dominance_on_section_6_2_instance():
     # the analytic means agree with the simulation (5 standard errors)
     exp_gap = sum(norm.cdf((w_mad[i] - rho) / sigma) - norm.cdf((w_basic[i] - rho) / sigma) for i in w_basic)
     assert abs(diffs.mean() - exp_gap) < 5 * se + 1e-9
+
+
+def test_stochastic_dominance_under_the_l2_rule():
+    """Theorem 6.1's per-item statement under MAD's default release, the l2 keep rule (docs/thresholding.md), on the
+    section 6.2 instance: with tau the weight the rule keeps with probability Phi(beta), every item Basic keeps with
+    probability below Phi(beta) MAD keeps at least as often, and every other at least Phi(beta) (exact, from the
+    weights; the rule is nondecreasing and MAD's weights of light items only grow)."""
+    sets = heavy_light_sets(15_000, 1_000, 2, seed=0)
+    params = SelectionParams(epsilon=1.0, delta=1e-5, d_max=4)
+    (mad_plan,) = plan_rounds("mad", params)
+    rule = mad_plan.keep_table
+    assert mad_plan.noise == "keep_rule"
+    w_basic = reference.basic_weights(sets)
+    w_mad = reference.mad_weights(sets, mad_plan.tau, params.d_max)
+    items = list(w_basic)
+    p_b = rule.keep_probability(np.array([w_basic[i] for i in items]))
+    p_m = rule.keep_probability(np.array([w_mad[i] for i in items]))
+    phi_beta = norm.cdf(params.beta)
+    below = p_b < phi_beta
+    assert below.sum() > 900 and np.all(p_m[below] >= p_b[below] - 1e-12)
+    assert np.all(p_m[~below] >= phi_beta - 1e-9)
+    assert p_m[below].sum() > p_b[below].sum() + 50  # the rerouted weight is worth items (here +~90 expected)
 
 
 def test_mad_tau_is_one_rule_for_selection_and_dpne():
