@@ -36,9 +36,9 @@ PAPER_62 = {"basic": 519, "mad": 610, "dp_sips [0.05,0.15,0.8]": 332, "dp_sips [
 
 CONFIGS = [
     ("basic", "basic", {}),
-    ("mad (d_max 50)", "mad", {"d_max": 50}),
-    ("mad (d_max 4)", "mad", {"d_max": 4}),
-    # the papers' Gaussian rounds (the keep table is mad2r's and dp_sips's default since issue 30)
+    # the papers' Gaussian rounds (keep rules are the default of mad, mad2r and dp_sips since issue 30)
+    ("mad (d_max 50)", "mad", {"d_max": 50, "threshold": "gaussian"}),
+    ("mad (d_max 4)", "mad", {"d_max": 4, "threshold": "gaussian"}),
     ("mad2r", "mad2r", {"threshold": "gaussian"}),
     ("dp_sips [0.05,0.15,0.8]", "dp_sips", {"budget_split": (0.05, 0.15, 0.8), "threshold": "gaussian"}),
     ("dp_sips [0.1,0.9]", "dp_sips", {"budget_split": (0.1, 0.9), "threshold": "gaussian"}),

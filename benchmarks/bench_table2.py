@@ -54,7 +54,8 @@ ACCOUNTINGS = ("basic", "gdp")  # the paper's budget split first, then ours
 #: are our defaults (d_max 50, beta 2, b_min 0.5, b_max 2, c_lb 1, c_ub 3, split [0.1, 0.9]); they are
 #: written out here so that the table does not change if a default does.
 MAD = dict(d_max=50, beta=2.0)
-#: the papers' Gaussian last rounds (the keep table is the default of mad2r, dp_sips and mad_sips since issue 30)
+#: the papers' Gaussian rounds (keep rules are the default of mad, mad2r, dp_sips, mad_sips and policy_gaussian since
+#: issue 30)
 GAUSSIAN = dict(threshold="gaussian")
 #: MAD-SIPS's settings with its default keep-table last round (and with it no adaptive cap)
 MAD_SIPS_TABLE = dict(
@@ -62,7 +63,9 @@ MAD_SIPS_TABLE = dict(
 )
 CONFIGS = [
     ("basic", "basic", {}),
-    ("mad", "mad", MAD),
+    ("mad", "mad", dict(MAD, **GAUSSIAN)),
+    # issue 30: MAD's l2 keep rule, read with 128 bits (its default since 2026-12-01; docs/thresholding.md)
+    ("mad l2 rule", "mad", dict(MAD, threshold="optimal")),
     ("mad2r", "mad2r", dict(MAD, budget_split=(0.1, 0.9), b_min=0.5, b_max=2.0, c_lb=1.0, c_ub=3.0, **GAUSSIAN)),
     ("dp_sips [0.1,0.9]", "dp_sips", dict(budget_split=(0.1, 0.9), **GAUSSIAN)),
     ("dp_sips [0.05,0.15,0.8]", "dp_sips", dict(budget_split=(0.05, 0.15, 0.8), **GAUSSIAN)),
