@@ -124,19 +124,27 @@ def test_neighbouring_policy_gaussian_histograms_compose_within_the_budget(rule)
     gamma = rule.weight_for(0.9999)
     checked = 0
     for case, h, h2, change in neighbouring_histograms(20261201, "l2_descent", gamma, 200, 12, 6, 90, 4):
-        assert sum(t * t for t in change.values()) <= 1.0 + 1e-9, case
-        total = mp.mpf(0)
-        for i, t in change.items():
-            if t < 1e-7:  # the float regime (the histograms' own float sums): not claimed here
-                continue
-            lo, hi = sorted([h.get(i, 0.0), h2.get(i, 0.0)])
-            p, r = (float(x) for x in rule.keep_probability(np.array([lo, hi])))
-            e = pair_excess(rule.alpha, rule.epsilon_rdp, rule.delta_rdp, p, r, t)
-            assert e <= 0, (case, i, lo, hi, t)
-            total += e + mp.mpf(rule.epsilon_rdp) * mp.mpf(t) ** 2
-            checked += 1
-        assert total <= rule.epsilon_rdp * (1 + 1e-9)
+        checked += check_change_within_budget(rule, h, h2, change, case)
     assert checked > 300
+
+
+def check_change_within_budget(rule, h, h2, change, case=None) -> int:
+    """The l2 rule's theorem on one neighbouring pair of histograms: the change's l2 norm <= 1, every item's pair
+    (Lemma 1's cores, 60 digits) within its own (eps t_i^2, delta t_i^2), the sum within eps. Returns the pairs
+    checked (shifts below 1e-7 are the float regime of the histograms' own sums: not claimed)."""
+    assert sum(t * t for t in change.values()) <= 1.0 + 1e-9, case
+    total, checked = mp.mpf(0), 0
+    for i, t in change.items():
+        if t < 1e-7:
+            continue
+        lo, hi = sorted([h.get(i, 0.0), h2.get(i, 0.0)])
+        p, r = (float(x) for x in rule.keep_probability(np.array([lo, hi])))
+        e = pair_excess(rule.alpha, rule.epsilon_rdp, rule.delta_rdp, p, r, t)
+        assert e <= 0, (case, i, lo, hi, t)
+        total += e + mp.mpf(rule.epsilon_rdp) * mp.mpf(t) ** 2
+        checked += 1
+    assert total <= rule.epsilon_rdp * (1 + 1e-9), case
+    return checked
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
@@ -155,17 +163,7 @@ def test_neighbouring_mad_histograms_compose_within_the_budget(rule, sets, extra
     h = MK.mad_weights(users, tau, d_max)
     h2 = MK.mad_weights({**users, "v": sorted(extra, key=str)}, tau, d_max)
     change = {i: abs(h2.get(i, 0.0) - h.get(i, 0.0)) for i in set(h) | set(h2)}
-    assert sum(t * t for t in change.values()) <= 1.0 + 1e-9
-    total = mp.mpf(0)
-    for i, t in change.items():
-        if t < 1e-7:  # the float regime (the weights' own float sums): not claimed here
-            continue
-        lo, hi = sorted([h.get(i, 0.0), h2.get(i, 0.0)])
-        p, r = (float(x) for x in rule.keep_probability(np.array([lo, hi])))
-        e = pair_excess(rule.alpha, rule.epsilon_rdp, rule.delta_rdp, p, r, t)
-        assert e <= 0, (i, lo, hi, t)
-        total += e + mp.mpf(rule.epsilon_rdp) * mp.mpf(t) ** 2
-    assert total <= rule.epsilon_rdp * (1 + 1e-9)
+    check_change_within_budget(rule, h, h2, change)
 
 
 def test_shape_and_the_quadratic_start(rule):
