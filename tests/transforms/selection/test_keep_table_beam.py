@@ -61,6 +61,15 @@ def test_the_draws_are_the_rounds_noise_bits():
     # and their top 53 bits are the Gaussian rounds' uniforms of the same key
     u = randomness.keyed_uniform(SEED, "noise", 1, items)
     assert np.array_equal(randomness.uniform_of_bits(want), u)
+    # a 128-bit rule's second draws (MAD's l2 rule, read only at a tie: never in a test run otherwise): Beam's
+    # release step and the reference draw the same (seed, 'noise_low', round, item) bits for the indices asked
+    from dp_partition_beam.transforms.selection.basic import NoisyThresholdFn
+
+    fn = NoisyThresholdFn(plan("mad", PARAMS).rounds[0], SEED, False)
+    column = pa.table({"item": key_bytes_array(items)}).column("item")
+    got = fn._low_bits(column, fn._plan)(np.array([4, 0, 2]))
+    low = randomness.random_bits([items[4], items[0], items[2]], randomness.KEEP_LOW_PURPOSE, 1, SEED, None)
+    assert np.array_equal(got, low) and not np.array_equal(low, want[[4, 0, 2]])
 
 
 def test_the_keep_rate_is_the_table_entry():
