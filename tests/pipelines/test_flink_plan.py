@@ -99,3 +99,41 @@ def test_a_dpne_level_multiplies_the_paths_by_at_most_six():
     six, seven = _dpne_paths("--max_n", "6"), _dpne_paths("--max_n", "7")
     assert seven / six < 6.0
     assert _dpne_paths("--max_n", "9") < 10**9
+
+
+def test_a_mad_sips_level_is_one_chain_and_multiplies_the_paths_by_at_most_three():
+    """With --selection mad_sips a level's rounds are one chain of GroupByKeys whose elements carry the rounds,
+    and only its first step and its spurious draws read the level's plan (S_{k-1}): ~x2 a level, 2.7e6 paths at
+    the default --max_n 9 (the rounds reading side inputs computed inside the level gave x430 and 7.7e9 at
+    --max_n 3, which Flink never started: docs/engines.md). A side input read by a second step of the chain, or
+    a round's output flattened with a later one, raises the ratio past 3."""
+    six, seven = (
+        _dpne_paths("--selection", "mad_sips", "--max_n", "6"),
+        _dpne_paths("--selection", "mad_sips", "--max_n", "7"),
+    )
+    assert seven / six < 3.0
+    assert _dpne_paths("--selection", "mad_sips", "--max_n", "9") < 10**8
+
+
+def _max_consumers(*flags) -> int:
+    """The most steps that read one step's output (main or side input) in extract_ngrams' graph (unseeded)."""
+    from dp_partition_beam.pipelines import extract_ngrams
+
+    argv = ["--input", "data/debian_text.jsonl.gz", "--input_format", "jsonl", "--output", "o", "--report", "r"]
+    argv += ["--epsilon", "4", "--delta", "1e-6", "--max_contributions", "30", *flags]
+    args = extract_ngrams.build_parser().parse_args(argv)
+    pipeline = beam.Pipeline(options=PipelineOptions(["--no_pipeline_type_check"]))
+    extract_ngrams.build_pipeline(pipeline, args, extract_ngrams.params_from_args(args))
+    consumers = {}
+    for inputs in leaf_graph(pipeline.to_runner_api()).values():
+        for producer in inputs:
+            consumers[producer] = consumers.get(producer, 0) + 1
+    return max(consumers.values())
+
+
+def test_no_step_feeds_more_than_flinks_64_outputs():
+    """Flink's optimizer refuses a node with more than 64 outputs ("Cannot currently handle nodes with more than
+    64 outputs", 2026-12-02: the number of shards, a singleton, read by every step of MAD-SIPS's rounds at
+    --max_n 9). The level chain carries it in its elements; the first step and the spurious draws read it."""
+    for selection in ("single", "mad_sips"):
+        assert _max_consumers("--selection", selection, "--max_n", "9") <= 40

@@ -68,6 +68,8 @@ at most eta |S_{k-1}|) and the released sets travel as side inputs.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections import defaultdict
 from typing import List, Optional
 
 import apache_beam as beam
@@ -86,7 +88,6 @@ from dp_partition_beam.privacy.dpne import (
     plan_dpne_counts,
     plan_runs,
     resolved_threshold,
-    round_id,
     rounds_report,
 )
 from dp_partition_beam.privacy.validation import check_int
@@ -99,27 +100,37 @@ from dp_partition_beam.transforms.core.batches import (
     DEFAULT_ROWS_PER_SHARD,
     ITEM,
     USER,
+    Packed,
     ShardCount,
-    binary_array,
     bounded_pieces,
+    by_item_shard,
+    concat,
     dictionary_codes,
     owned,
     require_global_window,
     shard_ids,
+    split_by_shard,
     split_packed,
     unpack_all,
     unpacked,
     user_chunks,
 )
 from dp_partition_beam.transforms.core.dofns import SideInputCache, WorkerRngDoFn, in_global_window
-from dp_partition_beam.transforms.core.engine import RunSeed, barrier, checkpoint, per_user_step
+from dp_partition_beam.transforms.core.engine import RunSeed, checkpoint
 from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
-from dp_partition_beam.transforms.core.tables import item_bits, merge_partials, noisy_weights
+from dp_partition_beam.transforms.core.tables import ItemIndex, cap_pairs, item_bits, merge_partials, noisy_weights
 from dp_partition_beam.transforms.dpne import dpne_kernels
 from dp_partition_beam.transforms.selection.basic import BasicPartialsFn
 from dp_partition_beam.transforms.selection.counts import NoisyCounts
 from dp_partition_beam.transforms.selection.mad import MADWeights
-from dp_partition_beam.transforms.selection.mad_sips import RoundSetsFn, each_partial, hopeful_table
+from dp_partition_beam.transforms.selection.mad_kernels import (
+    check_mad_params,
+    mad_contribution_partials,
+    mad_init_partials,
+    mad_item_excess,
+)
+from dp_partition_beam.transforms.selection.mad_sips import zero_partials
+from dp_partition_beam.transforms.selection.mad_sips_kernels import attach_biases_or_one, drop_doomed
 
 # ---------------------------------------------------------------------------------------------
 # Entry: (user, text) elements or Arrow batches -> token tables sharded by user
@@ -649,228 +660,440 @@ class _Spurious(beam.PTransform):
 # MAD-SIPS inside a level (selection='mad_sips'; reference: transforms.dpne.reference.level_mad_sips)
 # ---------------------------------------------------------------------------------------------
 
-#: LevelCapFn's cap for a level's full distinct sets with selection='mad_sips' (each round re-subsamples them to
-#: Delta_k itself): bottom-k to a cap no user reaches keeps every distinct (valid) n-gram
+#: the cap of a level's full distinct sets with selection='mad_sips' (each round re-subsamples them to Delta_k
+#: itself): bottom-k to a cap no user reaches keeps every distinct (valid) n-gram
 NO_CAP = 1 << 62
 
+# The elements of a level's chain are (shard, (tag, Packed table, ctx)), ctx = (the level's rounds, the number of
+# shards): both public (the rounds a function of the level dict) and travelling with every element, so no step of
+# the chain reads a side input computed inside the level, and Flink's plan walk meets S_{k-1} along few routes
+# (docs/engines.md); nor does a singleton feed more steps than Flink's optimizer takes (64 outputs a node).
+ROWS = "rows"  # Table(user, item, bias, hopeless): a user's remaining full set, by user shard (round r >= 2's input)
+INIT = "init"  # partials of MAD's w_init (Alg. 3 lines 3-5), by item shard
+CAPPED = "capped"  # Table(user, item, degree[, bias][, r]): round r's capped sets, by item shard then by user shard
+CONTRIB = "contrib"  # partials of the users' contributions (Alg. 3 lines 9-17), by item shard
+FULL = "full"  # Table(user, item): the remaining full sets (r < R), whose items round r gives a status
+TRUNC = "trunc"  # partials of w_trunc = min(w_init, tau) (Alg. 3 line 8)
+RELEASED = "released"  # Table(item, round, holders): S_k so far, holders in round 1's capped sets
+HOLDERS1 = "holders1"  # Table(item, holders): round 1's support not released in round 1 (for the counts)
+CANDIDATES = "candidates"  # Table(item, round): the spurious draws of the rounds still to come
+#: item-level tables that ride along at their item shard's index, whatever the key of the hop
+CARRIED = (FULL, TRUNC, RELEASED, HOLDERS1, CANDIDATES)
 
-def level_rounds_of(level, run: RunPlan, params: DPNEParams):
-    """The level dict -> its rounds (:func:`privacy.dpne.level_rounds`): level 1's from its plan, level k >= 2's
-    from q_k (the level dict's 'spurious_prob', known once S_{k-1} and |V_k| are)."""
+
+def mad_sips_plan(_, run: RunPlan, params: DPNEParams, sizes=None, v_estimate=None):
+    """A level's public plan with selection='mad_sips', one singleton: {'level': the level dict, 'rounds': its
+    :func:`privacy.dpne.level_rounds` (level k >= 2's from q_k, known once S_{k-1} and |V_k| are), 's_prev':
+    S_{k-1} (a list), 'v_exact': the exact |V_k|} (None, None at level 1)."""
     k = run.lengths[0]
-    return level_rounds(run, params, None if k == 1 else level["spurious_prob"])
+    if k == 1:
+        level = level_one_report(run, params.weighting, params.beta)
+        return {"level": level, "rounds": level_rounds(run, params, None), "s_prev": None, "v_exact": None}
+    args = (k, run.sigma, run.max_contributions, params.eta, params.weighting, params.beta, sizes, v_estimate)
+    level = level_k(None, *args, table=run.table)
+    rounds = level_rounds(run, params, level["spurious_prob"])
+    return {"level": level, "rounds": rounds, "s_prev": sizes[2], "v_exact": sizes[1]}
 
 
-def round_tau(rounds, r: int) -> float:
-    """MAD's tau of round r (1-based) of the level's rounds."""
-    return rounds[r - 1].tau
+def sum_round_counts(n_rounds: int, counts) -> tuple:
+    """Per-round numbers of released n-grams, summed over the item shards (zeros when none)."""
+    total = [0] * n_rounds
+    for c in counts:
+        total = [a + int(b) for a, b in zip(total, c)]
+    return tuple(total)
 
 
-def round_spurious_level(rounds, r: int):
-    """The dict the spurious step of round r reads: its rho (None when infinite: V_k empty) and rate f_r q_k."""
-    rd = rounds[r - 1]
-    return {"rho": rd.rho if np.isfinite(rd.rho) else None, "spurious_prob": rd.spurious_prob}
+def mad_sips_report(counts, plan):
+    """The level report with the rounds and what each released (:func:`privacy.dpne.rounds_report`), before
+    |S_k| is added."""
+    return rounds_report(plan["level"], plan["rounds"], counts)
 
 
-def mad_sips_report(_, level, rounds, *released_per_round):
-    """The level report with the rounds (:func:`privacy.dpne.rounds_report`), before |S_k| is added."""
-    return rounds_report(level, rounds, released_per_round)
+def _emit(shard, tag, table, ctx):
+    """(shard, (tag, Packed piece, ctx)) for the pieces of a table (nothing for an empty one)."""
+    for piece in bounded_pieces(table):
+        yield shard, (tag, Packed.of(piece), ctx)
 
 
-class LevelRoundStatusFn(WorkerRngDoFn):
-    """(item shard, [partials]) -> (item shard, Table(item, released, holders, bias, hopeless)) of round r
-    (:func:`transforms.dpne.dpne_kernels.level_round_status`; the level's rounds: a singleton side input)."""
+def _emit_by(table, column, tag, ctx):
+    """The rows of ``table`` to the shard of their ``column`` (user or item) key."""
+    num_shards = ctx[1]
+    if table.num_rows == 0:
+        return
+    for shard, rows in split_by_shard(table, shard_ids(table.column(column), num_shards), num_shards):
+        yield from _emit(shard, tag, rows, ctx)
+
+
+def _gather(values):
+    """A group of chain elements -> (ctx: the rounds and the number of shards, {tag: [Packed]})."""
+    ctx, parts = None, defaultdict(list)
+    for tag, packed, c in values:
+        ctx = c
+        parts[tag].append(packed)
+    return ctx, parts
+
+
+def _pass(shard, parts, ctx):
+    """Every carried table of a group, on to the next hop at the same shard index (packed as it came)."""
+    for tag in CARRIED:
+        for packed in parts.get(tag, ()):
+            yield shard, (tag, packed, ctx)
+
+
+def _tables(parts, tag) -> List[pa.Table]:
+    return [p.table() for p in parts.get(tag, ())]
+
+
+def _np(column) -> np.ndarray:
+    """A table column (chunked or not) as numpy, booleans included."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    return column.to_numpy(zero_copy_only=False)
+
+
+def _distinct_biases(rows: pa.Table) -> pa.Table:
+    """Table(item, bias) of the hopeful items of round r's rows (one bias per item: its status's)."""
+    hopeful = rows.filter(pa.array(~_np(rows.column("hopeless"))))
+    codes, items = dictionary_codes(hopeful.column(ITEM))
+    _, first = np.unique(codes, return_index=True)
+    return pa.table({ITEM: items, "bias": _np(hopeful.column("bias"))[first]})
+
+
+class _RoundSets:
+    """Round r's per-user step on whole users' remaining full sets (as :class:`transforms.selection.mad_sips.
+    RoundSetsFn`'s ``whole``): drop each user's hopeless n-grams unless all are (Alg. 4 line 13), bottom-k to
+    Delta_k with round r's priorities, the biases attached (1 for a kept hopeless n-gram); then MAD's w_init
+    partials and the capped rows by item shard, and for r < R the remaining full rows by item shard."""
+
+    def __init__(self, r: int, cap: int, d_max: float, b_min: float, b_max: float):
+        self._r, self._cap, self._d_max = r, int(cap), d_max
+        self._b = (1.0, 1.0) if r == 1 else (b_min, b_max)  # round 1: unbiased MAD (Alg. 4 line 5)
+
+    def outputs(self, rows: pa.Table, ctx, seed):
+        rounds, num_shards = ctx
+        rd = rounds[self._r - 1]
+        if "hopeless" in rows.column_names:
+            kept = drop_doomed(rows, _np(rows.column("hopeless")))  # drop U_low
+            capped = cap_pairs(kept.select([USER, ITEM]), self._cap, seed, rd.round_)  # re-subsample (round r)
+            capped = attach_biases_or_one(capped, _distinct_biases(rows))  # Table(user, item, degree, bias)
+        else:
+            capped = cap_pairs(rows.select([USER, ITEM]), self._cap, seed, rd.round_)  # Table(user, item, degree)
+        init = mad_init_partials(capped, self._b[0], self._d_max)  # Alg. 3 lines 3-5
+        for shard, packed in by_item_shard(init, num_shards):
+            yield shard, (INIT, packed, ctx)
+        yield from _emit_by(capped, ITEM, CAPPED, ctx)
+        if self._r < len(rounds):
+            yield from _emit_by(rows.select([USER, ITEM]), ITEM, FULL, ctx)
+
+
+class LevelRoundOneFn(beam.DoFn):
+    """(user shard, tokens) -> round 1's outputs (:class:`_RoundSets`) of every user's distinct valid k-grams
+    (:func:`transforms.dpne.dpne_kernels.capped_level` with no cap). Side inputs: the run seed, the level's plan
+    (:func:`mad_sips_plan`: the rounds, S_{k-1}), S_1 (a list, None at level 1), the allowlist, the shards."""
+
+    def __init__(self, lengths, pruning, k, cap, d_max, b_min, b_max, chunk_rows=dpne_kernels.DEFAULT_CHUNK_ROWS):
+        self._lengths, self._pruning, self._k, self._chunk_rows = tuple(lengths), pruning, k, chunk_rows
+        self._sets = _RoundSets(1, cap, d_max, b_min, b_max)
+        self._caches = None
+
+    def setup(self):
+        self._caches = (SideInputCache(), SideInputCache(), SideInputCache())
+
+    def process(self, element, seed, plan, s1=None, allowlist=None, num_shards=1):
+        if self._caches is None:
+            self.setup()
+        shard, tokens = element
+        prev_c, s1_c, allow_c = self._caches
+        pruned = self._pruning is not None
+        full = dpne_kernels.capped_level(
+            tokens,
+            self._lengths,
+            NO_CAP,
+            seed,
+            self._k,
+            prev_c.get(plan, lambda p: dpne_kernels.string_array(p["s_prev"])) if pruned else None,
+            s1_c.get(s1, dpne_kernels.string_array) if pruned else None,
+            self._pruning or "both",
+            allow_c.get(allowlist, dpne_kernels.string_array),
+            self._chunk_rows,
+        )  # Table(user, item, degree): every distinct valid k-gram of each user
+        if full.num_rows:
+            yield from self._sets.outputs(full.select([USER, ITEM]), (plan["rounds"], num_shards), seed)
+
+
+class RoundUsersFn(beam.DoFn):
+    """(user shard, [elements]) -> round r >= 2's outputs (:class:`_RoundSets`) of the users' remaining rows."""
+
+    def __init__(self, r, cap, d_max, b_min, b_max):
+        self._sets = _RoundSets(r, cap, d_max, b_min, b_max)
+
+    def process(self, element, seed):
+        shard, values = element
+        ctx, parts = _gather(values)
+        rows = _tables(parts, ROWS)
+        if rows:
+            yield from self._sets.outputs(concat(rows), ctx, seed)
+        yield from _pass(shard, parts, ctx)
+
+
+class RoundExcessFn(beam.DoFn):
+    """(item shard, [elements]) -> the capped rows with r(i) of their item (Alg. 3 line 6, erratum max), by
+    user shard, and w_trunc's partials (line 8) carried on (MAD's first pass, :func:`mad_item_excess`)."""
+
+    def __init__(self, r: int):
+        self._r = r
+
+    def process(self, element):
+        shard, values = element
+        ctx, parts = _gather(values)
+        rounds = ctx[0]
+        capped = _tables(parts, CAPPED)
+        if capped:
+            capped = concat(capped)
+            r = np.zeros(capped.num_rows)
+            init = _tables(parts, INIT)  # none when no holder of the shard's n-grams is adaptive (w_init = 0)
+            if init:
+                hot, trunc = mad_item_excess(merge_partials(init), rounds[self._r - 1].tau)
+                if hot.num_rows:
+                    pos = ItemIndex(hot.column(ITEM)).positions(capped.column(ITEM))
+                    r[pos >= 0] = _np(hot.column("r"))[pos[pos >= 0]]
+                yield from _emit(shard, TRUNC, trunc, ctx)
+            yield from _emit_by(capped.append_column("r", pa.array(r)), USER, CAPPED, ctx)
+        yield from _pass(shard, parts, ctx)
+
+
+class RoundContribFn(beam.DoFn):
+    """(user shard, [elements]) -> the users' contributions (Alg. 3 lines 9-17, Alg. 2 for biased users) by
+    item shard (:func:`mad_contribution_partials` with the rows' r(i)); every row of a user is in its group."""
+
+    def __init__(self, r, d_max, b_min, b_max):
+        self._r, self._d_max = r, d_max
+        self._b = (1.0, 1.0) if r == 1 else (b_min, b_max)
+
+    def process(self, element):
+        shard, values = element
+        ctx, parts = _gather(values)
+        rounds, num_shards = ctx
+        capped = _tables(parts, CAPPED)
+        if capped:
+            t = concat(capped)
+            sets = t.select([c for c in (USER, ITEM, "degree", "bias") if c in t.column_names])
+            partials = mad_contribution_partials(
+                sets, None, rounds[self._r - 1].tau, self._d_max, *self._b, r_rows=_np(t.column("r"))
+            )
+            for s, packed in by_item_shard(partials, num_shards):
+                yield s, (CONTRIB, packed, ctx)
+        yield from _pass(shard, parts, ctx)
+
+
+def _empty_released() -> pa.Table:
+    return pa.table(
+        {ITEM: pa.array([], pa.binary()), "round": pa.array([], pa.int64()), "holders": pa.array([], pa.int64())}
+    )
+
+
+def _not_in(items: pa.Array, others: pa.Array) -> np.ndarray:
+    """Whether each of ``items`` is absent from ``others`` (distinct key bytes)."""
+    if len(others) == 0 or len(items) == 0:
+        return np.ones(len(items), dtype=bool)
+    return ItemIndex(others).positions(items) < 0
+
+
+def _holders_of(items: pa.Array, table: Optional[pa.Table]) -> np.ndarray:
+    """Each item's holders in Table(item, holders) (0 if absent)."""
+    out = np.zeros(len(items), dtype=np.int64)
+    if table is not None and table.num_rows and len(items):
+        pos = ItemIndex(table.column(ITEM)).positions(items)
+        out[pos >= 0] = _np(table.column("holders"))[pos[pos >= 0]]
+    return out
+
+
+class RoundStatusFn(WorkerRngDoFn):
+    """(item shard, [elements]) -> round r's status of the shard's n-grams, what it releases, and what the next
+    round needs (:func:`transforms.dpne.dpne_kernels.level_round_status`).
+
+    One noisy entry per n-gram of the support and of the remaining full sets (weight 0 outside the support:
+    level 1 pure noise, k >= 2 the truncated draw below rho_r); released: on the support and >= rho_r, and for
+    k >= 2 round r's spurious draws (a Bernoulli(f_r q_k) subset of V_k, :func:`dpne_kernels.spurious_subset`)
+    outside the support and S_k so far. For r < R: the remaining full rows with their item's bias and hopeless
+    flag by user shard, S_k so far, round 1's holders and the later rounds' draws carried on. For r = R: S_k as
+    (item bytes, holders in round 1's capped sets), and tagged COUNTS the numbers each round released.
+    """
+
+    COUNTS = "counts"
 
     def __init__(self, r: int, known_domain: bool, c_lb: float, c_ub: float, seed: Optional[int]):
         super().__init__(seed)
         self._r, self._known, self._c_lb, self._c_ub = r, known_domain, c_lb, c_ub
 
-    def process(self, element, rounds):
-        shard, partials = element
-        status = dpne_kernels.level_round_status(
-            merge_partials(unpacked(partials)),
-            rounds,
-            self._r,
-            self._known,
-            self._c_lb,
-            self._c_ub,
-            self._seed,
-            self._rng,
-        )
-        for piece in bounded_pieces(status):  # grows with the shard's distinct n-grams
-            yield shard, piece
+    def process(self, element):
+        shard, values = element
+        ctx, parts = _gather(values)
+        rounds = ctx[0]
+        r, n_rounds = self._r, len(rounds)
+        partials = _tables(parts, TRUNC) + _tables(parts, CONTRIB)
+        full = concat(_tables(parts, FULL)) if parts.get(FULL) else None
+        if full is not None:
+            partials.append(zero_partials(pc.unique(full.column(ITEM))))  # the full sets' n-grams: a status each
+        status = None
+        if partials:
+            status = dpne_kernels.level_round_status(
+                merge_partials(partials), rounds, r, self._known, self._c_lb, self._c_ub, self._seed, self._rng
+            )  # Table(item, released, holders, bias, hopeless)
+        before = concat(_tables(parts, RELEASED)) if parts.get(RELEASED) else _empty_released()  # S_k so far
+        holders1 = concat(_tables(parts, HOLDERS1)) if parts.get(HOLDERS1) else None
+        if status is not None:
+            released = status.filter(status.column("released"))
+            items, holders = released.column(ITEM).combine_chunks(), _np(released.column("holders"))
+        else:
+            items, holders = pa.array([], pa.binary()), np.zeros(0, dtype=np.int64)
+        later = None
+        if parts.get(CANDIDATES):
+            cands = concat(_tables(parts, CANDIDATES))  # Table(item, round)
+            rnd = _np(cands.column("round"))
+            drawn = cands.column(ITEM).filter(pa.array(rnd == r))
+            support = (
+                status.filter(pc.greater(status.column("holders"), 0)).column(ITEM)
+                if status is not None
+                else pa.array([], pa.binary())
+            )
+            keep = _not_in(drawn, support) & _not_in(drawn, before.column(ITEM))  # outside supp H_r and U_<r
+            spurious = drawn.filter(pa.array(keep))
+            items = pa.concat_arrays([items, spurious.combine_chunks()])
+            holders = np.concatenate([holders, np.zeros(len(spurious), dtype=np.int64)])
+            later = cands.filter(pa.array(rnd > r))
+        if r >= 2:  # holders in round 1's capped sets (0 if none)
+            holders = _holders_of(items, holders1)
+        round_r = pa.table({ITEM: items, "round": np.full(len(items), r, dtype=np.int64), "holders": holders})
+        so_far = concat([before, round_r])
+        if r == n_rounds:
+            for item, h in zip(so_far.column(ITEM).to_pylist(), so_far.column("holders").to_pylist()):
+                yield item, h  # (item bytes, holders) of S_k
+            counts = np.bincount(_np(so_far.column("round")), minlength=n_rounds + 1)[1:]
+            yield beam.pvalue.TaggedOutput(self.COUNTS, tuple(int(c) for c in counts))
+            return
+        if full is not None and full.num_rows:
+            rows = full.filter(pa.array(_not_in(full.column(ITEM), items)))  # minus round r's release
+            pos = ItemIndex(status.column(ITEM)).positions(rows.column(ITEM))  # every full n-gram has a status
+            hopeless = _np(status.column("hopeless"))[pos]
+            bias = np.where(hopeless, 1.0, _np(status.column("bias"))[pos])
+            rows = pa.table({USER: rows.column(USER), ITEM: rows.column(ITEM), "bias": bias, "hopeless": hopeless})
+            yield from _emit_by(rows, USER, ROWS, ctx)
+        yield from _emit(shard, RELEASED, so_far, ctx)
+        if r == 1 and status is not None:
+            held = status.filter(pc.greater(status.column("holders"), 0))
+            held = held.filter(pa.array(_not_in(held.column(ITEM), items))).select([ITEM, "holders"])
+            yield from _emit(shard, HOLDERS1, held, ctx)
+        elif holders1 is not None:
+            yield from _emit(shard, HOLDERS1, holders1, ctx)
+        if later is not None:
+            yield from _emit(shard, CANDIDATES, later, ctx)
 
 
-def status_released(element):
-    """(item shard, status) -> item bytes released by the round's noisy threshold."""
-    t = element[1]
-    yield from t.filter(t.column("released")).column(ITEM).to_pylist()
+class SpuriousSubsetsFn(WorkerRngDoFn):
+    """The level's spurious draws for every round, one element (k >= 2): round r's Bernoulli(f_r q_k) subset of
+    V_k (:func:`transforms.dpne.dpne_kernels.spurious_subset`, from the public plan alone: no count of the
+    support) -> (item shard, (CANDIDATES, Packed(item, round), ctx)), met by round 1's status step and
+    carried on to the later rounds'."""
 
+    def __init__(self, seed, pruning):
+        super().__init__(seed)
+        self._pruning = pruning
 
-def status_support(element):
-    """(item shard, status) -> (item shard, Table(item)) of the round's support (holders > 0)."""
-    shard, t = element
-    return shard, t.filter(pc.greater(t.column("holders"), 0)).select([ITEM])
-
-
-def items_table(items):
-    """[item bytes] -> (0, Table(item)) (the n-grams the level released in earlier rounds, as support rows)."""
-    return 0, pa.table({ITEM: binary_array(items)})
-
-
-def utf8_key(gram: str) -> bytes:
-    """A spurious k-gram -> its key bytes (UTF-8, as the item columns)."""
-    return gram.encode("utf-8")
-
-
-def support_holders(element):
-    """(item shard, status) -> (item bytes, holders) of the round's support (holders > 0)."""
-    t = element[1]
-    t = t.filter(pc.greater(t.column("holders"), 0))
-    yield from zip(t.column(ITEM).to_pylist(), t.column("holders").to_pylist())
-
-
-def released_holders(item, grouped):
-    """(item bytes, {'held': [holders], 'released': [0]}) -> (item bytes, holders in round 1's capped sets) of
-    a released n-gram (0 if no capped user of round 1 held it: the counts' sets, as the single-round path's)."""
-    if grouped["released"]:
-        yield item, sum(grouped["held"])
-
-
-def with_zero(item):
-    return item, 0
+    def process(self, _, plan, s1, num_shards):
+        rounds = plan["rounds"]
+        live = [rd for rd in rounds if rd.spurious_prob and rd.spurious_prob > 0.0 and np.isfinite(rd.rho)]
+        if not live:  # V_k empty: nothing can pass
+            return
+        sampler = dpne_kernels.ValidSampler(plan["s_prev"], s1, self._pruning)
+        items, rnd = [], []
+        for rd in live:
+            drawn = dpne_kernels.spurious_subset(sampler, rd.spurious_prob, rd.round_, self._seed, self._rng)
+            items += drawn
+            rnd += [rd.index] * len(drawn)
+        table = pa.table({ITEM: dpne_kernels.string_array(items).cast(pa.binary()), "round": pa.array(rnd, pa.int64())})
+        yield from _emit_by(table, ITEM, CANDIDATES, (rounds, num_shards))
 
 
 class _LevelMADSIPS(beam.PTransform):
     """(user shard, tokens) -> (n-gram, holders in round 1's capped sets) of S_k, and the level report (without
-    |S_k|): MAD-SIPS's rounds inside level k (:func:`transforms.dpne.reference.level_mad_sips`).
+    |S_k|): MAD-SIPS's rounds inside level k (:func:`transforms.dpne.reference.level_mad_sips`), as one chain.
 
-    Stages (round r = 1..R, randomness round round_r = k + 100 (r - 1); the rounds, a singleton computed from
-    the level dict, give sigma_r, rho_r, tau_r, f_r q_k):
-      Sets         (user shard, Table(user, item, degree))   every distinct valid k-gram of each user (no cap)
-      R{r}FullSets (user shard, Packed(user, item, degree))  round r's materialised copy of them
-      R{r}Sets     (user shard, Packed(user, item, degree[, bias]))   minus S_k so far; r >= 2 minus the user's
-                                                           hopeless n-grams unless all are; bottom-k to Delta_k
-                                                           with round_r's priorities; biases attached
-                   candidates (item shard, Packed zero partials)   r < R: every n-gram of the full sets not
-                                                           yet released (round r decides its next entry)
-      R{r}MADWeights (item shard, [partials])                MAD, unbiased in round 1, biased after
-      R{r}Status   (item shard, Table(item, released, holders, bias, hopeless))   one noisy entry per n-gram
-                                                           (absent ones: level 1 pure noise, k >= 2 below
-                                                           rho_r), >= rho_r released, next round's biases;
-                                                           checkpointed
-      R{r}Spurious g                                       k >= 2: B ~ Bin(|V_k| - |supp H_r| - |S_k so
-                                                           far|, f_r q_k) uniform k-grams outside both
-      JoinHolders  (item bytes, holders)                   S_k's holders in round 1's capped sets (0: none)
-      RoundsReport level dict                              the rounds and what each released
+    Every step has one main input and no side input computed inside the level: the (user, n-gram) pairs, their
+    per-n-gram state and the level's rounds travel together through keyed GroupByKeys (item shard, user shard,
+    alternately), and what is per n-gram (S_k so far, round 1's holders, the later rounds' spurious draws, MAD's
+    w_trunc) rides along at its item shard's index. So the plan's paths grow by few routes per level (Flink's
+    plan walk, docs/engines.md): the level's plan is read by the first step and by the spurious draws only.
+
+    Stages (round r = 1..R, randomness round round_r = k + 100 (r - 1); the rounds, from the plan singleton
+    :func:`mad_sips_plan`, give sigma_r, rho_r, tau_r, f_r q_k):
+      R1Sets / R{r}Sets   (item shard, INIT | CAPPED | FULL)   every distinct valid k-gram of each user (round
+                          1) or the rows left (r >= 2, by user shard): hopeless ones dropped unless all are,
+                          bottom-k to Delta_k with round_r's priorities, biases attached; MAD's w_init partials,
+                          the capped rows and (r < R) the remaining full rows, by item shard
+      R{r}Excess          (user shard, CAPPED with r | TRUNC)  w_init, r(i) and w_trunc per n-gram (Alg. 3 l.6-8)
+      R{r}Contrib         (item shard, CONTRIB | carried)      each user's contributions (l.9-17), by item shard
+      Spurious            (item shard, CANDIDATES)             k >= 2: every round's Bernoulli(f_r q_k) subset
+                                                               of V_k, drawn once from the plan (met in round 1)
+      R{r}Status          r < R: (user shard, ROWS | carried)  one noisy entry per n-gram, >= rho_r released,
+                                                               the spurious draws outside supp H_r and S_k so
+                                                               far released, the next round's biases
+                          r = R: (item bytes, holders)         S_k; tagged COUNTS: released per round
+      Counts, RoundsReport                                     the level dict with the rounds
     """
 
-    def __init__(self, k, run, params, level, seed, seed_arg, num_shards, side_args, spurious_args=None, label=None):
+    def __init__(self, k, run, params, plan, seed, seed_arg, num_shards, s1, allowlist, label=None):
         super().__init__(label)
-        self._k, self._run, self._params, self._level = k, run, params, level
-        self._seed, self._seed_arg, self._num_shards, self._side_args = seed, seed_arg, num_shards, side_args
-        self._spurious_args = spurious_args  # (v_exact, s_prev, s1) for k >= 2, None at level 1
+        self._k, self._run, self._params, self._plan = k, run, params, plan
+        self._seed, self._seed_arg, self._num_shards = seed, seed_arg, num_shards
+        self._s1, self._allowlist = s1, allowlist  # S_1 (a PCollection, None at level 1), the allowlist argument
 
     def expand(self, tokens):
         k, run, prm = self._k, self._run, self._params
-        known = self._spurious_args is not None  # k >= 2: V_k is known, every round has spurious draws
+        known = self._s1 is not None  # k >= 2: V_k is known, every round has spurious draws
         n_rounds = len(prm.budget_split)
-        rounds = self._level | "Rounds" >> beam.Map(level_rounds_of, run, prm)  # (LevelRound, ...) singleton
-        rounds_si = beam.pvalue.AsSingleton(rounds)
+        plan = beam.pvalue.AsSingleton(self._plan)
+        s1 = None if self._s1 is None else beam.pvalue.AsList(self._s1)
+        args = (run.max_contributions, prm.d_max, prm.b_min, prm.b_max)
+        check_mad_params(1.0, prm.d_max, prm.b_min, prm.b_max)
         pruning = prm.pruning if known else None
-        full = tokens | "Sets" >> beam.ParDo(
-            LevelCapFn(run.lengths, pruning, NO_CAP, k), self._seed_arg, *self._side_args
-        )  # (user shard, Table(user, item, degree)) every distinct valid k-gram of each user
-        # each round reads its own materialised copy: the rounds read side inputs computed from `full` (S_k so far,
-        # biases) and the next level's sets (from the same token tables) read S_k; with one shared copy the
-        # in-memory runner stopped ("watermark-pending bundles did not execute": a round reading the copy
-        # waited for a side input from a round whose input was that same copy)
-        released_so_far, biases, status1 = None, None, None
-        outputs, per_round = [], []
+        chain = tokens | "R1Sets" >> beam.ParDo(
+            LevelRoundOneFn(run.lengths, pruning, k, *args), self._seed_arg, plan, s1, self._allowlist, self._num_shards
+        )  # (item shard, INIT | CAPPED | FULL)
         for r in range(1, n_rounds + 1):
-            last = r == n_rounds
-            removed = None if released_so_far is None else beam.pvalue.AsList(released_so_far)  # item bytes
-            bias_si = None if biases is None else beam.pvalue.AsList(biases)
-            source = barrier(full, f"R{r}FullSets", packed=True)  # (user shard, Packed(user, item, degree))
-            sets, extra = per_user_step(
-                source,
-                f"R{r}Sets",
-                RoundSetsFn(round_id(k, r)),
-                self._seed_arg,
-                run.max_contributions,
-                removed,
-                bias_si,
-                None if last else self._num_shards,
-                packed=True,
-                outputs=(RoundSetsFn.CANDIDATES,),
-                whole_users=True,  # TokensByUser's pieces are cut between users
-            )  # (user shard, Packed(user, item, degree[, bias])); r < R: candidates (item shard, zero partials)
-            tau = beam.pvalue.AsSingleton(rounds | f"R{r}Tau" >> beam.Map(round_tau, r))  # tau_r
-            b_min, b_max = (1.0, 1.0) if r == 1 else (prm.b_min, prm.b_max)
-            weights = sets | f"R{r}MADWeights" >> MADWeights(tau, prm.d_max, b_min, b_max, self._num_shards)
-            # (item shard, [Packed partials])
-            if not last:
-                weights = (
-                    (weights | f"R{r}Parts" >> beam.FlatMapTuple(each_partial), extra[RoundSetsFn.CANDIDATES])
-                    | f"R{r}AllParts" >> beam.Flatten()  # (item shard, Packed partials)
-                    | f"R{r}GroupParts" >> beam.GroupByKey()  # (item shard, [Packed partials])
-                )
-            status = barrier(
-                weights
-                | f"R{r}Status" >> beam.ParDo(LevelRoundStatusFn(r, known, prm.c_lb, prm.c_ub, self._seed), rounds_si),
-                f"R{r}Checkpoint",
-            )  # (item shard, Table(item, released, holders, bias, hopeless)), materialised: one draw per n-gram
-            released_r = status | f"R{r}Released" >> beam.FlatMap(status_released)  # item bytes >= rho_r
-            if known:
-                support = status | f"R{r}Support" >> beam.Map(status_support)  # (item shard, Table(item)) supp H_r
-                if released_so_far is not None:
-                    earlier = (
-                        released_so_far
-                        | f"R{r}EarlierList" >> beam.combiners.ToList()  # [item bytes] of S_k so far
-                        | f"R{r}EarlierTable" >> beam.Map(items_table)  # (0, Table(item))
-                    )
-                    # materialised after the Flatten: the spurious step reads side inputs computed from it
-                    support = barrier(
-                        (support, earlier) | f"R{r}AllSupport" >> beam.Flatten(), f"R{r}SupportBarrier"
-                    )  # (shard, Table(item)) supp H_r and S_k so far
-                v_exact, s_prev, s1 = self._spurious_args
-                round_level = rounds | f"R{r}SpuriousLevel" >> beam.Map(round_spurious_level, r)  # {rho, q}
-                spurious = (
-                    support
-                    | f"R{r}Spurious"
-                    >> _Spurious(
-                        round_id(k, r), round_level, v_exact, s_prev, s1, prm.pruning, self._seed, self._num_shards
-                    )
-                    # g: spurious k-grams of round r
-                    | f"R{r}SpuriousKeys" >> beam.Map(utf8_key)  # item bytes
-                )
-                released_r = (released_r, spurious) | f"R{r}Union" >> beam.Flatten()  # item bytes of round r
-            per_round.append(beam.pvalue.AsSingleton(released_r | f"R{r}Count" >> beam.combiners.Count.Globally()))
-            outputs.append(released_r)
-            if r == 1:
-                status1 = status
-            if not last:
-                released_so_far = (
-                    released_r
-                    if released_so_far is None
-                    else (released_so_far, released_r) | f"R{r}SoFar" >> beam.Flatten()
-                )  # item bytes of S_k through round r
-                biases = status | f"R{r}Biases" >> beam.Map(hopeful_table)  # Table(item, bias), not hopeless
-        s_k = tuple(outputs) | "AllRounds" >> beam.Flatten()  # item bytes of S_k
-        holders = (
-            {
-                "held": status1 | "Round1Holders" >> beam.FlatMap(support_holders),  # (item bytes, holders > 0)
-                "released": s_k | "KeyReleased" >> beam.Map(with_zero),  # (item bytes, 0)
-            }
-            | "JoinHolders" >> beam.CoGroupByKey()  # (item bytes, {'held': [h], 'released': [0]})
-            | "ReleasedHolders" >> beam.FlatMapTuple(released_holders)  # (item bytes, holders in round 1's sets)
-            | "Decode" >> beam.Map(decode_holders)  # (g, holders)
-        )
-        # the level dict and the rounds are side inputs here: the counts per round are computed from the rounds
+            if r >= 2:
+                chain = (
+                    chain
+                    | f"R{r}ByUser" >> beam.GroupByKey()  # (user shard, [ROWS | carried])
+                    | f"R{r}Sets" >> beam.ParDo(RoundUsersFn(r, *args), self._seed_arg)
+                )  # (item shard, INIT | CAPPED | FULL | carried)
+            chain = (
+                chain
+                | f"R{r}ByItem" >> beam.GroupByKey()  # (item shard, [INIT | CAPPED | FULL | carried])
+                | f"R{r}Excess" >> beam.ParDo(RoundExcessFn(r))  # (user shard, CAPPED | carried)
+                | f"R{r}ByUserContrib" >> beam.GroupByKey()  # (user shard, [CAPPED with r | carried])
+                | f"R{r}Contrib" >> beam.ParDo(RoundContribFn(r, *args[1:]))
+            )  # (item shard, CONTRIB | carried)
+            if r == 1 and known:
+                draws = (
+                    tokens.pipeline
+                    | "SpuriousSeed" >> beam.Create([None])
+                    | "Spurious" >> beam.ParDo(SpuriousSubsetsFn(self._seed, prm.pruning), plan, s1, self._num_shards)
+                )  # (item shard, CANDIDATES): every round's draws
+                chain = (chain, draws) | "R1WithSpurious" >> beam.Flatten()
+            status_fn = RoundStatusFn(r, known, prm.c_lb, prm.c_ub, self._seed)
+            grouped = chain | f"R{r}ByItemStatus" >> beam.GroupByKey()  # (item shard, [CONTRIB | carried])
+            if r < n_rounds:
+                chain = grouped | f"R{r}Status" >> beam.ParDo(status_fn)  # (user shard, ROWS | ..)
+            else:
+                last = grouped | f"R{r}Status" >> beam.ParDo(status_fn).with_outputs(
+                    RoundStatusFn.COUNTS, main="released"
+                )  # (item bytes, holders) of S_k; COUNTS per round
+        holders = last.released | "Decode" >> beam.Map(decode_holders)  # (g, holders)
         report = (
-            tokens.pipeline
-            | "ReportSeed" >> beam.Create([None])
-            | "RoundsReport" >> beam.Map(mad_sips_report, beam.pvalue.AsSingleton(self._level), rounds_si, *per_round)
+            last[RoundStatusFn.COUNTS]
+            | "Counts" >> beam.CombineGlobally(functools.partial(sum_round_counts, n_rounds))  # released per round
+            | "RoundsReport" >> beam.Map(mad_sips_report, plan)
         )  # level dict with the rounds
         return holders, report
 
@@ -975,18 +1198,12 @@ class DPNE(beam.PTransform):
             run_args, level, self._seed, self._seed_arg, self._num_shards, side, run.table
         )  # (g, holders), H by item shard
 
-    def _mad_sips(self, name, tokens, run, level, s_prev=None, s1=None, v_exact=None):
+    def _mad_sips(self, name, tokens, run, plan, s1=None):
         """Level k with selection='mad_sips': ((g, holders in round 1's capped sets) of S_k, the level dict with
-        its rounds)."""
+        its rounds). ``plan``: the level's :func:`mad_sips_plan` singleton; ``s1``: S_1 (None at level 1)."""
         k = run.lengths[0]
-        side = [
-            beam.pvalue.AsList(s_prev) if s_prev is not None else None,
-            beam.pvalue.AsList(s1) if s1 is not None else None,
-            self._allow_arg,
-        ]
-        spurious_args = None if s_prev is None else (v_exact, s_prev, s1)
         return tokens | f"{name}/MADSIPS" >> _LevelMADSIPS(
-            k, run, self._params, level, self._seed, self._seed_arg, self._num_shards, side, spurious_args
+            k, run, self._params, plan, self._seed, self._seed_arg, self._num_shards, s1, self._allow_arg
         )  # (g, holders), level dict
 
     def _finish_level(self, name, released, level):
@@ -1002,18 +1219,7 @@ class DPNE(beam.PTransform):
         for run in self.runs:
             k = run.lengths[0]
             name = f"L{k}"
-            if k == 1:
-                level = (
-                    p
-                    | f"{name}/LevelSeed" >> beam.Create([None])
-                    | f"{name}/Level" >> beam.Map(level_one, run, prm.weighting, prm.beta)
-                )  # {rho_1, ...}
-                if prm.selection == "mad_sips":
-                    released, level = self._mad_sips(name, tokens, run, level)  # (w, holders), level dict
-                else:
-                    kept, _ = self._run(name, tokens, run, k, level)  # (w, holders)
-                    released = kept
-            else:
+            if k >= 2:
                 sizes = s_prev | f"{name}/Sizes" >> LevelSizes(prm.pruning, s1)  # (|S_{k-1}|, |V_k|, [g])
                 estimate = []
                 if prm.vk_method == "sample" and prm.pruning == "both":
@@ -1031,16 +1237,29 @@ class DPNE(beam.PTransform):
                     ]  # ~|V_k|
                 level_args = (k, run.sigma, run.max_contributions, prm.eta, prm.weighting, prm.beta)
                 level_args += (beam.pvalue.AsSingleton(sizes), *estimate)
+            if mad:
+                plan_args = () if k == 1 else (beam.pvalue.AsSingleton(sizes), *estimate)
+                plan = (
+                    p
+                    | f"{name}/PlanSeed" >> beam.Create([None])
+                    | f"{name}/Plan" >> beam.Map(mad_sips_plan, run, prm, *plan_args)
+                )  # {level dict, rounds, S_{k-1}, |V_k|}: the level's one singleton
+                released, level = self._mad_sips(name, tokens, run, plan, s1 if k >= 2 else None)
+                # (w, holders in round 1's sets), level dict with the rounds
+            elif k == 1:
+                level = (
+                    p
+                    | f"{name}/LevelSeed" >> beam.Create([None])
+                    | f"{name}/Level" >> beam.Map(level_one, run, prm.weighting, prm.beta)
+                )  # {rho_1, ...}
+                kept, _ = self._run(name, tokens, run, k, level)  # (w, holders)
+                released = kept
+            else:
                 level = (
                     p
                     | f"{name}/LevelSeed" >> beam.Create([None])
                     | f"{name}/Level" >> beam.Map(level_k, *level_args, table=run.table)
                 )  # {rho_k (or the keep table), q_k, |V_k|, ...}
-            if k >= 2 and mad:
-                v_exact = sizes | f"{name}/ValidCount" >> beam.Map(valid_size)  # |V_k|
-                released, level = self._mad_sips(name, tokens, run, level, s_prev, s1, v_exact)
-                # (w, holders in round 1's sets), level dict with the rounds
-            elif k >= 2:
                 kept, support = self._run(name, tokens, run, k, level, s_prev, s1)  # (w, holders)
                 spurious_level = (
                     p

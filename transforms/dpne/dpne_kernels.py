@@ -289,6 +289,47 @@ def select_spurious(prioritized: Iterable[Tuple[float, str]], n_spurious: int, k
     return [c for _, c in ranked[:n_spurious]]
 
 
+def spurious_subset(
+    sampler: ValidSampler, p: float, round_: int, seed: Optional[int], rng: Optional[np.random.Generator]
+) -> List[str]:
+    """A Bernoulli(``p``) subset of all of V_k: ``M ~ Bin(|V_k|, p)`` distinct k-grams, uniform (sorted).
+
+    The spurious draws of a MAD-SIPS round inside a DPNE level (docs/dpne.md, "The spurious draws as a subset
+    of V_k"): the round releases the drawn k-grams that are outside its support and not released yet. Each
+    k-gram of V_k is in the subset independently with probability p, so those outside any set A are a
+    Bernoulli(p) subset of V_k minus A: the law of supplement Alg. 1's ``Bin(|V_k| - |A|, p)`` uniform k-grams
+    of V_k minus A, drawn without knowing A (no count of the private support is needed).
+
+    Seeded: M from ``keyed_generator(seed, 'spurious', round, 'subset_count')``, the candidates (uniform over
+    V_k, with repeats, enough for M distinct with probability 1 - 1e-12: :func:`spurious_oversample`) from
+    ``(seed, 'spurious', round, ('subset_candidates', c))`` per chunk c, and the M distinct ones of least
+    priority ``keyed_uniform(seed, 'spurious_priority', round, [g])`` kept (a uniform M-subset of the distinct
+    candidates, hence of V_k). Unseeded: all from ``rng``.
+    """
+    if not p > 0.0 or sampler.size == 0:
+        return []
+    gen = randomness.keyed_generator(seed, "spurious", round_, "subset_count") if seed is not None else rng
+    if gen is None:
+        raise ValueError("unseeded spurious sampling needs a worker generator (rng)")
+    n = int(gen.binomial(int(sampler.size), float(min(p, 1.0))))
+    if n == 0:
+        return []
+    m = spurious_oversample(n, sampler.size, sampler.size)
+    distinct: Set[str] = set()
+    for c, size in chunk_sizes(m):
+        key = ("subset_candidates", c)
+        g = randomness.keyed_generator(seed, "spurious", round_, key) if seed is not None else rng
+        distinct.update(sampler.draw(g, size))
+    cands = sorted(distinct)
+    if len(cands) < n:
+        raise RuntimeError(
+            f"round {round_}: the spurious oversample produced too few distinct k-grams of V_k (an event of "
+            f"probability <= {OVERSAMPLE_FAILURE_PROB:g}); nothing was released, rerun"
+        )
+    pri = spurious_priorities(cands, round_, seed, rng)
+    return sorted(c for _, c in sorted(zip(pri.tolist(), cands))[:n])
+
+
 # ---------------------------------------------------------------------------------------------
 # Token and n-gram tables (vectorised tokenisation, the pairs of a level), Arrow/numpy
 # ---------------------------------------------------------------------------------------------

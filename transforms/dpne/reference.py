@@ -10,6 +10,9 @@ randomness contract, so under a seed the Beam transform returns exactly the same
 * spurious k-grams: count ``Binomial`` from ``keyed_generator(seed, 'spurious', k, 'count')``,
   candidates from ``keyed_generator(seed, 'spurious', k, ('candidates', chunk))``, priorities
   ``keyed_uniform(seed, 'spurious_priority', k, [g])``;
+  with ``selection='mad_sips'`` each round's Bernoulli subset of V_k (:func:`dpne_kernels.spurious_subset`):
+  its size from ``(seed, 'spurious', round, 'subset_count')``, candidates from ``(seed, 'spurious', round,
+  ('subset_candidates', chunk))``, the same priorities;
 * |V_k| sampling estimator (``vk_method='sample'``): ``keyed_generator(seed, 'vk_estimate', k, 0)``.
 
 DPSU baselines use round 0 (dpsu_all) or the n-gram length (dpsu_even, dpsu_single).
@@ -241,8 +244,9 @@ def level_mad_sips(
             w = mad_weights(capped, rd.tau, params.d_max, biases, params.b_min, params.b_max)
         noisy = add_noise(w, "gaussian", rd.sigma, seed, rd.round_, rng)
         out = {g for g, x in noisy.items() if passes_threshold(x, rd.rho)}
-        if sampler is not None:  # the zero-weight k-grams of V_k \ U_<r that pass (docs/dpne.md)
-            out |= set(sample_spurious(sampler, set(w) | released, rd.spurious_prob, rd.round_, seed, rng))
+        if sampler is not None:  # the zero-weight k-grams of V_k \\ U_<r that pass (docs/dpne.md)
+            drawn = dpne_kernels.spurious_subset(sampler, rd.spurious_prob, rd.round_, seed, rng)  # Bernoulli(f_r q_k)
+            out |= {g for g in drawn if g not in w and g not in released}  # outside supp H_r and U_<r
         per_round.append(len(out))
         released |= out
         prev = (rd, noisy)

@@ -782,6 +782,7 @@ def mad_contribution_partials(
     d_max: float,
     b_min: float = 1.0,
     b_max: float = 1.0,
+    r_rows: Optional[np.ndarray] = None,
 ) -> pa.Table:
     """Alg. 3 lines 9-17: every user's contribution to its items, summed per item (partials table).
 
@@ -792,7 +793,8 @@ def mad_contribution_partials(
     per-user :func:`transforms.selection.mad_kernels.user_weights` whatever the order of the rows
     (its sums are exact), so each row gets the contribution that
     :func:`transforms.selection.mad_kernels.mad_user_contributions` gives its item. ``tau`` enters only
-    through ``hot`` (r, Alg. 3 line 6).
+    through ``hot`` (r, Alg. 3 line 6). ``r_rows``: r(i) of each row's item given directly instead of ``hot``
+    (DPNE's MAD-SIPS levels, whose rows carry it: :class:`transforms.dpne.dpne._LevelMADSIPS`).
     """
     n = capped.num_rows
     if n == 0:
@@ -800,8 +802,8 @@ def mad_contribution_partials(
     items = capped.column(ITEM)
     d = capped.column("degree").to_numpy().astype(np.int64)
     df = d.astype(np.float64)
-    r = np.zeros(n, dtype=np.float64)
-    if hot is not None and hot.num_rows:
+    r = np.zeros(n, dtype=np.float64) if r_rows is None else np.asarray(r_rows, dtype=np.float64)
+    if r_rows is None and hot is not None and hot.num_rows:
         pos = pc.fill_null(pc.index_in(items, value_set=hot.column(ITEM)), -1).to_numpy().astype(np.int64)
         has = pos >= 0
         r[has] = hot.column("r").to_numpy()[pos[has]]

@@ -293,3 +293,16 @@ def test_cli_rejects_bad_parameters(tmp_path, capsys):
             ]
         )
     assert "max_contributions must be one integer or a list of max_n=3" in capsys.readouterr().err
+
+
+def test_mad_sips_level_that_no_user_reaches_still_draws_its_spurious_k_grams():
+    """Every text has two words: no user holds a 3-gram, but V_3 (from the released bigrams) is not empty, so
+    level 3's chain carries only its spurious draws (no user rows) through both rounds: Beam == reference."""
+    words = [f"w{i}" for i in range(6)]
+    records = [(f"u{u:04d}", f"{words[u % 6]} {words[(u // 6) % 6]}") for u in range(1200)]
+    params = DPNEParams(epsilon=8, delta=1e-5, max_n=3, max_contributions=4, eta=0.9, selection="mad_sips")
+    want = dpne_reference(records, "dpne", params, seed=SEED)
+    assert want.levels[2]["v_k"] > 0 and want.ngrams[3]  # level 3: released from the draws alone
+    got, levels = run_beam(records, params, SEED)
+    assert got == want.lines()
+    assert sorted(levels, key=level_key) == sorted(want.levels, key=level_key)

@@ -18,6 +18,7 @@ from dp_partition_beam.privacy.dpne import (
     spurious_probability,
 )
 from dp_partition_beam.transforms.core import randomness
+from dp_partition_beam.transforms.dpne import dpne_kernels
 from dp_partition_beam.transforms.dpne import reference as ref
 from dp_partition_beam.transforms.dpne.reference import dpne_reference, ngram_user_counts, user_kgrams
 from dp_partition_beam.transforms.testing.synthetic import markov_corpus
@@ -206,3 +207,96 @@ def test_gaussian_threshold_matches_level_one_round_one():
     _, runs = plan_runs("dpne", prm)
     r1 = level_rounds(runs[0], prm)[0]
     assert r1.rho == pytest.approx(gaussian_threshold(r1.sigma, 0.1 * 1e-7, 7), rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# The spurious draws as a Bernoulli subset of V_k (dpne_kernels.spurious_subset; docs/dpne.md)
+# ---------------------------------------------------------------------------------------------
+
+V3_PREV = ["a b", "b c", "c a", "b a", "a c", "c b"]  # every bigram of {a, b, c} but the repeats
+V3_S1 = ["a", "b", "c"]
+
+
+def test_spurious_subset_is_a_bernoulli_subset_of_v_k():
+    """Each k-gram of V_k is drawn independently with probability p, so the draws outside any set A are a
+    Bernoulli(p) subset of V_k minus A: supplement Alg. 1's law (Bin(|V_k| - |A|, p) uniform k-grams of V_k minus
+    A) without a count of A. 3,000 seeds; every bound at a false-failure rate of 1e-6 (Bonferroni over the checks).
+    """
+    sampler = dpne_kernels.ValidSampler(V3_PREV, V3_S1, "both")
+    domain = sorted(dpne_kernels.brute_force_valid(set(V3_PREV), set(V3_S1), "both"))
+    assert sampler.size == len(domain) == 12
+    p, runs = 0.3, 3000
+    hits = {g: 0 for g in domain}
+    sizes = np.zeros(len(domain) + 1, dtype=np.int64)
+    both = 0  # draws holding the first two k-grams at once (pairwise independence)
+    for seed in range(runs):
+        drawn = dpne_kernels.spurious_subset(sampler, p, round_id(3, 2), seed, None)
+        assert drawn == sorted(set(drawn)) and set(drawn) <= set(domain)
+        for g in drawn:
+            hits[g] += 1
+        sizes[len(drawn)] += 1
+        both += domain[0] in drawn and domain[1] in drawn
+    alpha = 1e-6 / (len(domain) + 2)
+    lo, hi = stats.binom.ppf(alpha / 2, runs, p), stats.binom.ppf(1 - alpha / 2, runs, p)
+    assert all(lo <= h <= hi for h in hits.values()), hits
+    lo2, hi2 = stats.binom.ppf(alpha / 2, runs, p * p), stats.binom.ppf(1 - alpha / 2, runs, p * p)
+    assert lo2 <= both <= hi2, both
+    expected = stats.binom.pmf(np.arange(len(domain) + 1), len(domain), p) * runs
+    bins = expected >= 5  # chi-square on the sizes, the rare tails pooled
+    observed = np.append(sizes[bins], sizes[~bins].sum())
+    expect = np.append(expected[bins], expected[~bins].sum())
+    assert stats.chisquare(observed, expect, ddof=0).pvalue > alpha
+
+
+def test_spurious_subset_is_keyed_by_seed_and_round_and_uses_the_generator_unseeded():
+    sampler = dpne_kernels.ValidSampler(V3_PREV, V3_S1, "both")
+    a = dpne_kernels.spurious_subset(sampler, 0.5, 103, 7, None)
+    assert a == dpne_kernels.spurious_subset(sampler, 0.5, 103, 7, None)
+    assert {tuple(dpne_kernels.spurious_subset(sampler, 0.5, r, 7, None)) for r in range(3, 23)} != {tuple(a)}
+    assert dpne_kernels.spurious_subset(sampler, 0.0, 103, 7, None) == []
+    assert dpne_kernels.spurious_subset(dpne_kernels.ValidSampler([], V3_S1, "both"), 0.5, 103, 7, None) == []
+    with pytest.raises(ValueError, match="worker generator"):
+        dpne_kernels.spurious_subset(sampler, 0.5, 103, None, None)
+    drawn = {tuple(dpne_kernels.spurious_subset(sampler, 0.5, 103, None, np.random.default_rng(s))) for s in range(20)}
+    assert len(drawn) > 1  # unseeded: the worker's generator, not a fixed subset
+
+
+def test_a_rounds_spurious_release_is_the_subset_outside_its_support(monkeypatch):
+    """level_mad_sips at k >= 2: every drawn k-gram outside round r's support is in S_k (released in round r, or
+    earlier), S_k holds nothing but the rounds' supports and draws, and no k-gram is released twice."""
+    recs = markov_corpus(400, vocab=30, branching=3, seed=5)
+    params = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=15, eta=0.3, **MS)
+    seen = []
+    original_subset, original_weights = dpne_kernels.spurious_subset, ref.mad_weights
+
+    def recording_subset(sampler, p, round_, seed, rng):
+        drawn = original_subset(sampler, p, round_, seed, rng)
+        seen.append(("drawn", round_, set(drawn)))
+        return drawn
+
+    def recording_weights(capped, *a, **kw):
+        w = original_weights(capped, *a, **kw)
+        seen.append(("support", None, set(w)))
+        return w
+
+    monkeypatch.setattr(dpne_kernels, "spurious_subset", recording_subset)
+    monkeypatch.setattr(ref, "mad_weights", recording_weights)
+    got = dpne_reference(recs, "dpne", params, seed=3)
+    n_rounds = len(params.budget_split)
+    calls = iter(seen)
+    outside = 0
+    for k, level in zip(range(1, 4), got.levels):
+        assert level["released"] == sum(rd["released"] for rd in level["rounds"]) == len(got.ngrams[k])
+        covered = set()
+        for r in range(1, n_rounds + 1):
+            kind, _, support = next(calls)
+            assert kind == "support"
+            covered |= support
+            if k >= 2:
+                kind, round_, drawn = next(calls)
+                assert kind == "drawn" and round_ == round_id(k, r)
+                assert drawn - support <= got.ngrams[k]
+                outside += len(drawn - support)
+                covered |= drawn
+        assert got.ngrams[k] <= covered
+    assert outside > 0  # the check is not vacuous
