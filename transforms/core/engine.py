@@ -38,7 +38,6 @@ size (docs/columnar.md, "Bounds").
 from __future__ import annotations
 
 import abc
-import copy
 import os
 import zlib
 from typing import Optional, Sequence
@@ -289,13 +288,9 @@ class PerUserFn(beam.DoFn, metaclass=abc.ABCMeta):
     are a function of (seed, user, item), transforms.core.tables.cap_pairs), so the join is exact.
     """
 
-    #: True when every piece holds every row of its users (:func:`per_user_step` with ``whole_users``): a
-    #: one-user piece is then whole too
-    whole_users = False
-
     def process(self, element, *args):
         shard, table = element[0], table_of(element[1])
-        if self.whole_users or not single_user(table):
+        if not single_user(table):
             yield from self.whole(shard, table, *args)
         elif (part := self.part(table, *args)) is not None:
             yield beam.pvalue.TaggedOutput(PART_OF_USER, ((shard, table.column(USER)[0].as_py()), part))
@@ -337,7 +332,6 @@ def per_user_step(
     packed: bool = False,
     outputs: Sequence[str] = (),
     tables: bool = True,
-    whole_users: bool = False,
 ):
     """``pieces | label >> ParDo(fn, *args)``, with the users cut across pieces joined: their parts
     grouped by (user shard, user) and joined (``{label}Join``); the outputs flattened together.
@@ -349,18 +343,8 @@ def per_user_step(
     own DoFn (:func:`table_of`) or materialise them (:func:`barrier` keeps them as they are).
     ``outputs``: tags of further outputs ``fn`` yields per piece (e.g. MAD-SIPS's candidates); then the
     result is ``(the step's outputs, {tag: PCollection})``. ``tables``: ``fn`` yields (shard, table)
-    (packed across the Flatten); False for other values (e.g. histograms: nothing is packed). ``whole_users``:
-    the pieces never cut a user (DPNE's user shards), so ``fn.whole`` runs on each and nothing is joined
-    (the same outputs, one step: fewer stages, and fewer paths for Flink's plan walk).
+    (packed across the Flatten); False for other values (e.g. histograms: nothing is packed).
     """
-    if whole_users:
-        fn = copy.copy(fn)
-        fn.whole_users = True
-        out = pieces | label >> beam.ParDo(fn, *args).with_outputs(*outputs, main="whole")
-        result = out.whole
-        if tables and packed:
-            result = result | f"{label}Pack" >> beam.MapTuple(pack_piece)  # (user shard, Packed)
-        return (result, {tag: out[tag] for tag in outputs}) if outputs else result
     out = pieces | label >> beam.ParDo(fn, *args).with_outputs(PART_OF_USER, *outputs, main="whole")  # whole users
     joined = (
         out[PART_OF_USER]  # ((user shard, user), part)

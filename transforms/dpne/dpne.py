@@ -56,13 +56,17 @@ with tau_k = rho_k + beta sigma_k a side input (it depends on rho_k, known once 
 ``selection='mad_sips'`` replaces Grams+Cap .. Spurious of every level (level 1 included) by the rounds of
 :func:`privacy.dpne.level_rounds` (:class:`_LevelMADSIPS`: the full valid sets, then per round removal,
 biases, hopeless drops, re-subsampling to Delta_k, MAD, noise, rho_r and, for k >= 2, the round's spurious
-draws; the rounds are a singleton computed from the Level dict, since q_k is known only at run time).
-S_k is the union of the rounds; its holders (for the counts) are those of round 1's capped sets.
+draws, a Bernoulli subset of V_k). The level's plan (its dict and rounds, S_{k-1}, |V_k|: q_k is known only at
+run time) is one singleton read by the level's first step and its spurious draws; from there the rounds run as
+one chain of GroupByKeys whose elements carry the rounds. S_k is the union of the rounds; its holders (for the
+counts) are those of round 1's capped sets.
 
 Memory: a user shard holds ~rows_per_shard tokens (plus the n-grams of one level while it is capped);
 one user's tokens are never split, so a user with 10^7 tokens makes one shard of that size. An item
 shard holds at most S rows per n-gram. The candidate spurious k-grams (about B_k, whose expectation is
-at most eta |S_{k-1}|) and the released sets travel as side inputs.
+at most eta |S_{k-1}|) and the released sets travel as side inputs (with ``selection='mad_sips'`` the
+candidates in the chain, by item shard). A MAD-SIPS level's user shard holds its users' full valid sets and an
+item shard their rows of its n-grams, once per hop.
 """
 
 from __future__ import annotations

@@ -256,24 +256,21 @@ def _users_via(element):
     return json.dumps(sorted(set(zip(users, table.column("via").to_pylist()))))
 
 
-@pytest.mark.parametrize("whole_users", [False, True])
-def test_whole_users_runs_whole_on_one_user_pieces_and_joins_nothing(whole_users):
-    """per_user_step(whole_users=True) (DPNE: pieces cut between users) runs ``whole`` on every piece, one-user
-    pieces included, with no join step; by default a one-user piece may be part of a cut user: part, join."""
+def test_a_one_user_piece_may_be_part_of_a_cut_user_so_it_is_joined():
+    """per_user_step runs ``whole`` on a piece of two or more users; a one-user piece may be part of a user cut
+    across pieces: ``part``, then the join step."""
     pieces = [
-        (0, pa.table({USER: [b"a", b"b"], ITEM: [b"x", b"y"]})),  # two users: whole either way
+        (0, pa.table({USER: [b"a", b"b"], ITEM: [b"x", b"y"]})),  # two users: whole
         (1, pa.table({USER: [b"c", b"c"], ITEM: [b"x", b"y"]})),  # one user
     ]
     fn = _TagFn()
 
     def build(p):
-        return engine.per_user_step(p | beam.Create(pieces), "Step", fn, whole_users=whole_users)
+        return engine.per_user_step(p | beam.Create(pieces), "Step", fn)
 
     got = sorted(pair for line in collect(build, fmt=_users_via) for pair in map(tuple, json.loads(line)))
-    via_c = "whole" if whole_users else "join"
-    assert got == [("a", "whole"), ("b", "whole"), ("c", via_c)]
-    assert fn.whole_users is False  # the caller's fn is not changed (per_user_step copies it)
+    assert got == [("a", "whole"), ("b", "whole"), ("c", "join")]
     p = beam.Pipeline()
-    engine.per_user_step(p | beam.Create(pieces), "Step", fn, whole_users=whole_users)
+    engine.per_user_step(p | beam.Create(pieces), "Step", fn)
     labels = {t.unique_name for t in p.to_runner_api().components.transforms.values()}
-    assert ("StepGroup" in labels) is not whole_users
+    assert "StepGroup" in labels
