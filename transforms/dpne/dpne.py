@@ -122,7 +122,7 @@ from dp_partition_beam.transforms.core.batches import (
 from dp_partition_beam.transforms.core.dofns import SideInputCache, WorkerRngDoFn, in_global_window
 from dp_partition_beam.transforms.core.engine import RunSeed, checkpoint
 from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
-from dp_partition_beam.transforms.core.tables import ItemIndex, cap_pairs, item_bits, merge_partials, noisy_weights
+from dp_partition_beam.transforms.core.tables import ItemIndex, drop_items, item_bits, merge_partials, noisy_weights
 from dp_partition_beam.transforms.dpne import dpne_kernels
 from dp_partition_beam.transforms.selection.basic import BasicPartialsFn
 from dp_partition_beam.transforms.selection.counts import NoisyCounts
@@ -134,7 +134,7 @@ from dp_partition_beam.transforms.selection.mad_kernels import (
     mad_item_excess,
 )
 from dp_partition_beam.transforms.selection.mad_sips import zero_partials
-from dp_partition_beam.transforms.selection.mad_sips_kernels import attach_biases_or_one, drop_doomed
+from dp_partition_beam.transforms.selection.mad_sips_kernels import round_sets
 
 # ---------------------------------------------------------------------------------------------
 # Entry: (user, text) elements or Arrow batches -> token tables sharded by user
@@ -776,18 +776,17 @@ class _RoundSets:
     def outputs(self, rows: pa.Table, ctx, seed):
         rounds, num_shards = ctx
         rd = rounds[self._r - 1]
-        if "hopeless" in rows.column_names:
-            kept = drop_doomed(rows, _np(rows.column("hopeless")))  # drop U_low
-            capped = cap_pairs(kept.select([USER, ITEM]), self._cap, seed, rd.round_)  # re-subsample (round r)
-            capped = attach_biases_or_one(capped, _distinct_biases(rows))  # Table(user, item, degree, bias)
+        pairs = rows.select([USER, ITEM])
+        if "hopeless" in rows.column_names:  # r >= 2: the rows carry their n-gram's status
+            capped = round_sets(pairs, self._cap, seed, rd.round_, _np(rows.column("hopeless")), _distinct_biases(rows))
         else:
-            capped = cap_pairs(rows.select([USER, ITEM]), self._cap, seed, rd.round_)  # Table(user, item, degree)
+            capped = round_sets(pairs, self._cap, seed, rd.round_)  # Table(user, item, degree[, bias])
         init = mad_init_partials(capped, self._b[0], self._d_max)  # Alg. 3 lines 3-5
         for shard, packed in by_item_shard(init, num_shards):
             yield shard, (INIT, packed, ctx)
         yield from _emit_by(capped, ITEM, CAPPED, ctx)
         if self._r < len(rounds):
-            yield from _emit_by(rows.select([USER, ITEM]), ITEM, FULL, ctx)
+            yield from _emit_by(pairs, ITEM, FULL, ctx)
 
 
 class LevelRoundOneFn(beam.DoFn):
@@ -896,13 +895,6 @@ def _empty_released() -> pa.Table:
     )
 
 
-def _not_in(items: pa.Array, others: pa.Array) -> np.ndarray:
-    """Whether each of ``items`` is absent from ``others`` (distinct key bytes)."""
-    if len(others) == 0 or len(items) == 0:
-        return np.ones(len(items), dtype=bool)
-    return ItemIndex(others).positions(items) < 0
-
-
 def _holders_of(items: pa.Array, table: Optional[pa.Table]) -> np.ndarray:
     """Each item's holders in Table(item, holders) (0 if absent)."""
     out = np.zeros(len(items), dtype=np.int64)
@@ -955,14 +947,10 @@ class RoundStatusFn(WorkerRngDoFn):
         if parts.get(CANDIDATES):
             cands = concat(_tables(parts, CANDIDATES))  # Table(item, round)
             rnd = _np(cands.column("round"))
-            drawn = cands.column(ITEM).filter(pa.array(rnd == r))
-            support = (
-                status.filter(pc.greater(status.column("holders"), 0)).column(ITEM)
-                if status is not None
-                else pa.array([], pa.binary())
-            )
-            keep = _not_in(drawn, support) & _not_in(drawn, before.column(ITEM))  # outside supp H_r and U_<r
-            spurious = drawn.filter(pa.array(keep))
+            drawn = cands.filter(pa.array(rnd == r))
+            if status is not None:
+                drawn = drop_items(drawn, status.filter(pc.greater(status.column("holders"), 0)).column(ITEM))
+            spurious = drop_items(drawn, before.column(ITEM)).column(ITEM)  # outside supp H_r and U_<r
             items = pa.concat_arrays([items, spurious.combine_chunks()])
             holders = np.concatenate([holders, np.zeros(len(spurious), dtype=np.int64)])
             later = cands.filter(pa.array(rnd > r))
@@ -977,7 +965,7 @@ class RoundStatusFn(WorkerRngDoFn):
             yield beam.pvalue.TaggedOutput(self.COUNTS, tuple(int(c) for c in counts))
             return
         if full is not None and full.num_rows:
-            rows = full.filter(pa.array(_not_in(full.column(ITEM), items)))  # minus round r's release
+            rows = drop_items(full, items)  # minus round r's release
             pos = ItemIndex(status.column(ITEM)).positions(rows.column(ITEM))  # every full n-gram has a status
             hopeless = _np(status.column("hopeless"))[pos]
             bias = np.where(hopeless, 1.0, _np(status.column("bias"))[pos])
@@ -986,7 +974,7 @@ class RoundStatusFn(WorkerRngDoFn):
         yield from _emit(shard, RELEASED, so_far, ctx)
         if r == 1 and status is not None:
             held = status.filter(pc.greater(status.column("holders"), 0))
-            held = held.filter(pa.array(_not_in(held.column(ITEM), items))).select([ITEM, "holders"])
+            held = drop_items(held, items).select([ITEM, "holders"])
             yield from _emit(shard, HOLDERS1, held, ctx)
         elif holders1 is not None:
             yield from _emit(shard, HOLDERS1, holders1, ctx)

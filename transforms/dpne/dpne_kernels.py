@@ -248,19 +248,22 @@ def candidate_chunk(
     k: int,
     seed: Optional[int],
     rng: Optional[np.random.Generator],
+    label: str = "candidates",
 ) -> List[str]:
-    """Candidate draws of one chunk: seeded -> generator keyed (seed, 'spurious', k, ('candidates', c))."""
-    gen = randomness.keyed_generator(seed, "spurious", k, ("candidates", chunk_index)) if seed is not None else rng
+    """Candidate draws of one chunk: seeded -> generator keyed (seed, 'spurious', k, (label, c))."""
+    gen = randomness.keyed_generator(seed, "spurious", k, (label, chunk_index)) if seed is not None else rng
     if gen is None:
         raise ValueError("unseeded spurious sampling needs a worker generator (rng)")
     return sampler.draw(gen, size)
 
 
-def spurious_count(n_avail: int, q: float, k: int, seed: Optional[int], rng: Optional[np.random.Generator]) -> int:
-    """``B_k ~ Binomial(|V_k| - |supp(H_k)|, q)`` (supplement Alg. 1); seeded: keyed (seed, 'spurious', k, 'count')."""
+def spurious_count(
+    n_avail: int, q: float, k: int, seed: Optional[int], rng: Optional[np.random.Generator], key: str = "count"
+) -> int:
+    """``B_k ~ Binomial(|V_k| - |supp(H_k)|, q)`` (supplement Alg. 1); seeded: keyed (seed, 'spurious', k, key)."""
     if n_avail <= 0 or q <= 0:
         return 0
-    gen = randomness.keyed_generator(seed, "spurious", k, "count") if seed is not None else rng
+    gen = randomness.keyed_generator(seed, "spurious", k, key) if seed is not None else rng
     if gen is None:
         raise ValueError("unseeded spurious sampling needs a worker generator (rng)")
     return int(gen.binomial(int(n_avail), float(q)))
@@ -283,8 +286,8 @@ def select_spurious(prioritized: Iterable[Tuple[float, str]], n_spurious: int, k
     if len(ranked) < n_spurious:
         # No counts in the message: they are functions of the private |supp(H_k)|.
         raise RuntimeError(
-            f"level k={k}: the spurious oversample produced too few distinct candidates outside "
-            f"supp(H_k) (an event of probability <= {OVERSAMPLE_FAILURE_PROB:g}); nothing was released, rerun"
+            f"round {k}: the spurious oversample produced too few distinct candidates (outside supp(H_k), or of "
+            f"V_k for a subset; an event of probability <= {OVERSAMPLE_FAILURE_PROB:g}); nothing was released, rerun"
         )
     return [c for _, c in ranked[:n_spurious]]
 
@@ -308,26 +311,15 @@ def spurious_subset(
     """
     if not p > 0.0 or sampler.size == 0:
         return []
-    gen = randomness.keyed_generator(seed, "spurious", round_, "subset_count") if seed is not None else rng
-    if gen is None:
-        raise ValueError("unseeded spurious sampling needs a worker generator (rng)")
-    n = int(gen.binomial(int(sampler.size), float(min(p, 1.0))))
+    n = spurious_count(sampler.size, p, round_, seed, rng, key="subset_count")
     if n == 0:
         return []
-    m = spurious_oversample(n, sampler.size, sampler.size)
     distinct: Set[str] = set()
-    for c, size in chunk_sizes(m):
-        key = ("subset_candidates", c)
-        g = randomness.keyed_generator(seed, "spurious", round_, key) if seed is not None else rng
-        distinct.update(sampler.draw(g, size))
+    for c, size in chunk_sizes(spurious_oversample(n, sampler.size, sampler.size)):
+        distinct.update(candidate_chunk(sampler, c, size, round_, seed, rng, label="subset_candidates"))
     cands = sorted(distinct)
-    if len(cands) < n:
-        raise RuntimeError(
-            f"round {round_}: the spurious oversample produced too few distinct k-grams of V_k (an event of "
-            f"probability <= {OVERSAMPLE_FAILURE_PROB:g}); nothing was released, rerun"
-        )
     pri = spurious_priorities(cands, round_, seed, rng)
-    return sorted(c for _, c in sorted(zip(pri.tolist(), cands))[:n])
+    return sorted(select_spurious(zip(pri.tolist(), cands), n, round_))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -86,10 +86,9 @@ from dp_partition_beam.transforms.selection.counts import noisy_counts_of_holder
 from dp_partition_beam.transforms.selection.mad import MADWeights, TableRoundPartialsFn
 from dp_partition_beam.transforms.selection.mad_kernels import round2_biases
 from dp_partition_beam.transforms.selection.mad_sips_kernels import (
-    attach_biases_or_one,
     degree_histogram_of,
-    drop_doomed,
     noisy_histogram,
+    round_sets,
 )
 
 __all__ = ["_MADSIPS"]
@@ -148,12 +147,8 @@ class RoundSetsFn(PerUserFn):
 
     def whole(self, shard, table, seed, cap, released=None, bias_tables=None, num_shards=None):
         table, doomed = self._remaining(table, released, bias_tables)
-        if doomed is not None:
-            table = drop_doomed(table, doomed)  # drop U_low (Alg. 4 line 13)
-        capped = cap_pairs(table, int(cap), seed, self._round)  # re-subsample to Delta (round r)
-        if doomed is not None:
-            capped = attach_biases_or_one(capped, *self._hopeful.get(bias_tables, hopeful_index))
-            # Table(user, item, degree, bias)
+        hopeful = (None, None) if doomed is None else self._hopeful.get(bias_tables, hopeful_index)
+        capped = round_sets(table, cap, seed, self._round, doomed, *hopeful)  # Table(user, item, degree[, bias])
         if capped.num_rows:
             yield shard, capped
 

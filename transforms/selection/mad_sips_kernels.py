@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 from dp_partition_beam.privacy import cap as cap_plans
 from dp_partition_beam.transforms.core import randomness
 from dp_partition_beam.transforms.core.batches import ITEM, USER, dictionary_codes
-from dp_partition_beam.transforms.core.tables import ItemIndex, user_codes
+from dp_partition_beam.transforms.core.tables import ItemIndex, cap_pairs, user_codes
 
 
 def drop_hopeless(table: pa.Table, hopeless: Optional[pa.Array]) -> pa.Table:
@@ -49,6 +49,25 @@ def attach_biases_or_one(capped: pa.Table, hopeful: pa.Table, index: Optional[It
     return pa.table(
         {USER: capped.column(USER), ITEM: capped.column(ITEM), "degree": capped.column("degree"), "bias": bias}
     )
+
+
+def round_sets(
+    table: pa.Table,
+    cap: int,
+    seed: int,
+    round_: int,
+    doomed: Optional[np.ndarray] = None,
+    hopeful: Optional[pa.Table] = None,
+    index: Optional[ItemIndex] = None,
+) -> pa.Table:
+    """Round r's capped sets of whole users' rows: Table(user, item, degree[, bias]). Without ``doomed`` (round 1)
+    each user's bottom-k to ``cap`` with round ``round_``'s priorities; with it (``doomed[i]``: row i's item is
+    hopeless) each user's hopeless rows dropped unless all are (Alg. 4 line 13), the bottom-k, and each kept row's
+    bias from ``hopeful`` Table(item, bias) (1 for a kept hopeless item: :func:`attach_biases_or_one`)."""
+    if doomed is None:
+        return cap_pairs(table, int(cap), seed, round_)
+    capped = cap_pairs(drop_doomed(table, doomed), int(cap), seed, round_)  # re-subsample (round r)
+    return attach_biases_or_one(capped, hopeful, index)
 
 
 #: the randomness purpose of the adaptive cap's histogram noise (round 0, key = bucket index)
