@@ -7,6 +7,8 @@
 # ./run_local.sh test --minimum the minimum-versions lane: .venv-min holds exactly the pins of
 #                       constraints/minimum.txt (the oldest supported apache-beam, pyarrow, numpy, scipy =
 #                       setup.py's lower bounds); runs the quick tier and every CLI on the bundled data there
+# ./run_local.sh durations   re-measure the main suite's per-test seconds into tests/durations.json (what decides
+#                       the tiers; with test files, only those are re-measured and replaced)
 # PYTEST_WORKERS=N sets the number of test processes (default 3; 0: one process, no pytest-xdist).
 # All but --minimum create .venv (if missing) and install the package with its test, gcp and bench extras
 # (the newest versions).
@@ -160,17 +162,39 @@ case "$cmd" in
     # Without arguments (CI: .ci/run): the main suite (the newest versions, .venv), the minimum-versions
     # lane (the oldest supported versions, .venv-min: the quick tier and every CLI), then the engine
     # tests, each whatever the others gave; any failing fails the command.
-    status=0
-    .venv/bin/python -m pytest tests -q "${workers[@]}" -m "not engines" || status=$?
-    ./run_local.sh test --minimum || status=$?
-    .ci/engines.sh test || status=$?
+    # Each lane's wall time is printed at the end (and the setup's: .venv created or checked above).
+    status=0 lanes=() t=$SECONDS
+    lane() {  # lane NAME COMMAND...: runs it, records its status and wall time
+      local name=$1 start=$SECONDS rc=0
+      shift
+      "$@" || rc=$?
+      [ $rc -eq 0 ] || status=$rc
+      lanes+=("$(printf '%-34s %5d s  %s' "$name" $((SECONDS - start)) "$([ $rc -eq 0 ] && echo passed || echo "FAILED ($rc)")")")
+    }
+    lanes+=("$(printf '%-34s %5d s' "setup (.venv)" "$t")")
+    lane "main suite (pytest -n ${PYTEST_WORKERS:-3})" .venv/bin/python -m pytest tests -q "${workers[@]}" -m "not engines"
+    lane "minimum-versions lane" ./run_local.sh test --minimum
+    lane "engine suite (Flink, Spark)" .ci/engines.sh test
+    echo "== lanes (wall time) =="
+    printf '%s\n' "${lanes[@]}"
+    printf '%-34s %5d s\n' "all" "$SECONDS"
     exit $status
+    ;;
+  durations)
+    # Re-measure the main suite and rewrite tests/durations.json, which decides the tiers (tests/conftest.py).
+    # With paths (./run_local.sh durations tests/x.py ...) only those files are re-measured and replaced.
+    shift || true
+    log=$(mktemp)
+    .venv/bin/python -m pytest "${@:-tests}" -q -n "${PYTEST_WORKERS:-3}" --dist loadfile -m "not engines" \
+      --durations=0 | tee "$log" || true
+    .venv/bin/python -m tests.support.durations --update "$log"
+    rm -f "$log"
     ;;
   run)
     run_clis .venv/bin out
     ;;
   *)
-    echo "usage: ./run_local.sh [test [--quick | --minimum] [pytest args...]]" >&2
+    echo "usage: ./run_local.sh [test [--quick | --minimum] [pytest args...] | durations [test files...]]" >&2
     exit 2
     ;;
 esac

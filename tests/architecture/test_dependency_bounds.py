@@ -127,9 +127,11 @@ def test_readme_states_the_tested_versions():
 
 def test_run_local_runs_the_minimum_lane_between_the_main_suite_and_the_engines():
     script = (ROOT / "run_local.sh").read_text(encoding="utf-8")
-    body = script[script.index("status=0\n") :]
-    main = body.index('.venv/bin/python -m pytest tests -q "${workers[@]}" -m "not engines" || status=$?')
-    lane = body.index("./run_local.sh test --minimum || status=$?")
-    engines = body.index(".ci/engines.sh test || status=$?")
+    body = script[script.index("status=0 lanes=()") :]
+    main = body.index('.venv/bin/python -m pytest tests -q "${workers[@]}" -m "not engines"\n')
+    lane = body.index('lane "minimum-versions lane" ./run_local.sh test --minimum\n')
+    engines = body.index('lane "engine suite (Flink, Spark)" .ci/engines.sh test\n')
     assert main < lane < engines
+    # each lane's status is kept (a failing lane fails the command, after the others ran)
+    assert '"$@" || rc=$?' in body and "[ $rc -eq 0 ] || status=$rc" in body and "exit $status" in body
     assert "constraints/minimum.txt" in script and '-c "$pins"' in script
