@@ -35,7 +35,8 @@ from dp_partition_beam.privacy.selection import SelectionParams
 from dp_partition_beam.transforms.dpne.dpne import DPNE
 from dp_partition_beam.transforms.selection.select import SelectPartitions
 
-from tests.support.beam_helpers import collect
+from tests.support.beam_helpers import collect_branches
+from tests.support.branch_cases import scoped
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SEED = 5
@@ -185,49 +186,68 @@ def test_the_scan_finds_a_comparison_of_its_own(tmp_path):
 USERS = [f"u{i:02d}" for i in range(60)]
 
 
-def _select(inputs, algorithm):
+FORM_ALGORITHMS = ["basic", "mad2r", "mad_sips", "policy_gaussian", "policy_laplace"]
+
+
+def _select_branch(inputs, algorithm):
     params = SelectionParams(4.0, 1e-5, max_contributions=2, release_counts=True)
 
     def build(p):
         pcolls = [p | f"In{i}" >> beam.Create(x) for i, x in enumerate(inputs)]
-        merged = pcolls[0] if len(pcolls) == 1 else pcolls | beam.Flatten()
-        return merged | SelectPartitions(algorithm, params, seed=SEED, output_rounds=True)
+        merged = pcolls[0] if len(pcolls) == 1 else pcolls | "Flatten" >> beam.Flatten()
+        return merged | "Select" >> SelectPartitions(algorithm, params, seed=SEED, output_rounds=True)
 
-    return sorted(collect(build, fmt=repr))
+    return scoped(build)
 
 
-@pytest.mark.parametrize("algorithm", ["basic", "mad2r", "mad_sips", "policy_gaussian", "policy_laplace"])
-def test_a_selection_item_in_several_forms_counts_once(algorithm):
-    """Every user holds "x" as an element, as a string batch row and as a binary batch row (one item
-    after normalisation to key bytes) and one item of its own group: the release (items, rounds, noisy
-    counts of distinct holders) equals that of the data with "x" once per user. Delta_0 = 2: a raw
-    duplicate that survived to the bounding would also crowd out the user's other item."""
+@pytest.fixture(scope="module")
+def selection_forms():
+    """Every algorithm on the data with "x" once per user and on its several forms, as labelled branches of ONE
+    pipeline: {(algorithm, "once" | "forms"): sorted lines}."""
     once = [(u, "x") for u in USERS] + [(u, f"y{i % 6}") for i, u in enumerate(USERS)]
     as_string = pa.table({"user": USERS, "item": ["x"] * len(USERS)})
     as_binary = pa.table({"user": USERS, "item": pa.array([b"x"] * len(USERS), pa.binary())})
-    want = _select([once], algorithm)
+    inputs = {"once": [once], "forms": [once + [(u, "x") for u in USERS], [as_string, as_binary]]}
+    builds = {f"{a}-{kind}": _select_branch(x, a) for a in FORM_ALGORITHMS for kind, x in inputs.items()}
+    got = collect_branches(builds, fmt=repr)
+    return {(a, kind): sorted(got[f"{a}-{kind}"]) for a in FORM_ALGORITHMS for kind in inputs}
+
+
+@pytest.mark.parametrize("algorithm", FORM_ALGORITHMS)
+def test_a_selection_item_in_several_forms_counts_once(algorithm, selection_forms):
+    """Every user holds "x" as an element, as a string batch row and as a binary batch row (one item
+    after normalisation to key bytes) and one item of its own group: the release (items, rounds, noisy
+    counts of distinct holders) equals that of the data with "x" once per user. Delta_0 = 2: a raw
+    duplicate that survived to the bounding would also crowd out the user's other item. (Both runs are
+    branches of one pipeline with the other algorithms'.)"""
+    want = selection_forms[(algorithm, "once")]
     assert any("'x'" in line for line in want), want  # "x" (60 holders) is released
-    assert _select([once + [(u, "x") for u in USERS], [as_string, as_binary]], algorithm) == want
+    assert selection_forms[(algorithm, "forms")] == want, algorithm
 
 
-def _dpne(records):
+def _dpne_branch(records):
     params = dpne.DPNEParams(epsilon=4, delta=1e-5, max_n=2, max_contributions=(2, 2), eta=0.3, release_counts=True)
-
-    def build(p):
-        return (p | beam.Create(records) | DPNE("dpne", params, seed=SEED, num_shards=2))["counts"]
-
-    return sorted(collect(build, fmt=lambda kgc: f"{kgc[0]}\t{kgc[1][0]}\t{kgc[1][1]}"))
+    return scoped(
+        lambda p: (p | "Create" >> beam.Create(records) | "DPNE" >> DPNE("dpne", params, seed=SEED, num_shards=2))[
+            "counts"
+        ]
+    )
 
 
 def test_a_dpne_token_in_several_forms_counts_once():
     """The tokenizer NFKC-normalises and lowercases: "Hello", "HELLO" and fullwidth "ＨＥＬＬＯ" are the
     word "hello". Each user writing all three (and "world") releases exactly what users writing "hello
-    world" once release, counts included (Delta_1 = 2 would also let raw forms crowd out "world")."""
+    world" once release, counts included (Delta_1 = 2 would also let raw forms crowd out "world"). Both
+    runs are branches of one pipeline."""
     plain = [(u, "hello world") for u in USERS]
     forms = [(u, t) for u in USERS for t in ("Hello world", "HELLO WORLD", "\uff28\uff25\uff2c\uff2c\uff2f world")]
-    want = _dpne(plain)
+    got = collect_branches(
+        {"plain": _dpne_branch(plain), "forms": _dpne_branch(forms)},
+        fmt=lambda kgc: f"{kgc[0]}\t{kgc[1][0]}\t{kgc[1][1]}",
+    )
+    want = sorted(got["plain"])
     assert any("\thello\t" in line for line in want) and any("\thello world\t" in line for line in want), want
-    assert _dpne(forms) == want
+    assert sorted(got["forms"]) == want
 
 
 def test_a_tsv_line_in_several_forms_counts_once(tmp_path):

@@ -40,6 +40,46 @@ def collect(build, mode="in_memory", workers=None, fmt=str):
         return lines
 
 
+def collect_branches(builds, mode="in_memory", workers=None, fmt=str):
+    """Runs several cases as labelled branches of ONE pipeline and returns ``{name: [elements]}``.
+
+    ``builds`` maps a case name to ``build(pbegin) -> PCollection``; each branch is applied under its
+    name as a label prefix (``pipeline | name >> ...`` inside), so the cases share one pipeline's fixed
+    cost (a DirectRunner pipeline has seconds of it) and a failing case is still reported by its name.
+    Elements go through one text file set per branch (written by ``fmt``), as in :func:`collect`.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        prefixes = {}
+        with beam.Pipeline(options=options(mode, workers)) as p:
+            for i, (name, build) in enumerate(builds.items()):
+                prefixes[name] = os.path.join(tmp, f"b{i}", "out")
+                pcoll = build(_Labelled(p, str(name)))
+                _ = pcoll | f"{name}/Format" >> beam.Map(fmt) | f"{name}/Write" >> beam.io.WriteToText(prefixes[name])
+        out = {}
+        for name, prefix in prefixes.items():
+            lines = []
+            for path in sorted(glob.glob(prefix + "*")):
+                with open(path, encoding="utf-8") as f:
+                    lines.extend(line.rstrip("\n") for line in f)
+            out[name] = lines
+        return out
+
+
+class _Labelled:
+    """A pipeline stand-in whose ``|`` prefixes every label with a branch name: ``p | "Create" >> t``
+    becomes ``p | "name/Create" >> t``; an unlabelled transform gets ``name/<its default label>``."""
+
+    def __init__(self, pipeline, name):
+        self.pipeline, self._name = pipeline, name
+
+    def __or__(self, ptransform):
+        label = getattr(ptransform, "label", None) or type(ptransform).__name__
+        return self.pipeline | f"{self._name}/{label}" >> ptransform
+
+    def apply(self, ptransform, *args, **kwargs):
+        return self.__or__(ptransform)
+
+
 def collect_pairs(build, mode="in_memory", workers=None):
     """Like :func:`collect` for (key, float) pairs; returns a list of (key, float)."""
     out = []

@@ -20,7 +20,8 @@ from dp_partition_beam.transforms.core.tables import cap_pairs
 from dp_partition_beam.transforms.selection.mad_sips import RoundSetsFn
 from dp_partition_beam.transforms.selection.select import SelectPartitions
 
-from tests.support.beam_helpers import collect
+from tests.support.beam_helpers import collect, collect_branches
+from tests.support.branch_cases import scoped
 from tests.support.user_sets import pairs_of, random_user_sets
 
 # --- user_chunks(split_users=True) ---------------------------------------------------------------------
@@ -100,25 +101,78 @@ def whale_sets(n_users=1200, whales=(("whale-a", 900), ("whale-b", 260))):
     return sets
 
 
-@pytest.fixture
-def small_thresholds(monkeypatch):
-    """A piece is at most 50 rows and a user with more than 120 rows (after pre-capping) is heavy."""
-    monkeypatch.setattr(batches, "DEFAULT_CHUNK_ROWS", 50)
-    monkeypatch.setattr(engine, "HEAVY_USER_ROWS", 120)
+SELECTION = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=40, d_max=6)
+ROUNDS_ALGORITHMS = ["basic", "mad", "mad2r", "dp_sips", "mad_sips"]
+COUNTS_ALGORITHMS = ["dp_sips", "mad_sips"]
 
 
-def test_heavy_users_are_found_with_their_buckets(small_thresholds):
-    sets = whale_sets()
-    table = pairs_table(*zip(*pairs_of(sets)))
-    got = collect(
-        lambda p: (
-            p
-            | beam.Create([batches.pack_pairs(table)])
-            | engine.HeavyUsers(3, None, engine.HEAVY_USER_ROWS, 400)
-            | beam.MapTuple(lambda u, b: f"{u.decode()}\t{b}")
+def _pieces_data(sets):
+    return pairs_of(sets) + pairs_of({"whale-a": sets["whale-a"][:100]})  # repeated rows too
+
+
+def _branches(sets):
+    """Every Beam case of this file that runs with the small thresholds, as labelled branches of one pipeline."""
+    pairs, table = pairs_of(sets), pairs_table(*zip(*pairs_of(sets)))
+    builds = {
+        "heavy-users": scoped(
+            lambda p: (
+                p
+                | "Create" >> beam.Create([batches.pack_pairs(table)])
+                | "HeavyUsers" >> engine.HeavyUsers(3, None, engine.HEAVY_USER_ROWS, 400)
+                | "Format" >> beam.MapTuple(lambda u, b: f"{u.decode()}\t{b}")
+            )
+        ),
+        "pieces": scoped(
+            lambda p: (
+                (
+                    p
+                    | "Create" >> beam.Create(_pieces_data(sets))
+                    | "Batch" >> batches.ToBatches(batch_rows=97)
+                    | "Shard" >> engine.ShardedUsers(4, None, 400)
+                )[0]
+                | "Format"
+                >> beam.MapTuple(
+                    lambda s, t: json.dumps([s, [[u.decode(), i.decode()] for u, i in zip(*t.to_pydict().values())]])
+                )
+            )
+        ),
+    }
+    for algorithm in ROUNDS_ALGORITHMS:
+        builds[f"rounds-{algorithm}"] = scoped(
+            lambda p, a=algorithm: (
+                p
+                | "Create" >> beam.Create(pairs)
+                | "Select"
+                >> SelectPartitions(a, SELECTION, seed=123, output_rounds=True, rows_per_shard=400, batch_rows=97)
+                | "Format" >> beam.MapTuple(lambda r, i: f"{r}\t{i}")
+            )
         )
-    )
-    assert sorted(got) == ["whale-a\t3", "whale-b\t1"]  # ceil(900 / 400), ceil(260 / 400)
+    for algorithm in COUNTS_ALGORITHMS:
+        builds[f"counts-{algorithm}"] = scoped(
+            lambda p, a=algorithm: (
+                p
+                | "Create" >> beam.Create(pairs)
+                | "Select"
+                >> SelectPartitions(
+                    a, SELECTION.replace(release_counts=True), seed=9, rows_per_shard=400, batch_rows=97
+                )
+            )
+        )
+    return builds
+
+
+@pytest.fixture(scope="module")
+def small_threshold_runs():
+    """One pipeline over whale_sets() with small thresholds: a piece is at most 50 rows and a user with more
+    than 120 rows (after pre-capping) is heavy. {branch: [lines]}; each test below reads its own branch."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(batches, "DEFAULT_CHUNK_ROWS", 50)
+        mp.setattr(engine, "HEAVY_USER_ROWS", 120)
+        return collect_branches(_branches(whale_sets()))
+
+
+def test_heavy_users_are_found_with_their_buckets(small_threshold_runs):
+    assert sorted(small_threshold_runs["heavy-users"]) == ["whale-a\t3", "whale-b\t1"]  # ceil(900/400), ceil(260/400)
 
 
 def test_a_heavy_users_rows_go_to_its_own_groups_by_item_bucket():
@@ -140,19 +194,11 @@ def test_a_heavy_users_rows_go_to_its_own_groups_by_item_bucket():
     assert len(bucket_of) == 900 and len(set(bucket_of.values())) == 3
 
 
-def test_sharded_users_bound_every_piece_and_keep_every_row(small_thresholds):
+def test_sharded_users_bound_every_piece_and_keep_every_row(small_threshold_runs):
     """Pieces of at most 50 rows, every distinct row once (repeated rows of a whale dropped), and every
     piece that holds a part of the heavy whale-a holds nothing else."""
     sets = whale_sets()
-    data = pairs_of(sets) + pairs_of({"whale-a": sets["whale-a"][:100]})  # repeated rows too
-
-    def pieces(p):
-        sharded, _ = p | beam.Create(data) | batches.ToBatches(batch_rows=97) | engine.ShardedUsers(4, None, 400)
-        return sharded | beam.MapTuple(
-            lambda s, t: json.dumps([s, [[u.decode(), i.decode()] for u, i in zip(*t.to_pydict().values())]])
-        )
-
-    got = [json.loads(line) for line in collect(pieces)]
+    got = [json.loads(line) for line in small_threshold_runs["pieces"]]
     assert all(0 < len(rows) <= 50 for _, rows in got)
     rows = [tuple(r) for _, piece in got for r in piece]
     assert sorted(rows) == sorted(pairs_of(sets)) and len(rows) == len(set(rows))  # distinct, all kept
@@ -163,38 +209,21 @@ def test_sharded_users_bound_every_piece_and_keep_every_row(small_thresholds):
 # --- every parallel algorithm with whales: still the reference's output ----------------------------------
 
 
-@pytest.mark.parametrize("algorithm", ["basic", "mad", "mad2r", "dp_sips", "mad_sips"])
-def test_algorithms_with_heavy_users_equal_the_reference(algorithm, small_thresholds):
+@pytest.mark.parametrize("algorithm", ROUNDS_ALGORITHMS)
+def test_algorithms_with_heavy_users_equal_the_reference(algorithm, small_threshold_runs):
     """Whales cut across pieces and shards (and, pre-capped per batch, still heavy for basic and MAD):
-    the seeded rounds are the reference's, which sees every user whole."""
-    sets = whale_sets()
-    params = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=40, d_max=6)
-    _, per_round = reference.select_rounds(sets, algorithm, params, seed=123)
-    got = collect(
-        lambda p: (
-            p
-            | beam.Create(pairs_of(sets))
-            | SelectPartitions(algorithm, params, seed=123, output_rounds=True, rows_per_shard=400, batch_rows=97)
-            | beam.MapTuple(lambda r, i: f"{r}\t{i}")
-        )
-    )
-    assert sorted(got) == sorted(f"{r}\t{i}" for r, items in per_round.items() for i in items)
+    the seeded rounds are the reference's, which sees every user whole (a branch of the shared pipeline)."""
+    _, per_round = reference.select_rounds(whale_sets(), algorithm, SELECTION, seed=123)
+    got = small_threshold_runs[f"rounds-{algorithm}"]
+    assert sorted(got) == sorted(f"{r}\t{i}" for r, items in per_round.items() for i in items), algorithm
     assert per_round[1]
 
 
-@pytest.mark.parametrize("algorithm", ["dp_sips", "mad_sips"])
-def test_counts_with_heavy_users_equal_the_reference(algorithm, small_thresholds):
-    sets = whale_sets()
-    params = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=40, d_max=6, release_counts=True)
-    want = reference.select_counts(sets, algorithm, params, seed=9)
-    got = collect(
-        lambda p: (
-            p
-            | beam.Create(pairs_of(sets))
-            | SelectPartitions(algorithm, params, seed=9, rows_per_shard=400, batch_rows=97)
-        )
-    )
-    assert sorted(got) == sorted(str(kv) for kv in want.items()) and want
+@pytest.mark.parametrize("algorithm", COUNTS_ALGORITHMS)
+def test_counts_with_heavy_users_equal_the_reference(algorithm, small_threshold_runs):
+    want = reference.select_counts(whale_sets(), algorithm, SELECTION.replace(release_counts=True), seed=9)
+    got = small_threshold_runs[f"counts-{algorithm}"]
+    assert sorted(got) == sorted(str(kv) for kv in want.items()) and want, algorithm
 
 
 # --- ItemIndex: the lookup of a big side input, built once -----------------------------------------------

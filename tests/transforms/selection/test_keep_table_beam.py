@@ -1,13 +1,14 @@
 """basic with ``threshold='optimal'``: the keep-probability table (privacy/thresholding.py) as Basic's release
-step. Seeded Beam == the reference (with and without counts), the draws' contract, the keep rate against
-F(W), the plan, the report and the flags."""
+step. Seeded Beam == the reference (with and without counts, every algorithm's keep rule, one pipeline on a cut
+of the bundled data), the draws' contract, the keep rate against F(W), the plan, the report and the flags."""
 
 from __future__ import annotations
 
-import gzip
+import glob
 import json
 import math
 import os
+import tempfile
 
 import apache_beam as beam
 import numpy as np
@@ -23,7 +24,8 @@ from dp_partition_beam.transforms.core.fingerprint import key_bytes_array
 from dp_partition_beam.transforms.core.tables import item_bits
 from dp_partition_beam.transforms.selection.select import SelectPartitions
 
-from tests.support.beam_helpers import collect
+from tests.support.beam_helpers import options
+from tests.support.words_cut import words_cut, write_tsv
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 WORDS = os.path.join(REPO, "data", "debian_words.tsv.gz")
@@ -31,26 +33,109 @@ SEED = 7
 PARAMS = SelectionParams(1.0, 1e-5, max_contributions=20, threshold="optimal")
 
 
-@pytest.fixture(scope="module")
-def pairs():
-    with gzip.open(WORDS, "rt", encoding="utf-8") as f:
-        next(f)
-        return [tuple(line.rstrip("\n").split("\t")) for line in f]
-
-
-@pytest.mark.parametrize("release_counts", [False, True], ids=["items", "counts"])
-@pytest.mark.parametrize(
-    "algorithm",
-    ["basic", "count_gaussian", "weighted_laplace", "count_laplace", "policy_laplace", "policy_gaussian", "mad"],
+# Beam == reference runs on a cut of the bundled data (tests/support/words_cut.py): the first 12 pairs of every
+# user (19,363 pairs, all 1,754 users), more than CUT_PARAMS's 8 contributions so the bounding samples. Every
+# algorithm releases 24-38 items at epsilon 1 (the full 200k pairs add size, not paths: the release step is per
+# item); the columnar algorithms run on ROWS_PER_SHARD-row shards and BATCH_ROWS-row batches (5 shards, 8 batches).
+PAIRS_PER_USER = 12
+CUT_PARAMS = SelectionParams(1.0, 1e-5, max_contributions=8, threshold="optimal")
+ROWS_PER_SHARD, BATCH_ROWS = 4_000, 2_500
+MIN_RELEASED = 20  # every case releases at least this many items (the release is not vacuous)
+ALGORITHMS_WITH_A_RULE = (
+    "basic",
+    "count_gaussian",
+    "weighted_laplace",
+    "count_laplace",
+    "policy_laplace",
+    "policy_gaussian",
+    "mad",
 )  # the step tables, the l1 curve of the Laplace algorithms (NoisyThresholdFn's keep step, KeepByTable),
 # Policy Gaussian's l2 rule (KeepByTable) and MAD's 128-bit l2 rule (NoisyThresholdFn)
-def test_seeded_beam_equals_the_reference(pairs, algorithm, release_counts):
-    params = PARAMS.replace(release_counts=release_counts)
-    want = reference.release(reference.user_sets_from_pairs(pairs), algorithm, params, SEED)
-    got = collect(lambda p: p | beam.Create(pairs) | SelectPartitions(algorithm, params, seed=SEED), fmt=repr)
-    expected = [repr(x) for x in want.items] if not release_counts else [repr(x) for x in want.counts.items()]
-    assert sorted(got) == sorted(expected)
-    assert len(got) > 5
+
+
+@pytest.fixture(scope="module")
+def cut():
+    return list(words_cut(PAIRS_PER_USER))
+
+
+def _cases():
+    """(name, algorithm, params, SelectPartitions keywords) of the seeded Beam == reference cases (keyword
+    ``input='arrow'``: the cut as one Arrow table instead of pair elements; ``seed``: another seed than SEED)."""
+    shards = {"rows_per_shard": ROWS_PER_SHARD, "batch_rows": BATCH_ROWS}
+    for algorithm in ALGORITHMS_WITH_A_RULE:
+        for counts in (False, True):
+            yield (
+                f"{algorithm}-{'counts' if counts else 'items'}",
+                algorithm,
+                CUT_PARAMS.replace(release_counts=counts),
+                shards,  # the sequential policies have no shards: the knobs change nothing there
+            )
+    # the l1 curve is steep: on the cut 0-2 of its ~25 items are borderline, so another bit stream (a wrong round
+    # key) leaves a seed's release unchanged in about 1 run of 3; two more seeds make that about 1 in 30
+    for algorithm in ("weighted_laplace", "count_laplace", "policy_laplace"):
+        for seed in (8, 9):
+            yield f"{algorithm}-items-seed{seed}", algorithm, CUT_PARAMS, {**shards, "seed": seed}
+    # the same pairs as one Arrow table element: the weights, hence the table indices, agree
+    yield "basic-items-arrow-table", "basic", CUT_PARAMS, {"input": "arrow"}
+    # DP-SIPS: rounds 1..R-1 Gaussian, the last round Basic's table; items per round, one shard and several
+    split = CUT_PARAMS.replace(budget_split=(0.2, 0.8))
+    for rows_per_shard in (10**9, 900):
+        yield (
+            f"dp_sips-rounds-{rows_per_shard}",
+            "dp_sips",
+            split,
+            {"output_rounds": True, "rows_per_shard": rows_per_shard},
+        )
+
+
+def _expected(users, algorithm, params, kwargs):
+    want = reference.release(users, algorithm, params, kwargs.get("seed", SEED))
+    if kwargs.get("output_rounds"):
+        assert [r.noise for r in want.rounds] == ["gaussian", "keep_table"] and want.per_round[1] and want.per_round[2]
+        return [repr((r, i)) for r, items in want.per_round.items() for i in items]
+    return [repr(x) for x in (want.counts.items() if params.release_counts else want.items)]
+
+
+@pytest.fixture(scope="module")
+def seeded_runs(cut):
+    """Every case as a labelled branch of ONE pipeline over one Create of the cut: {case: (got, expected)}."""
+    cases = list(_cases())
+    with tempfile.TemporaryDirectory() as tmp:
+        with beam.Pipeline(options=options()) as p:
+            inputs = {
+                "pairs": p | "Create" >> beam.Create(cut),
+                "arrow": p | "CreateTable" >> beam.Create([pa.table(dict(zip(("user", "item"), zip(*cut))))]),
+            }
+            for name, algorithm, params, kwargs in cases:
+                kwargs = dict(kwargs)
+                source, seed = inputs[kwargs.pop("input", "pairs")], kwargs.pop("seed", SEED)
+                _ = (
+                    source
+                    | f"{name}/Select" >> SelectPartitions(algorithm, params, seed=seed, **kwargs)
+                    | f"{name}/Format" >> beam.Map(repr)
+                    | f"{name}/Write" >> beam.io.WriteToText(os.path.join(tmp, name, "out"))
+                )
+        got = {name: _read_lines(os.path.join(tmp, name)) for name, *_ in cases}
+    users = reference.user_sets_from_pairs(cut)
+    return {name: (got[name], _expected(users, a, params, kw)) for name, a, params, kw in cases}
+
+
+def _read_lines(folder):
+    lines = []
+    for path in sorted(glob.glob(os.path.join(folder, "out*"))):
+        with open(path, encoding="utf-8") as f:
+            lines.extend(line.rstrip("\n") for line in f)
+    return lines
+
+
+@pytest.mark.parametrize("case", [c[0] for c in _cases()])
+def test_seeded_beam_equals_the_reference(seeded_runs, case):
+    """Seeded Beam == the reference, item for item (and count for count), for every algorithm's keep rule on
+    several shards and batches, and DP-SIPS's last-round table per round with one shard and with several. One
+    pipeline runs every case (a branch each); this test reads its case's branch."""
+    got, expected = seeded_runs[case]
+    assert sorted(got) == sorted(expected), case
+    assert len(got) >= MIN_RELEASED, case
 
 
 def test_the_draws_are_the_rounds_noise_bits():
@@ -140,28 +225,11 @@ def test_policy_gaussian_plan_and_report():
     assert math.isfinite(big.cutoff) and big.cutoff == big.keep_table.weight_for(big.keep_table.probs[-1])
 
 
-@pytest.mark.parametrize("rows_per_shard", [10**9, 900])
-def test_dp_sips_last_round_table_equals_the_reference(pairs, rows_per_shard):
-    """DP-SIPS with threshold 'optimal': rounds 1..R-1 Gaussian, the last round Basic's table (seeded Beam ==
-    reference, items and rounds)."""
-    params = PARAMS.replace(budget_split=(0.2, 0.8))
-    want = reference.release(reference.user_sets_from_pairs(pairs), "dp_sips", params, SEED)
-    assert [r.noise for r in want.rounds] == ["gaussian", "keep_table"] and want.per_round[2]
-    got = collect(
-        lambda p: (
-            p
-            | beam.Create(pairs)
-            | SelectPartitions("dp_sips", params, seed=SEED, output_rounds=True, rows_per_shard=rows_per_shard)
-        ),
-        fmt=repr,
-    )
-    assert sorted(got) == sorted(repr((r, i)) for r, items in want.per_round.items() for i in items)
-
-
-def test_cli(tmp_path):
-    out = tmp_path / "out"
-    argv = ["--input", WORDS, "--input_format", "tsv", "--epsilon", "1", "--delta", "1e-5"]
-    argv += ["--max_contributions", "20", "--output", str(out / "released"), "--report", str(out / "report.json")]
+def test_cli(tmp_path, cut):
+    """The CLI's flags and report for the keep rules, on the cut (in process, DirectRunner)."""
+    out, path = tmp_path / "out", write_tsv(cut, tmp_path / "cut.tsv")
+    argv = ["--input", path, "--input_format", "tsv", "--epsilon", "1", "--delta", "1e-5"]
+    argv += ["--max_contributions", "8", "--output", str(out / "released"), "--report", str(out / "report.json")]
     argv += ["--direct_running_mode", "in_memory"]
     assert select_partitions.run(argv + ["--algorithm", "basic", "--threshold", "optimal"]) == 0
     report = json.loads((out / "report.json").read_text())
@@ -185,22 +253,14 @@ def test_cli(tmp_path):
     chosen = report["chosen_weight_cap"]
     assert report["weight_cap"] == "auto" and report["auto_weight_cap"]["budget"] == 0.02
     assert chosen in report["auto_weight_cap"]["candidates"]
-    params = SelectionParams(1.0, 1e-5, max_contributions=20, weight_cap="auto", cap_budget=0.02)
+    params = SelectionParams(1.0, 1e-5, max_contributions=8, weight_cap="auto", cap_budget=0.02)
     assert report["rounds"][-1]["threshold"] == plan("mad_sips", params).weight_caps.last_round(chosen).threshold
     # mad: the l2 rule by default, read with 128 bits; tau is the weight it keeps with probability Phi(beta)
     assert select_partitions.run([*argv, "--algorithm", "mad", "--overwrite"]) == 0
     report = json.loads((out / "report.json").read_text())
     (r,) = report["rounds"]
     assert report["threshold"] == "optimal" and r["noise"] == "keep_rule" and r["keep_table"]["kind"] == "l2_rule"
-    assert r["tau"] == plan("mad", SelectionParams(1.0, 1e-5, max_contributions=20)).rounds[0].tau
+    assert r["tau"] == plan("mad", SelectionParams(1.0, 1e-5, max_contributions=8)).rounds[0].tau
     with pytest.raises(SystemExit) as exit_:  # a flag mad does not read: exit 2 before anything runs
         select_partitions.run([*argv, "--algorithm", "mad", "--weight_cap", "0.5", "--overwrite"])
     assert exit_.value.code == 2
-
-
-def test_a_table_of_arrow_batches(pairs):
-    """Batched input gives the release of the same pairs as elements (the weights, hence the indices, agree)."""
-    table = pa.table({"user": [u for u, _ in pairs], "item": [i for _, i in pairs]})
-    elements = collect(lambda p: p | beam.Create(pairs) | SelectPartitions("basic", PARAMS, seed=SEED), fmt=repr)
-    batches = collect(lambda p: p | beam.Create([table]) | SelectPartitions("basic", PARAMS, seed=SEED), fmt=repr)
-    assert sorted(batches) == sorted(elements)

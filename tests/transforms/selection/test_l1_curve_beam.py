@@ -1,13 +1,12 @@
 """The l1 keep curve (privacy/thresholding.py, docs/thresholding.md "The l1 curve") as the release step of
 weighted_laplace, count_laplace and policy_laplace with ``threshold='optimal'``: the plan and report, the keep
-rate, the CLI (seeded Beam == the reference, with and without counts: test_keep_table_beam.py)."""
+rate, the CLI (seeded Beam == the reference, with and without counts: test_keep_table_beam.py; "the curve releases
+more than Laplace" is a benchmark claim: tests/benchmarks/test_utility_claims.py)."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
-import os
 
 import numpy as np
 import pytest
@@ -17,29 +16,11 @@ from dp_partition_beam.privacy import calibration, thresholding
 from dp_partition_beam.privacy.selection import SelectionParams, plan
 from dp_partition_beam.transforms import reference
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-WORDS = os.path.join(REPO, "data", "debian_words.tsv.gz")
+from tests.support.words_cut import words_cut, write_tsv
+
 SEED = 7
 PARAMS = SelectionParams(1.0, 1e-5, max_contributions=20, threshold="optimal")
 L1_ALGORITHMS = ["weighted_laplace", "count_laplace", "policy_laplace"]
-
-
-@pytest.fixture(scope="module")
-def pairs():
-    with gzip.open(WORDS, "rt", encoding="utf-8") as f:
-        next(f)
-        return [tuple(line.rstrip("\n").split("\t")) for line in f]
-
-
-@pytest.mark.parametrize("algorithm", L1_ALGORITHMS)
-def test_the_curve_releases_more_than_laplace_on_the_sample(pairs, algorithm):
-    """Over 5 seeds the curve releases more items than the Laplace threshold on the bundled sample (its keep
-    probability is above Laplace's at every weight: tests/privacy/test_l1_curve.py)."""
-    users = reference.user_sets_from_pairs(pairs)
-    curve = sum(len(reference.release(users, algorithm, PARAMS, s).items) for s in range(5))
-    rule = PARAMS.replace(threshold="laplace")
-    laplace = sum(len(reference.release(users, algorithm, rule, s).items) for s in range(5))
-    assert curve > laplace
 
 
 @pytest.mark.parametrize("algorithm", L1_ALGORITHMS)
@@ -88,15 +69,19 @@ def test_the_keep_rate_is_the_curve():
         assert abs(rate - f) <= 5 * math.sqrt(f * (1 - f) / n), (w, f, rate)
 
 
-def test_cli(tmp_path, pairs):
-    out = tmp_path / "out"
-    argv = ["--input", WORDS, "--input_format", "tsv", "--epsilon", "1", "--delta", "1e-5"]
-    argv += ["--max_contributions", "20", "--output", str(out / "released"), "--report", str(out / "report.json")]
-    argv += ["--direct_running_mode", "in_memory", "--seed", "3"]
+def test_cli(tmp_path):
+    """policy_laplace through the CLI releases the reference's count, on the bundled sample's cut
+    (tests/support/words_cut.py: 12 pairs of each of its 1,754 users; 8 contributions, so the bounding samples)."""
+    out, cut = tmp_path / "out", words_cut()
+    argv = ["--input", write_tsv(cut, tmp_path / "cut.tsv"), "--input_format", "tsv", "--epsilon", "1"]
+    argv += ["--delta", "1e-5", "--max_contributions", "8", "--output", str(out / "released")]
+    argv += ["--report", str(out / "report.json"), "--direct_running_mode", "in_memory", "--seed", "3"]
     assert select_partitions.run(argv + ["--algorithm", "policy_laplace", "--threshold", "optimal"]) == 0
     report = json.loads((out / "report.json").read_text())
     assert report["rounds"][0]["noise"] == "keep_curve" and report["released"] > 10
-    want = reference.release(reference.user_sets_from_pairs(pairs), "policy_laplace", PARAMS, 3)
+    want = reference.release(
+        reference.user_sets_from_pairs(cut), "policy_laplace", PARAMS.replace(max_contributions=8), 3
+    )
     assert report["released"] == len(want.items)
 
 

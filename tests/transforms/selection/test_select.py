@@ -22,8 +22,10 @@ from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
 from dp_partition_beam.transforms.selection.basic import BasicPartialsFn
 from dp_partition_beam.transforms.selection.mad import MADWeights
 from dp_partition_beam.transforms.selection.select import SelectPartitions
+from dp_partition_beam.transforms.testing.beam import format_tsv
 
-from tests.support.beam_helpers import collect, collect_pairs
+from tests.support.beam_helpers import collect, collect_branches
+from tests.support.branch_cases import scoped
 
 RND = random.Random(5)
 PAIRS = [(f"u{RND.randrange(700)}", f"i{min(int(RND.paretovariate(0.9)), 400)}") for _ in range(9000)]
@@ -40,24 +42,47 @@ def _as_batches(pairs, size, kind):
     return out
 
 
-@pytest.mark.parametrize("algorithm", ["basic", "count_laplace", "mad", "mad2r", "dp_sips"])
-def test_batch_input_equals_element_input_and_the_reference(algorithm, monkeypatch):
+BATCH_ALGORITHMS = ["basic", "count_laplace", "mad", "mad2r", "dp_sips"]
+
+
+def _input_forms():
+    """The same PAIRS as pair elements, as RecordBatches, and as Tables followed by pairs."""
+    return {
+        "pairs": PAIRS,
+        "batches": _as_batches(PAIRS, 1000, "record_batch"),
+        "mixed": _as_batches(PAIRS[:4000], 700, "table") + PAIRS[4000:],
+    }
+
+
+@pytest.fixture(scope="module")
+def input_form_runs():
+    """Every (algorithm, input form) as a labelled branch of ONE pipeline, shards cut into pieces of a few
+    users: {"algorithm-form": [items]}."""
     from dp_partition_beam.transforms.core import batches
 
-    monkeypatch.setattr(batches, "DEFAULT_CHUNK_ROWS", 300)  # shards cut into pieces of a few users
+    builds = {}
+    for algorithm in BATCH_ALGORITHMS:
+        for form, elements in _input_forms().items():
+            builds[f"{algorithm}-{form}"] = scoped(
+                lambda p, a=algorithm, e=elements: (
+                    p
+                    | "Create" >> beam.Create(e, reshuffle=False)
+                    | "Select" >> SelectPartitions(a, PARAMS, seed=4, rows_per_shard=2500, batch_rows=999)
+                )
+            )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(batches, "DEFAULT_CHUNK_ROWS", 300)  # shards cut into pieces of a few users
+        return collect_branches(builds)
+
+
+@pytest.mark.parametrize("algorithm", BATCH_ALGORITHMS)
+def test_batch_input_equals_element_input_and_the_reference(algorithm, input_form_runs):
+    """Pairs, RecordBatches and Tables-then-pairs (2,500-row shards, 999-row batches, 300-row pieces): each
+    form's seeded release is the reference's (one branch per form of the file's shared pipeline)."""
     want = sorted(reference.select(SETS, algorithm, PARAMS, seed=4))
     assert want
-    batches = _as_batches(PAIRS, 1000, "record_batch")
-    mixed = _as_batches(PAIRS[:4000], 700, "table") + PAIRS[4000:]
-    for label, elements in (("pairs", PAIRS), ("batches", batches), ("mixed", mixed)):
-        got = collect(
-            lambda p: (
-                p
-                | f"Create{label}" >> beam.Create(elements, reshuffle=False)
-                | SelectPartitions(algorithm, PARAMS, seed=4, rows_per_shard=2500, batch_rows=999)
-            )
-        )
-        assert sorted(got) == want, label
+    for form in _input_forms():
+        assert sorted(input_form_runs[f"{algorithm}-{form}"]) == want, (algorithm, form)
 
 
 def test_non_string_keys_round_trip():
@@ -81,9 +106,15 @@ def test_unseeded_run_releases_the_heavy_items():
     the rates are the plan's, the suite runs often enough to meet them.
     """
     pairs = [(f"u{u}", "common") for u in range(3000)] + [(f"u{u}", f"rare{u}") for u in range(10)]
-    for algorithm in ("basic", "mad2r", "dp_sips"):
-        got = collect(lambda p: p | beam.Create(pairs) | SelectPartitions(algorithm, PARAMS))
-        assert got == ["common"], algorithm
+    algorithms = ("basic", "mad2r", "dp_sips")
+    got = collect_branches(
+        {
+            a: scoped(lambda p, a=a: p | "Create" >> beam.Create(pairs) | "Select" >> SelectPartitions(a, PARAMS))
+            for a in algorithms
+        }
+    )  # one pipeline, a branch per algorithm: each has its own unseeded run seed and worker noise
+    for algorithm in algorithms:
+        assert got[algorithm] == ["common"], algorithm
 
 
 def test_windowed_input_is_rejected_with_a_clear_error():
@@ -132,39 +163,68 @@ def _merged_weights(element):
     return list(zip(map(from_key_bytes, w.column("item").to_pylist()), w.column("weight").to_pylist()))
 
 
-def _stage_weights(elements, stage):
-    return dict(
-        collect_pairs(
-            lambda p: p | beam.Create(elements, reshuffle=False) | stage | beam.FlatMap(_merged_weights),
+def _stage_branch(elements, stage):
+    return scoped(
+        lambda p: (
+            p
+            | "Create" >> beam.Create(elements, reshuffle=False)
+            | "Stage" >> stage
+            | "Merge" >> beam.FlatMap(_merged_weights)
         )
     )
 
 
-@pytest.mark.parametrize("num_shards", [1, 3])
-@pytest.mark.parametrize("weighting", ["weighted_gaussian", "weighted_laplace", "count"])
-def test_basic_weight_stage_equals_the_reference_weights(weighting, num_shards):
-    """Basic's partial sums (BasicPartialsFn), grouped per item shard and merged: bit for bit the
-    reference's basic_weights of the same capped sets, whatever the number of shards."""
+BASIC_STAGES = [(w, n) for w in ("weighted_gaussian", "weighted_laplace", "count") for n in (1, 3)]
+MAD_STAGES = [(b, n) for b in (False, True) for n in (1, 4)]
+MAD_TAU, MAD_D_MAX = 3.0, 6
+
+
+def _mad_biases(capped, biased):
+    items = sorted({i for v in capped.values() for i in v})
+    rng = random.Random(1)
+    return {i: rng.choice([1.0, rng.random()]) for i in items} if biased else None
+
+
+def _mad_bounds(biased):
+    return (0.5, 2.0) if biased else (1.0, 1.0)
+
+
+@pytest.fixture(scope="module")
+def stage_weights():
+    """Every weight-stage case as a labelled branch of ONE pipeline: {case: {item: weight}}."""
     capped = reference.bound_contributions(SETS, 6, seed=1)
-    stage = beam.ParDo(BasicPartialsFn(weighting), num_shards) | beam.GroupByKey()
-    got = _stage_weights(_capped_shards(capped, num_shards), stage)
+    builds = {}
+    for weighting, num_shards in BASIC_STAGES:
+        stage = beam.ParDo(BasicPartialsFn(weighting), num_shards) | beam.GroupByKey()
+        builds[f"basic-{weighting}-{num_shards}"] = _stage_branch(_capped_shards(capped, num_shards), stage)
+    for biased, num_shards in MAD_STAGES:
+        stage = MADWeights(MAD_TAU, MAD_D_MAX, *_mad_bounds(biased), num_shards)
+        shards = _capped_shards(capped, num_shards, _mad_biases(capped, biased))
+        builds[f"mad-{biased}-{num_shards}"] = _stage_branch(shards, stage)
+    out = {}
+    for case, lines in collect_branches(builds, fmt=format_tsv).items():
+        out[case] = {k: float(v) for k, v in (line.split("\t") for line in lines)}
+    return out
+
+
+@pytest.mark.parametrize("weighting,num_shards", BASIC_STAGES)
+def test_basic_weight_stage_equals_the_reference_weights(weighting, num_shards, stage_weights):
+    """Basic's partial sums (BasicPartialsFn), grouped per item shard and merged: bit for bit the
+    reference's basic_weights of the same capped sets, whatever the number of shards (a branch of the
+    shared weight-stage pipeline)."""
+    capped = reference.bound_contributions(SETS, 6, seed=1)
+    got = stage_weights[f"basic-{weighting}-{num_shards}"]
     assert got == reference.basic_weights(capped, weighting) and len(got) > 100
 
 
-@pytest.mark.parametrize("num_shards", [1, 4])
-@pytest.mark.parametrize("biased", [False, True])
-def test_mad_weight_stage_equals_the_reference_weights(biased, num_shards):
+@pytest.mark.parametrize("biased,num_shards", MAD_STAGES)
+def test_mad_weight_stage_equals_the_reference_weights(biased, num_shards, stage_weights):
     """MADWeights (Alg. 3: w_init, excess, the users' contributions with Alg. 2 for biased users)
-    on capped user shards: bit for bit the reference's mad_weights, whatever the number of shards."""
+    on capped user shards: bit for bit the reference's mad_weights, whatever the number of shards (a branch
+    of the shared weight-stage pipeline)."""
     capped = reference.bound_contributions(SETS, 6, seed=1)
-    items = sorted({i for v in capped.values() for i in v})
-    rng = random.Random(1)
-    biases = {i: rng.choice([1.0, rng.random()]) for i in items} if biased else None
-    b_min, b_max = (0.5, 2.0) if biased else (1.0, 1.0)
-    tau, d_max = 3.0, 6
-    stage = MADWeights(tau, d_max, b_min, b_max, num_shards)
-    got = _stage_weights(_capped_shards(capped, num_shards, biases), stage)
-    want = reference.mad_weights(capped, tau, d_max, biases, b_min, b_max)
+    got = stage_weights[f"mad-{biased}-{num_shards}"]
+    want = reference.mad_weights(capped, MAD_TAU, MAD_D_MAX, _mad_biases(capped, biased), *_mad_bounds(biased))
     assert got == want
     basic = reference.basic_weights(capped)
     assert any(got[i] > basic[i] + 1e-9 for i in got)  # weight was rerouted
