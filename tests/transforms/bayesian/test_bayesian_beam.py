@@ -12,7 +12,8 @@ from dp_partition_beam.transforms.bayesian import bayesian_kernels as K
 from dp_partition_beam.transforms.bayesian.bayesian import BayesianNgrams
 from dp_partition_beam.transforms.bayesian.reference import release
 
-from tests.support.beam_helpers import collect
+from tests.support.beam_helpers import collect, collect_branches
+from tests.support.dpne_cases import FORMATS, branch
 
 WORDS = ["the", "a", "fix", "bug", "add", "test", "docs", "update"]
 
@@ -66,10 +67,38 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("algorithm,params", CASES, ids=[f"{a}-{p.sensitivity}-tune{p.tune}" for a, p in CASES])
-def test_beam_equals_reference(algorithm, params):
+IDS = [f"{a}-{p.sensitivity}-tune{p.tune}" for a, p in CASES]
+SEED_CHANGE = BayesianParams(n=2, C=2, W=6, S=1.0, rho=0.5)
+NO_VOCABULARY = [("u1", "zzz yyy xxx"), ("u2", "nothing here")]
+
+
+def _branch(params, seed, algorithm="bayesian", records=RECORDS):
+    return branch(
+        lambda p: (
+            (p | "Create" >> beam.Create(records) | BayesianNgrams(algorithm, PRIOR, params, seed=seed))["distribution"]
+            | "Format" >> beam.Map(FORMATS["distribution"])
+        )
+    )
+
+
+def _distribution(lines):
+    return {l.split("\t")[0]: float(l.split("\t")[1]) for l in lines}
+
+
+@pytest.fixture(scope="module")
+def seeded():
+    """Every seeded in-memory case as a labelled branch of ONE pipeline: ``{case: distribution}`` (CASES under
+    their ids at seed 7, SEED_CHANGE at seeds 1 and 2, the input without vocabulary n-grams at seed 9)."""
+    builds = {name: _branch(params, 7, algorithm) for name, (algorithm, params) in zip(IDS, CASES)}
+    builds["seed1"], builds["seed2"] = _branch(SEED_CHANGE, 1), _branch(SEED_CHANGE, 2)
+    builds["no-vocabulary"] = _branch(BayesianParams(n=2, rho=0.4), 9, records=NO_VOCABULARY)
+    return {name: _distribution(lines) for name, lines in collect_branches(builds).items()}
+
+
+@pytest.mark.parametrize("algorithm,params", CASES, ids=IDS)
+def test_beam_equals_reference(seeded, algorithm, params, request):
     want, _ = release(TEXTS, algorithm, PRIOR, params, seed=7)
-    got = run_beam(params, 7, algorithm=algorithm)
+    got = seeded[request.node.callspec.id]
     assert got == want  # bit for bit
     assert set(got) == set(PRIOR.vocab)
     assert math.fsum(got.values()) == pytest.approx(1.0, abs=1e-12)
@@ -81,9 +110,9 @@ def test_beam_equals_reference_multi_processing():
     assert run_beam(params, 3, mode="multi_processing", workers=2) == want
 
 
-def test_seed_changes_output():
-    params = BayesianParams(n=2, C=2, W=6, S=1.0, rho=0.5)
-    assert run_beam(params, 1) != run_beam(params, 2)
+def test_seed_changes_output(seeded):
+    assert seeded["seed1"] != seeded["seed2"]
+    assert set(seeded["seed1"]) == set(seeded["seed2"]) == set(PRIOR.vocab)
 
 
 UNSEEDED_CASES = [
@@ -119,8 +148,6 @@ def test_unseeded_choice_is_a_distribution():
         assert runs[0] != runs[1]  # fresh OS-entropy noise in each release
 
 
-def test_private_users_without_vocabulary_ngrams_and_empty_input():
-    params = BayesianParams(n=2, rho=0.4)
-    got = run_beam(params, 9, records=[("u1", "zzz yyy xxx"), ("u2", "nothing here")])
+def test_private_users_without_vocabulary_ngrams_and_empty_input(seeded):
     want = dict(zip(PRIOR.vocab, K.softmax(0.6 * K.mu_prior(PRIOR.alpha)).tolist()))
-    assert got == pytest.approx(want, rel=1e-12)
+    assert seeded["no-vocabulary"] == pytest.approx(want, rel=1e-12)

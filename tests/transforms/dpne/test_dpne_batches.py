@@ -8,6 +8,7 @@ import pyarrow as pa
 import pytest
 
 from dp_partition_beam.privacy.dpne import DPNEParams
+from dp_partition_beam.transforms.core import batches as batches_module
 from dp_partition_beam.transforms.core import text as tx
 from dp_partition_beam.transforms.dpne import dpne_kernels
 from dp_partition_beam.transforms.dpne import dpne_kernels as CK
@@ -15,7 +16,8 @@ from dp_partition_beam.transforms.dpne.dpne import DPNE
 from dp_partition_beam.transforms.dpne.reference import dpne_reference
 from dp_partition_beam.transforms.testing.synthetic import markov_corpus
 
-from tests.support.beam_helpers import collect
+from tests.support.beam_helpers import collect_branches
+from tests.support.dpne_cases import branch, level_key, outputs, untag
 
 SEED = 31
 
@@ -101,7 +103,7 @@ def test_arrow_batch_columns_are_checked():
 
 @pytest.fixture(scope="module")
 def records():
-    recs = markov_corpus(250, vocab=25, branching=3, seed=11)
+    recs = markov_corpus(120, vocab=25, branching=3, seed=11)
     out = [(u, "\n".join(lines)) for u, lines in recs.items()]
     # a user with many records and a text with many lines (n-grams never cross a line break)
     out += [("heavy", f"w{i % 7} w{(i + 1) % 7} w{(i * 3) % 5}") for i in range(60)]
@@ -110,55 +112,16 @@ def records():
 
 
 PARAMS = DPNEParams(epsilon=4, delta=1e-5, max_n=4, max_contributions=(15, 10, 10, 5), eta=0.3)
-
-
-def _run(build_input, params, **options):
-    def build(p):
-        out = build_input(p) | DPNE("dpne", params, seed=SEED, **options)
-        return out["ngrams"]
-
-    return sorted(collect(build, fmt=lambda kg: f"{kg[0]}\t{kg[1]}"))
-
-
-@pytest.mark.parametrize(
-    "options",
-    [dict(batch_rows=1, num_shards=1), dict(batch_rows=17, num_shards=3), dict(batch_rows=100_000, rows_per_shard=50)],
-    ids=["rows1-shards1", "rows17-shards3", "rows_per_shard50"],
-)
-def test_seeded_columnar_equals_reference_for_any_batching(records, options, monkeypatch):
-    from dp_partition_beam.transforms.core import batches
-
-    monkeypatch.setattr(batches, "DEFAULT_CHUNK_ROWS", 40)  # user shards travel in pieces of a few users
-    want = dpne_reference(records, "dpne", PARAMS, seed=SEED).lines()
-    assert len(want) > 50
-    assert _run(lambda p: p | beam.Create(records) | beam.Reshuffle(), PARAMS, **options) == want
-
-
-def test_arrow_batches_and_mixed_input_equal_elements(records):
-    want = dpne_reference(records, "dpne", PARAMS, seed=SEED).lines()
-    users, texts = zip(*records)
-    batches = [
-        pa.RecordBatch.from_pydict({"user": list(users[i : i + 40]), "text": list(texts[i : i + 40])})
-        for i in range(0, len(records) // 2, 40)
-    ]
-    rest = records[len(batches) * 40 :]
-
-    def build(p):
-        return (p | "Batches" >> beam.Create(batches), p | "Elements" >> beam.Create(rest)) | beam.Flatten()
-
-    assert _run(build, PARAMS, batch_rows=25) == want
-
-
-def test_dpsu_runs_equal_reference_on_batches(records):
-    params = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10)
-    want = dpne_reference(records, "dpsu_even", params, seed=SEED).lines()
-    table = pa.table({"user": [u for u, _ in records], "text": [t for _, t in records]})
-
-    def build(p):
-        out = p | beam.Create([table]) | DPNE("dpsu_even", params, seed=SEED, batch_rows=64)
-        return out["ngrams"]
-
-    assert sorted(collect(build, fmt=lambda kg: f"{kg[0]}\t{kg[1]}")) == want
+DPSU = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10)
+# the DPNE pieces travel in (batches.DEFAULT_CHUNK_ROWS, patched for the whole pipeline): a few users each
+CHUNK_ROWS = 40
+BATCHINGS = {
+    "rows1-shards1": dict(batch_rows=1, num_shards=1),
+    "rows17-shards3": dict(batch_rows=17, num_shards=3),
+    "rows_per_shard50": dict(batch_rows=100_000, rows_per_shard=50),
+}
+WEIGHTINGS = ("weighted_gaussian", "mad")
+OUTPUTS = ("ngrams", "levels")
 
 
 def _allowlist(records):
@@ -166,9 +129,8 @@ def _allowlist(records):
     return grams[::2]
 
 
-@pytest.mark.parametrize("weighting", ["weighted_gaussian", "mad"])
-def test_allowlist_and_counts_equal_reference(records, weighting):
-    params = DPNEParams(
+def _counts_params(weighting):
+    return DPNEParams(
         epsilon=4,
         delta=1e-5,
         max_n=3,
@@ -178,17 +140,102 @@ def test_allowlist_and_counts_equal_reference(records, weighting):
         d_max=20,
         release_counts=True,
     )
+
+
+@pytest.fixture(scope="module")
+def want(records):
+    """Every case's reference, computed once."""
     allow = _allowlist(records)
-    want = dpne_reference(records, "dpne", params, seed=SEED, allowlist=allow)
+    out = {"dpne": dpne_reference(records, "dpne", PARAMS, seed=SEED), "allow": allow}
+    out["dpsu"] = dpne_reference(records, "dpsu_even", DPSU, seed=SEED)
+    for w in WEIGHTINGS:
+        out[f"allow-{w}"] = dpne_reference(records, "dpne", _counts_params(w), seed=SEED, allowlist=allow)
+    return out
 
-    def build(p):
-        allowed = allow if weighting == "mad" else p | "Allow" >> beam.Create(allow)  # iterable and PCollection
-        return (p | beam.Create(records) | DPNE("dpne", params, seed=SEED, allowlist=allowed, num_shards=2))["counts"]
 
-    got = collect(build, fmt=lambda kgc: f"{kgc[0]}\t{kgc[1][0]}\t{kgc[1][1]}")
-    assert sorted(got) == sorted(f"{k}\t{g}\t{c}" for k, cs in want.counts.items() for g, c in cs.items())
+@pytest.fixture(scope="module")
+def got(records, want):
+    """Every batching, input form and option of this file as a labelled branch of ONE seeded pipeline
+    (``{case: {output: sorted lines}}``); each test below compares one branch with its own reference."""
+    users, texts = zip(*records)
+    batches = [
+        pa.RecordBatch.from_pydict({"user": list(users[i : i + 40]), "text": list(texts[i : i + 40])})
+        for i in range(0, len(records) // 2, 40)
+    ]
+    rest = records[len(batches) * 40 :]
+    table = pa.table({"user": list(users), "text": list(texts)})
+    allow = want["allow"]
+
+    def elements(p):
+        return p | "Create" >> beam.Create(records) | "Reshuffle" >> beam.Reshuffle()
+
+    def dpne(build_input, params, names=OUTPUTS, **options):
+        return branch(lambda p: outputs(build_input(p) | "DPNE" >> DPNE("dpne", params, seed=SEED, **options), names))
+
+    builds = {name: dpne(elements, PARAMS, **options) for name, options in BATCHINGS.items()}
+    builds["arrow-and-elements"] = dpne(
+        lambda p: (p | "Batches" >> beam.Create(batches), p | "Elements" >> beam.Create(rest)) | beam.Flatten(),
+        PARAMS,
+        batch_rows=25,
+    )
+    builds["dpsu-table"] = branch(
+        lambda p: outputs(
+            p | "Create" >> beam.Create([table]) | "DPNE" >> DPNE("dpsu_even", DPSU, seed=SEED, batch_rows=64)
+        )
+    )
+    for w in WEIGHTINGS:
+        builds[f"allow-{w}"] = branch(
+            lambda p, w=w: outputs(
+                p
+                | "Create" >> beam.Create(records)
+                | "DPNE"
+                >> DPNE(
+                    "dpne",
+                    _counts_params(w),
+                    seed=SEED,
+                    # an iterable allowlist and a PCollection one
+                    allowlist=allow if w == "mad" else p | "Allow" >> beam.Create(allow),
+                    num_shards=2,
+                ),
+                ("counts",),
+            )
+        )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(batches_module, "DEFAULT_CHUNK_ROWS", CHUNK_ROWS)
+        lines = collect_branches(builds)
+    return {name: untag(lines[name], ("counts",) if name.startswith("allow") else OUTPUTS) for name in lines}
+
+
+def test_the_data_exercises_every_level_several_batches_shards_and_pieces(records, want):
+    """The cut corpus still reaches every level (each releases n-grams, with spurious draws at k >= 2), gives
+    rows_per_shard50 several shards, batch_rows 17 and 25 several batches and a shard several pieces."""
+    assert all(len(want["dpne"].ngrams[k]) >= 10 for k in range(1, PARAMS.max_n + 1))
+    assert all(level["expected_spurious_bound"] > 1 for level in want["dpne"].levels[1:])
+    assert all(len(want["dpsu"].ngrams[k]) > 0 for k in (1, 2, 3))
+    tokens = sum(len(t.split()) for _, t in records)
+    assert tokens // 50 >= 10 and len(records) // 25 >= 4 and tokens // 3 > 10 * CHUNK_ROWS
+
+
+@pytest.mark.parametrize("case", [*BATCHINGS, "arrow-and-elements"])
+def test_seeded_columnar_equals_reference_for_any_batching_and_input_form(got, want, case):
+    """One record per batch and one shard, several batches and shards, shards by rows, and Arrow batches mixed
+    with elements: the same n-grams as the reference."""
+    assert got[case]["ngrams"] == want["dpne"].lines()
+    assert got[case]["levels"] == sorted(want["dpne"].levels, key=level_key)
+
+
+def test_dpsu_runs_equal_reference_on_batches(got, want):
+    assert got["dpsu-table"]["ngrams"] == want["dpsu"].lines()
+    assert got["dpsu-table"]["levels"] == sorted(want["dpsu"].levels, key=level_key)
+
+
+@pytest.mark.parametrize("weighting", WEIGHTINGS)
+def test_allowlist_and_counts_equal_reference(got, want, weighting):
+    ref, allow = want[f"allow-{weighting}"], set(want["allow"])
+    lines = got[f"allow-{weighting}"]["counts"]
+    assert lines == sorted(f"{k}\t{g}\t{c}" for k, cs in ref.counts.items() for g, c in cs.items())
     # every noise-released n-gram is allowlisted (spurious k-grams are uniform over V_k, as in the reference)
-    assert len(got) > 10 and all(line.split("\t")[1] in set(allow) for line in got if line.startswith("1\t"))
+    assert len(lines) > 10 and all(line.split("\t")[1] in allow for line in lines if line.startswith("1\t"))
 
 
 def test_entry_batches_are_bounded_in_rows_and_characters():

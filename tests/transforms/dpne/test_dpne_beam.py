@@ -16,7 +16,8 @@ from dp_partition_beam.transforms.dpne.dpne import DPNE
 from dp_partition_beam.transforms.dpne.reference import dpne_reference, user_kgrams
 from dp_partition_beam.transforms.testing.synthetic import markov_corpus
 
-from tests.support.beam_helpers import make_test_pipeline
+from tests.support.beam_helpers import collect_branches, make_test_pipeline
+from tests.support.dpne_cases import branch, outputs, untag
 
 SEED = 2024
 
@@ -104,14 +105,6 @@ def test_beam_equals_reference_mad(records):
     assert sorted(levels, key=level_key) == sorted(want.levels, key=level_key)
 
 
-@pytest.mark.parametrize("threshold", ["gaussian", "optimal"])
-def test_beam_equals_reference_multi_processing(records, threshold):
-    params = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=15, eta=0.3, threshold=threshold)
-    want = dpne_reference(records, "dpne", params, seed=SEED)
-    got, _ = run_beam(records, params, SEED, mode="multi_processing", workers=2)
-    assert got == want.lines()
-
-
 @pytest.mark.parametrize("selection", ["single", "mad_sips"])
 def test_unseeded_beam_runs_and_is_downward_closed(records, selection):
     params = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=15, eta=0.3, selection=selection)
@@ -135,9 +128,13 @@ def test_unseeded_beam_runs_and_is_downward_closed(records, selection):
 MAD_SIPS = dict(epsilon=4, delta=1e-5, max_n=3, max_contributions=15, eta=0.3, selection="mad_sips")
 
 
-def check_mad_sips(records, params, mode="in_memory", workers=None):
+def check_mad_sips(records, params):
     want = dpne_reference(records, "dpne", params, seed=SEED)
-    got, levels = run_beam(records, params, SEED, mode=mode, workers=workers)
+    got, levels = run_beam(records, params, SEED)
+    return check_mad_sips_result(params, want, got, levels)
+
+
+def check_mad_sips_result(params, want, got, levels):
     assert got == want.lines()
     assert sorted(levels, key=level_key) == sorted(want.levels, key=level_key)
     assert [len(l["rounds"]) for l in levels] == [len(params.budget_split)] * params.max_n
@@ -171,8 +168,45 @@ def test_mad_sips_beam_equals_reference_with_counts(records):
     assert got == expected and len(expected) > 0  # counts on round 1's capped sets, as the reference's
 
 
-def test_mad_sips_beam_equals_reference_multi_processing(records):
-    check_mad_sips(records, DPNEParams(**{**MAD_SIPS, "max_n": 2}), mode="multi_processing", workers=2)
+MULTI_PROCESSING = {
+    threshold: DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=15, eta=0.3, threshold=threshold)
+    for threshold in ("gaussian", "optimal")
+}
+
+
+@pytest.fixture(scope="module")
+def multi_processing(records):
+    """The multi_processing cases (two worker processes) as labelled branches of ONE pipeline, so the workers
+    start once: ``{case: (reference, n-gram lines, level dicts)}``; a failing case is named by its branch."""
+    cases = {**MULTI_PROCESSING, "mad_sips": DPNEParams(**{**MAD_SIPS, "max_n": 2})}
+
+    def build(params):
+        return branch(
+            lambda p: outputs(
+                p
+                | "Create" >> beam.Create(records)
+                | "Reshuffle" >> beam.Reshuffle()
+                | "DPNE" >> DPNE("dpne", params, seed=SEED, num_shards=3)
+            )
+        )
+
+    lines = collect_branches({name: build(params) for name, params in cases.items()}, "multi_processing", 2)
+    out = {}
+    for name, params in cases.items():
+        got = untag(lines[name])
+        out[name] = (dpne_reference(records, "dpne", params, seed=SEED), got["ngrams"], got["levels"])
+    return out
+
+
+@pytest.mark.parametrize("threshold", list(MULTI_PROCESSING))
+def test_beam_equals_reference_multi_processing(multi_processing, threshold):
+    want, got, levels = multi_processing[threshold]
+    assert got == want.lines()
+    assert levels == sorted(want.levels, key=level_key)
+
+
+def test_mad_sips_beam_equals_reference_multi_processing(multi_processing):
+    check_mad_sips_result(DPNEParams(**{**MAD_SIPS, "max_n": 2}), *multi_processing["mad_sips"])
 
 
 @pytest.mark.parametrize(
