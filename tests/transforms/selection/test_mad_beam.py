@@ -1,89 +1,108 @@
 """MAD / MAD2R on Beam (SelectPartitions, the columnar path) against the reference, and Theorem 6.1
-(stochastic dominance). The MAD weights stage itself: tests/transforms/selection/test_select.py."""
+(stochastic dominance). The MAD weights stage itself: tests/transforms/selection/test_select.py; MAD and MAD2R
+in multi_processing mode: tests/transforms/selection/test_multiprocessing.py.
+
+The Beam cases are labelled branches of one in_memory pipeline per DEFAULT_CHUNK_ROWS setting
+(tests/support/selection_cases.py), run once per module by the ``branches`` fixture; each test compares its
+own branch with its own reference result."""
 
 import random
 
-import apache_beam as beam
 import numpy as np
 import pytest
 from scipy.stats import norm
 
 from dp_partition_beam.privacy.selection import SelectionParams, plan_rounds
 from dp_partition_beam.transforms import reference
-from dp_partition_beam.transforms.selection.select import SelectPartitions
 from dp_partition_beam.transforms.testing.synthetic import heavy_light_sets
 
-from tests.support.beam_helpers import collect
+from tests.support.selection_cases import Select, count_lines, rounds_lines, run_cases
 from tests.support.user_sets import pairs_of, random_user_sets
+
+SETS = random_user_sets(random.Random(4), 1500, 300, 15)  # ~10k pairs, users above Delta_0 = 8
+SMALL_SETS = random_user_sets(random.Random(4), 600, 300, 15)  # ~4k pairs: one-row batches are the slow extreme
+
+
+def _params(**changes):
+    return SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=8, d_max=6, **changes)
+
+
+ACCOUNTING = ["gdp", "basic"]
+KEEP_TABLE = {"items": (False, 1.0), "counts": (True, 1.0), "weight_cap": (False, 0.3)}  # release_counts, weight_cap
+KEEP_TABLE_ROWS_PER_SHARD = 900  # the items' runs: 12 user shards of ~10k rows
+# (rows_per_shard, batch_rows, chunk_rows): one shard; many user/item shards, small batches, pieces of a few users
+# (what a big shard is cut into before every shuffle); one-row batches in 3,000-row shards cut into 500-row pieces
+SHARDS = {"one_shard": (10**9, 65_536, None), "sharded_small_batches": (700, 50, 37), "one_row_batches": (3000, 1, 500)}
+
+
+def _keep_table_params(case):
+    release_counts, weight_cap = KEEP_TABLE[case]
+    return _params(threshold="optimal", release_counts=release_counts, weight_cap=weight_cap)
+
+
+@pytest.fixture(scope="module")
+def branches():
+    """{case: sorted output lines} of every case; one in_memory pipeline per DEFAULT_CHUNK_ROWS setting (it is
+    read at run time by every case of a pipeline): the default one, 37 and 500."""
+    default = {}
+    for algorithm in ("mad", "mad2r"):
+        for accounting in ACCOUNTING:
+            default[f"rounds/{algorithm}/{accounting}"] = Select(
+                pairs_of(SETS), algorithm, _params(accounting=accounting), seed=123, output_rounds=True
+            )
+    for case in KEEP_TABLE:
+        params = _keep_table_params(case)
+        if params.release_counts:
+            default[f"keep_table/{case}"] = Select(pairs_of(SETS), "mad2r", params, seed=123)
+        else:
+            default[f"keep_table/{case}"] = Select(
+                pairs_of(SETS), "mad2r", params, seed=123, output_rounds=True, rows_per_shard=KEEP_TABLE_ROWS_PER_SHARD
+            )
+    by_chunk = {}
+    for case, (rows_per_shard, batch_rows, chunk_rows) in SHARDS.items():
+        for algorithm in ("mad", "mad2r"):
+            sets = SMALL_SETS if batch_rows == 1 else SETS
+            by_chunk.setdefault(chunk_rows, {})[f"shards/{algorithm}/{case}"] = Select(
+                pairs_of(sets),
+                algorithm,
+                _params(),
+                seed=123,
+                output_rounds=True,
+                rows_per_shard=rows_per_shard,
+                batch_rows=batch_rows,
+            )
+    by_chunk[None].update(default)
+    out = {}
+    for chunk_rows, cases in by_chunk.items():
+        out.update(run_cases(cases, chunk_rows=chunk_rows))
+    return out
 
 
 @pytest.mark.parametrize("algorithm", ["mad", "mad2r"])
-@pytest.mark.parametrize("accounting", ["gdp", "basic"])
-def test_select_mad_algorithms_equal_reference(algorithm, accounting):
-    sets = random_user_sets(random.Random(4), 1500, 300, 15)
-    params = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=8, d_max=6, accounting=accounting)
-    plans, per_round = reference.select_rounds(sets, algorithm, params, seed=123)
-    got = collect(
-        lambda p: (
-            p
-            | beam.Create(pairs_of(sets))
-            | SelectPartitions(algorithm, params, seed=123, output_rounds=True)
-            | beam.MapTuple(lambda r, i: f"{r}\t{i}")
-        )
-    )
-    want = sorted(f"{r}\t{i}" for r, items in per_round.items() for i in items)
-    assert sorted(got) == want
+@pytest.mark.parametrize("accounting", ACCOUNTING)
+def test_select_mad_algorithms_equal_reference(branches, algorithm, accounting):
+    """Seeded Beam == reference, every round (one shard, default batches)."""
+    plans, per_round = reference.select_rounds(SETS, algorithm, _params(accounting=accounting), seed=123)
+    assert branches[f"rounds/{algorithm}/{accounting}"] == rounds_lines(per_round)
     assert all(per_round.values())  # every round released something: a non-trivial check
     if algorithm == "mad2r":
         assert not per_round[1] & per_round[2]  # round 2 removes U1 (Alg. 4 line 13)
 
 
-@pytest.mark.parametrize(
-    "release_counts,weight_cap", [(False, 1.0), (True, 1.0), (False, 0.3)], ids=["items", "counts", "weight_cap"]
-)
-def test_mad2r_keep_table_equals_reference(release_counts, weight_cap):
+@pytest.mark.parametrize("case", list(KEEP_TABLE))
+def test_mad2r_keep_table_equals_reference(branches, case):
     """threshold='optimal' (docs/mad_sips.md): MAD2R's round 2 as the keep table over biased Basic weights
     rounded onto C (capped at weight_cap); seeded Beam == reference, with the counts' holders of round 2 from
-    the table's partials."""
-    sets = random_user_sets(random.Random(4), 1500, 300, 15)
-    params = SelectionParams(
-        epsilon=2.0,
-        delta=1e-4,
-        max_contributions=8,
-        d_max=6,
-        threshold="optimal",
-        release_counts=release_counts,
-        weight_cap=weight_cap,
-    )
-    result = reference.release(sets, "mad2r", params, seed=123)
+    the table's partials (the items' runs in 900-row shards of ~10k rows: several user/item shards)."""
+    params = _keep_table_params(case)
+    result = reference.release(SETS, "mad2r", params, seed=123)
     assert result.rounds[-1].noise == "keep_table" and result.per_round[2]
-    assert max(result.rounds[-1].keep_table.contributions) == pytest.approx(weight_cap, rel=0.05)  # C up to the cap
-    if release_counts:
-        got = collect(lambda p: p | beam.Create(pairs_of(sets)) | SelectPartitions("mad2r", params, seed=123))
-        assert sorted(got) == sorted(str(kv) for kv in result.counts.items()) and result.counts
-        return
-    got = collect(
-        lambda p: (
-            p
-            | beam.Create(pairs_of(sets))
-            | SelectPartitions("mad2r", params, seed=123, output_rounds=True, rows_per_shard=900)
-            | beam.MapTuple(lambda r, i: f"{r}\t{i}")
-        )
-    )
-    assert sorted(got) == sorted(f"{r}\t{i}" for r, items in result.per_round.items() for i in items)
-
-
-def test_mad_family_identical_in_multi_processing_mode():
-    sets = random_user_sets(random.Random(12), 1200, 250, 12)
-    params = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=8, d_max=6)
-    for algorithm in ("mad", "mad2r"):
-        want = reference.select(sets, algorithm, params, seed=31)
-        got = collect(
-            lambda p: p | beam.Create(pairs_of(sets)) | beam.Reshuffle() | SelectPartitions(algorithm, params, seed=31),
-            mode="multi_processing",
-            workers=2,
-        )
-        assert sorted(got) == sorted(want) and want
+    cap = params.weight_cap  # C up to the cap
+    assert max(result.rounds[-1].keep_table.contributions) == pytest.approx(cap, rel=0.05)
+    if params.release_counts:
+        assert branches[f"keep_table/{case}"] == count_lines(result.counts) and result.counts
+    else:
+        assert branches[f"keep_table/{case}"] == rounds_lines(result.per_round)
 
 
 def test_stochastic_dominance_on_section_6_2_instance():
@@ -165,29 +184,13 @@ def test_mad_tau_is_one_rule_for_selection_and_dpne():
 
 
 @pytest.mark.parametrize("algorithm", ["mad", "mad2r"])
-@pytest.mark.parametrize("rows_per_shard,batch_rows,chunk_rows", [(10**9, 65_536, None), (700, 50, 37), (3000, 1, 500)])
-def test_mad_family_output_does_not_depend_on_shards_or_batches(
-    algorithm, rows_per_shard, batch_rows, chunk_rows, monkeypatch
-):
-    """The columnar MAD/MAD2R under a seed: one shard, many user/item shards, tiny batches, pieces of
-    a few users (what a big shard is cut into before every shuffle): same rounds."""
-    from dp_partition_beam.transforms.core import batches
-
-    if chunk_rows:
-        monkeypatch.setattr(batches, "DEFAULT_CHUNK_ROWS", chunk_rows)
-    # one-row batches are the slow extreme: fewer users there (still many shards and pieces)
-    sets = random_user_sets(random.Random(4), 600 if batch_rows == 1 else 1500, 300, 15)
-    params = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=8, d_max=6)
-    _, per_round = reference.select_rounds(sets, algorithm, params, seed=123)
-    got = collect(
-        lambda p: (
-            p
-            | beam.Create(pairs_of(sets))
-            | SelectPartitions(
-                algorithm, params, seed=123, output_rounds=True, rows_per_shard=rows_per_shard, batch_rows=batch_rows
-            )
-            | beam.MapTuple(lambda r, i: f"{r}\t{i}")
-        )
-    )
-    assert sorted(got) == sorted(f"{r}\t{i}" for r, items in per_round.items() for i in items)
+@pytest.mark.parametrize("case", list(SHARDS))
+def test_mad_family_output_does_not_depend_on_shards_or_batches(branches, algorithm, case):
+    """The columnar MAD/MAD2R under a seed: one shard (~10k rows), many user/item shards (700 rows) with
+    50-row batches and pieces of 37 rows (a few users: what a big shard is cut into before every shuffle),
+    one-row batches (the slow extreme: 600 users, ~4k rows, 3,000-row shards in 500-row pieces): same rounds."""
+    rows_per_shard, batch_rows, _ = SHARDS[case]
+    sets = SMALL_SETS if batch_rows == 1 else SETS
+    _, per_round = reference.select_rounds(sets, algorithm, _params(), seed=123)
+    assert branches[f"shards/{algorithm}/{case}"] == rounds_lines(per_round)
     assert per_round[1] and (algorithm == "mad" or per_round[2])

@@ -1,5 +1,10 @@
 """SequentialPolicy (POLICY LAPLACE / POLICY GAUSSIAN) on Beam: equal to the reference under a seed,
-independent of input order, the memory guard, and the CLI."""
+independent of input order, the memory guard, and the CLI.
+
+The Beam cases that succeed are labelled branches of one in_memory pipeline (tests/support/selection_cases.py),
+run once per module by the ``branches`` fixture; each test compares its own branch with its own reference result
+(the guard's failing run is a pipeline of its own). The policies in multi_processing mode, on shuffled input:
+tests/transforms/selection/test_multiprocessing.py."""
 
 import json
 import math
@@ -14,62 +19,33 @@ from dp_partition_beam.transforms import reference
 from dp_partition_beam.transforms.selection.policy import GuardAndKeyToOneFn, SequentialSizeError
 from dp_partition_beam.transforms.selection.select import SelectPartitions
 
-from tests.support.beam_helpers import collect
+from tests.support.selection_cases import Branch, Select, item_lines, run_cases
 from tests.support.user_sets import pairs_of, random_user_sets
 
 SETS = random_user_sets(random.Random(4), 1500, 300, 15)
 PARAMS = SelectionParams(epsilon=2.0, delta=1e-4, max_contributions=8)
 
 
-def run_beam(pairs, algorithm, params, seed, mode="in_memory", workers=None):
-    return collect(
-        lambda p: p | beam.Create(pairs) | SelectPartitions(algorithm, params, seed=seed), mode=mode, workers=workers
-    )
+ALGORITHMS = ["policy_gaussian", "policy_laplace"]
+EVERYONE = {u: items + ["everyone"] for u, items in SETS.items()}  # an item in all 1500 sets
 
 
-@pytest.mark.parametrize("algorithm", ["policy_gaussian", "policy_laplace"])
-@pytest.mark.parametrize("passes", [1, 2])
-def test_beam_equals_reference_in_memory(algorithm, passes):
-    params = PARAMS.replace(passes=passes)
-    want = reference.select(SETS, algorithm, params, seed=123)
-    got = run_beam(pairs_of(SETS), algorithm, params, 123)
-    assert sorted(got) == sorted(want) and len(got) == len(set(got))
-    basic = reference.select(SETS, "basic" if algorithm == "policy_gaussian" else "weighted_laplace", PARAMS, seed=123)
-    assert len(want) > len(basic) > 0  # the policies release more here, as the paper claims
+def _bounded_pairs(seed):
+    return sum(len(v) for v in reference.bound_contributions(SETS, PARAMS.max_contributions, seed).values())
 
 
-@pytest.mark.parametrize("algorithm", ["policy_gaussian", "policy_laplace"])
-def test_beam_equals_reference_multi_processing(algorithm):
-    pairs = pairs_of(SETS)
-    random.Random(1).shuffle(pairs)  # input order is irrelevant too
-    want = reference.select(SETS, algorithm, PARAMS, seed=9)
-    got = run_beam(pairs, algorithm, PARAMS, 9, mode="multi_processing", workers=2)
-    assert sorted(got) == sorted(want) and want
-
-
-def test_output_does_not_depend_on_input_order():
-    shuffled = dict(reversed(list(SETS.items())))
-    for alg in ("policy_gaussian", "policy_laplace"):
-        assert reference.select(shuffled, alg, PARAMS, seed=4) == reference.select(SETS, alg, PARAMS, seed=4)
-    # a different seed changes the order, the histogram and (here) the output
-    assert reference.select(SETS, "policy_gaussian", PARAMS, seed=4) != reference.select(
-        SETS, "policy_gaussian", PARAMS, seed=5
-    )
-
-
-def test_unseeded_run_releases_items_every_user_holds():
-    """Production mode (OS entropy). An item in all 1500 sets survives the cap to 8 in most of them
-    and is pushed to the cutoff Gamma (alpha = 15): the l1 curve keeps it with probability 1 - 0.5 e^-15 (missed:
-    1.5e-7 per run), and the l2 rule's Gamma, the weight kept with probability Phi(15) = 1 - 4e-51, is capped at
-    the rule's last knot (kept with probability >= 1 - 1e-8: a finite cutoff for any alpha)."""
-    sets = {u: items + ["everyone"] for u, items in SETS.items()}
-    for alg in ("policy_gaussian", "policy_laplace"):
-        got = run_beam(pairs_of(sets), alg, PARAMS.replace(alpha=15.0), None)
-        assert "everyone" in got and set(got) <= {i for v in sets.values() for i in v}
-
-
-def test_empty_input_releases_nothing():
-    got = collect(
+@pytest.fixture(scope="module")
+def branches():
+    """{case: sorted output lines} of every Beam case that succeeds, from one in_memory pipeline
+    (tests/support/selection_cases.py): each test compares its own branch with its own reference."""
+    cases = {}
+    for algorithm in ALGORITHMS:
+        for passes in (1, 2):
+            cases[f"seeded/{algorithm}/{passes}"] = Select(
+                pairs_of(SETS), algorithm, PARAMS.replace(passes=passes), seed=123
+            )
+        cases[f"unseeded/{algorithm}"] = Select(pairs_of(EVERYONE), algorithm, PARAMS.replace(alpha=15.0), seed=None)
+    cases["empty"] = Branch(
         lambda p: (
             p
             | beam.Create([("u", "x")])
@@ -77,19 +53,53 @@ def test_empty_input_releases_nothing():
             | SelectPartitions("policy_laplace", PARAMS, seed=1)
         )
     )
-    assert got == []
+    limit = PARAMS.replace(max_sequential_pairs=_bounded_pairs(3))
+    cases["guard_at_the_limit"] = Select(pairs_of(SETS), "policy_laplace", limit, seed=3)
+    return run_cases(cases)
 
 
-def _bounded_pairs(seed):
-    return sum(len(v) for v in reference.bound_contributions(SETS, PARAMS.max_contributions, seed).values())
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("passes", [1, 2])
+def test_beam_equals_reference_in_memory(branches, algorithm, passes):
+    params = PARAMS.replace(passes=passes)
+    want = reference.select(SETS, algorithm, params, seed=123)
+    got = branches[f"seeded/{algorithm}/{passes}"]
+    assert got == item_lines(want) and len(got) == len(set(got))
+    basic = reference.select(SETS, "basic" if algorithm == "policy_gaussian" else "weighted_laplace", PARAMS, seed=123)
+    assert len(want) > len(basic) > 0  # the policies release more here, as the paper claims
 
 
-def test_memory_guard_fails_before_gathering_with_a_clear_error():
+def test_output_does_not_depend_on_input_order():
+    shuffled = dict(reversed(list(SETS.items())))
+    for alg in ALGORITHMS:
+        assert reference.select(shuffled, alg, PARAMS, seed=4) == reference.select(SETS, alg, PARAMS, seed=4)
+    # a different seed changes the order, the histogram and (here) the output
+    assert reference.select(SETS, "policy_gaussian", PARAMS, seed=4) != reference.select(
+        SETS, "policy_gaussian", PARAMS, seed=5
+    )
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_unseeded_run_releases_items_every_user_holds(branches, algorithm):
+    """Production mode (OS entropy). An item in all 1500 sets survives the cap to 8 in most of them
+    and is pushed to the cutoff Gamma (alpha = 15): the l1 curve keeps it with probability 1 - 0.5 e^-15 (missed:
+    1.5e-7 per run), and the l2 rule's Gamma, the weight kept with probability Phi(15) = 1 - 4e-51, is capped at
+    the rule's last knot (kept with probability >= 1 - 1e-8: a finite cutoff for any alpha)."""
+    got = branches[f"unseeded/{algorithm}"]
+    assert "everyone" in got and set(got) <= {i for v in EVERYONE.values() for i in v}
+
+
+def test_empty_input_releases_nothing(branches):
+    assert branches["empty"] == []
+
+
+def test_memory_guard_fails_before_gathering_with_a_clear_error(branches):
     n = _bounded_pairs(3)
-    ok = run_beam(pairs_of(SETS), "policy_laplace", PARAMS.replace(max_sequential_pairs=n), 3)
-    assert sorted(ok) == sorted(reference.select(SETS, "policy_laplace", PARAMS, seed=3))  # limit is inclusive
+    ok = branches["guard_at_the_limit"]  # max_sequential_pairs=n
+    assert ok == item_lines(reference.select(SETS, "policy_laplace", PARAMS, seed=3)) and ok  # limit is inclusive
     with pytest.raises(Exception) as err:
-        run_beam(pairs_of(SETS), "policy_laplace", PARAMS.replace(max_sequential_pairs=n - 1), 3)
+        below = PARAMS.replace(max_sequential_pairs=n - 1)
+        run_cases({"guard": Select(pairs_of(SETS), "policy_laplace", below, seed=3)})
     msg = str(err.value)
     assert "SequentialSizeError" in msg and f"max_sequential_pairs={n - 1:,d}" in msg
     assert "--max_sequential_pairs" in msg and "mad2r" in msg
