@@ -1,11 +1,20 @@
-"""Bad input through the CLIs (issue 9, point 3): a clear error naming the record or parameter, or
-documented handling (pipelines/io.py docstring, docs/guarantees.md "Bad input"); never a Beam stack trace or a
-silent loss.
+"""Bad input (issue 9, point 3): a clear error naming the record or parameter, or documented handling
+(pipelines/io.py docstring, docs/guarantees.md "Bad input"); never a Beam stack trace or a silent loss.
+
+Each kind of bad record is checked at the layer that decides it: the reader each CLI builds for its
+arguments (:class:`tests.support.cli.CliReader`: the CLI's parser, ``params_from_args`` and
+``build_pipeline`` up to its ``ReadRecordBatches``, read in process, in ms), so a CLI that passed the
+wrong columns, limits or TAB rule to its reader fails here. What only a CLI run can break, the mapping of
+a documented error to exit 3, one ``error: ...`` line naming ``FILE:LINE`` and no output written, is
+checked by one run per CLI (``--algorithm basic`` where the selection is not under test), a subprocess
+for ``dp-select-partitions`` (as a user sees it). Runs that succeed check documented handling that
+spans reader and selection (duplicates, opaque items, a user with 10^6 items) against the reference.
 
 Exit codes: 2 = bad parameter (argparse, message names the parameter), 3 = bad input (message names
 ``FILE:LINE`` or the input pattern), 0 = handled as documented.
 """
 
+import collections
 import json
 import os
 import subprocess
@@ -15,69 +24,23 @@ import tracemalloc
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from dp_partition_beam.pipelines import extract_ngrams, select_partitions
-from dp_partition_beam.privacy.dpne import DPNEParams
+from dp_partition_beam.pipelines import bayesian_ngrams, extract_ngrams, select_partitions
+from dp_partition_beam.pipelines import io as pio
+from dp_partition_beam.pipelines.io import read_lines
 from dp_partition_beam.privacy.selection import SelectionParams
 from dp_partition_beam.transforms import reference
 from dp_partition_beam.transforms.core import randomness
-from dp_partition_beam.transforms.dpne.reference import dpne_reference
+
+from tests.support.cli import CliReader, bayes_argv, ngrams_argv, released, run_fails, select_argv, snapshot
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+# the budget of this file's selection runs (the reference's params for the seeded comparisons)
+BUDGET = {"epsilon": 2, "delta": 1e-4, "max_contributions": 8}
 PARAMS = SelectionParams(2.0, 1e-4, max_contributions=8)
-
-
-def _select(tmp_path, path, fmt="tsv", *extra, name="out"):
-    out, rep = tmp_path / name / "items", tmp_path / name / "report.json"
-    argv = [
-        "--input",
-        str(path),
-        "--input_format",
-        fmt,
-        "--output",
-        str(out),
-        "--report",
-        str(rep),
-        "--epsilon",
-        "2",
-        "--delta",
-        "1e-4",
-        "--max_contributions",
-        "8",
-        "--direct_running_mode",
-        "in_memory",
-        *extra,
-    ]
-    code = select_partitions.run(argv)
-    items = sorted(l.rstrip("\n") for p in sorted((tmp_path / name).glob("items*")) for l in open(p, encoding="utf-8"))
-    return code, items
-
-
-def _ngrams(tmp_path, path, fmt="jsonl", *extra):
-    out, rep = tmp_path / "nout" / "ngrams", tmp_path / "nout" / "report.json"
-    budget = [a for flag in ("--epsilon", "--delta") if flag not in extra for a in (flag, BUDGET[flag])]
-    argv = [
-        "--input",
-        str(path),
-        "--input_format",
-        fmt,
-        "--output",
-        str(out),
-        "--report",
-        str(rep),
-        "--max_n",
-        "2",
-        "--max_contributions",
-        "5",
-        *budget,
-        "--direct_running_mode",
-        "in_memory",
-        *extra,
-    ]
-    return extract_ngrams.run(argv)
-
-
-BUDGET = {"--epsilon": "4", "--delta": "1e-7"}  # required flags (each given once: extra may set them)
+SKIP_HINT = " (use --skip_bad_records to skip and count bad records)"
 
 
 def _write(tmp_path, name, data):
@@ -86,52 +49,69 @@ def _write(tmp_path, name, data):
     return path
 
 
-# --- empty input -----------------------------------------------------------------------------------
+def _with_flag(argv, flag, value):
+    """``argv`` with ``flag`` set to ``value`` (its value replaced if given, else appended)."""
+    if flag in argv:
+        i = argv.index(flag)
+        return [*argv[: i + 1], value, *argv[i + 2 :]]
+    return [*argv, flag, value]
+
+
+def _select_reader(tmp_path, path, fmt="tsv", *extra):
+    return CliReader(select_partitions, select_argv(path, tmp_path / "out", *extra, fmt=fmt, **BUDGET))
+
+
+def _ngrams_reader(tmp_path, path, fmt="jsonl", *extra):
+    return CliReader(extract_ngrams, ngrams_argv(path, tmp_path / "out", *extra, fmt=fmt))
+
+
+# --- empty input ------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("content", ["", "user\titem\n", "\n\n  \n"], ids=["empty", "header-only", "blank-lines"])
-def test_empty_input_fails_clearly(tmp_path, capsys, content):
+def test_empty_input_reads_no_record(tmp_path, content):
+    # The select CLI's reader reads nothing from these files; FailIfEmpty's check then fails on 0 records
+    # (the CLI run of that error: test_all_bad_records_skipped_is_empty_input).
     path = _write(tmp_path, "in.tsv", content)
-    code, items = _select(tmp_path, path)
-    err = capsys.readouterr().err
-    assert code == 3 and items == []
-    assert f"no records in {path}" in err and "Traceback" not in err
-
-
-def test_empty_input_fails_clearly_for_ngrams(tmp_path, capsys):
-    path = _write(tmp_path, "in.jsonl", "")
-    assert _ngrams(tmp_path, path) == 3
-    assert f"no records in {path}" in capsys.readouterr().err
+    assert _select_reader(tmp_path, path).read() == (collections.Counter(), 0)
+    with pytest.raises(pio.EmptyInputError) as e:
+        pio.check_not_empty(0, str(path))
+    assert str(e.value).startswith(f"input: no records in {path} ")
+    assert pio.check_not_empty(1, str(path)) == 1
 
 
 def test_all_bad_records_skipped_is_empty_input(tmp_path, capsys):
+    # The CLI run of "no record" (EmptyInputError from FailIfEmpty): --skip_bad_records reaches the reader,
+    # which skips both lines, and the run stops with one line and writes nothing. The other CLIs' runs of
+    # this error: tests/pipelines/test_cli_common.py::test_empty_private_input_fails_alike_without_traceback.
     path = _write(tmp_path, "in.tsv", "no tab\nalso no tab\n")
-    code, _ = _select(tmp_path, path, "tsv", "--skip_bad_records")
-    assert code == 3 and "no records in" in capsys.readouterr().err
+    assert _select_reader(tmp_path, path, "tsv", "--skip_bad_records").read() == (collections.Counter(), 2)
+    message = f"input: no records in {path} (the files are empty or hold only headers/blank lines or only bad records)"
+    argv = select_argv(path, tmp_path / "out", "--skip_bad_records", **BUDGET)
+    run_fails(capsys, tmp_path, select_partitions.run, argv, message)
+
+
+def test_no_input_file_fails_the_ngram_clis_with_one_line(tmp_path, capsys):
+    # "no file matches" through the n-gram CLIs (Beam's empty match, mapped to one line, exit 3); the
+    # select CLI's run: tests/pipelines/test_output_contract.py::test_missing_input_is_one_line_and_leaves_no_directory
+    pattern = tmp_path / "nowhere" / "*.jsonl"
+    message = f"input: no file matches {pattern}"
+    run_fails(capsys, tmp_path, extract_ngrams.run, ngrams_argv(pattern, tmp_path / "out"), message)
+    public = _write(tmp_path, "public.tsv", "ok ok\t1\n")
+    run_fails(capsys, tmp_path, bayesian_ngrams.run, bayes_argv(pattern, public, tmp_path / "out"), message)
+
+
+# --- a bad record through each CLI --------------------------------------------------------------------
 
 
 def test_input_errors_print_one_line_not_a_beam_stack_trace(tmp_path):
+    # dp-select-partitions as a user runs it: exit 3, the last line names FILE:LINE, no traceback or Beam
+    # ERROR record, and no output file (nor its directory) left behind.
     path = _write(tmp_path, "in.tsv", "u1\ta\nu2\t   \n")
+    before = snapshot(tmp_path)
+    argv = select_argv(path, tmp_path / "out", epsilon=1, delta=1e-5, max_contributions=None)
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dp_partition_beam.pipelines.select_partitions",
-            "--input",
-            str(path),
-            "--input_format",
-            "tsv",
-            "--output",
-            str(tmp_path / "o"),
-            "--report",
-            str(tmp_path / "r.json"),
-            "--epsilon",
-            "1",
-            "--delta",
-            "1e-5",
-            "--direct_running_mode",
-            "in_memory",
-        ],
+        [sys.executable, "-m", "dp_partition_beam.pipelines.select_partitions", *argv],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -142,9 +122,22 @@ def test_input_errors_print_one_line_not_a_beam_stack_trace(tmp_path):
     # No stack trace and no Beam-internal error record (INFO chatter of the runner may appear).
     assert "Traceback" not in proc.stderr and "ERROR" not in proc.stderr, proc.stderr
     assert proc.stderr.rstrip().splitlines()[-1].startswith("error: bad input record:")
+    assert snapshot(tmp_path) == before and not (tmp_path / "out").exists()
 
 
-# --- malformed values ------------------------------------------------------------------------------
+def test_bad_record_in_ngrams_and_bayesian_runs_is_one_line(tmp_path, capsys):
+    # The n-gram CLIs' runs of BadRecordError: exit 3, exactly the record's FILE:LINE line, nothing written.
+    path = _write(tmp_path, "in.jsonl", b'{"user": "u", "text": "ok"}\n{"user": "v", "text": "\xc3("}\n')
+    reason = _ngrams_reader(tmp_path, path).error()
+    assert reason.startswith(f"{path}:2: not valid UTF-8") and reason.endswith(SKIP_HINT)
+    run_fails(capsys, tmp_path, extract_ngrams.run, ngrams_argv(path, tmp_path / "out"), "bad input record: " + reason)
+    public = _write(tmp_path, "public.tsv", "ok ok\t1\n")
+    assert CliReader(bayesian_ngrams, bayes_argv(path, public, tmp_path / "out")).error() == reason
+    argv = bayes_argv(path, public, tmp_path / "out")
+    run_fails(capsys, tmp_path, bayesian_ngrams.run, argv, "bad input record: " + reason)
+
+
+# --- malformed values (the select CLI's reader) ------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -159,82 +152,66 @@ def test_input_errors_print_one_line_not_a_beam_stack_trace(tmp_path):
     ],
     ids=["empty-item", "whitespace-item", "non-utf8", "empty-user", "tab-in-item", "header-other-names"],
 )
-def test_malformed_tsv_values_name_file_and_line(tmp_path, capsys, data, line, reason):
+def test_malformed_tsv_values_name_file_and_line(tmp_path, data, line, reason):
     path = _write(tmp_path, "in.tsv", data)
-    code, _ = _select(tmp_path, path)
-    err = capsys.readouterr().err
-    assert code == 3 and f"{path}:{line}: {reason}" in err
+    message = _select_reader(tmp_path, path).error()
+    assert message.startswith(f"{path}:{line}: {reason}") and message.endswith(SKIP_HINT)
 
 
-def test_items_are_opaque_not_trimmed(tmp_path):
-    # Documented: " a" and "a" are different items (no normalisation), both kept.
-    pairs = [(f"u{j}", " a") for j in range(40)] + [(f"u{j}", "a") for j in range(40)]
-    path = _write(tmp_path, "in.tsv", "".join(f"{u}\t{i}\n" for u, i in pairs))
-    code, items = _select(tmp_path, path, "tsv", "--seed", "3")
-    assert code == 0 and items == [" a", "a"]
+# --- very long items -----------------------------------------------------------------------------------
 
 
-def test_non_utf8_text_for_ngrams_names_the_line(tmp_path, capsys):
-    path = _write(tmp_path, "in.jsonl", b'{"user": "u", "text": "ok"}\n{"user": "v", "text": "\xc3("}\n')
-    assert _ngrams(tmp_path, path) == 3
-    assert f"{path}:2: not valid UTF-8" in capsys.readouterr().err
-
-
-# --- very long items ---------------------------------------------------------------------------------
-
-
-def test_item_longer_than_the_limit_is_a_bad_record(tmp_path, capsys):
+def test_item_longer_than_the_limit_is_a_bad_record(tmp_path):
+    # --max_item_length reaches the select CLI's reader: over it a bad record (naming the flag, not
+    # showing the item), raised it reads both records.
     long_item = "x" * 10_001
     path = _write(tmp_path, "in.tsv", f"u1\ta\nu2\t{long_item}\n")
-    code, _ = _select(tmp_path, path)
-    err = capsys.readouterr().err
-    assert code == 3 and f"{path}:2: value has 10001 characters, more than the limit 10000" in err
-    assert "--max_item_length" in err and long_item not in err
-    code, _ = _select(tmp_path, path, "tsv", "--max_item_length", "20000")
-    assert code == 0
+    message = _select_reader(tmp_path, path).error()
+    assert message.startswith(f"{path}:2: value has 10001 characters, more than the limit 10000")
+    assert "--max_item_length" in message and long_item not in message
+    records, bad = _select_reader(tmp_path, path, "tsv", "--max_item_length", "20000").read()
+    assert bad == 0 and records == collections.Counter({("u1", "a"): 1, ("u2", long_item): 1})
 
 
-def test_huge_line_is_rejected_without_reading_it_whole(tmp_path, capsys):
+def test_huge_line_is_rejected_without_reading_it_whole(tmp_path):
     # A 3 MB line with --max_item_length 100: read in chunks of 12*100+4096 bytes, reported, skipped.
     path = _write(tmp_path, "in.tsv", "u1\t" + "y" * 3_000_000 + "\n" + "".join(f"u{j}\tb\n" for j in range(30)))
-    code, _ = _select(tmp_path, path, "tsv", "--max_item_length", "100")
-    assert code == 3 and f"{path}:1: line longer than 5296 bytes" in capsys.readouterr().err
-    code, items = _select(tmp_path, path, "tsv", "--max_item_length", "100", "--skip_bad_records", "--seed", "1")
-    assert code == 0 and items == ["b"]  # the following lines are read correctly
+    message = _select_reader(tmp_path, path, "tsv", "--max_item_length", "100").error()
+    assert message.startswith(f"{path}:1: line longer than 5296 bytes")
+    records, bad = _select_reader(tmp_path, path, "tsv", "--max_item_length", "100", "--skip_bad_records").read()
+    assert bad == 1 and records == collections.Counter({(f"u{j}", "b"): 1 for j in range(30)})  # read correctly
 
 
-def test_text_longer_than_the_limit_for_ngrams(tmp_path, capsys):
+def test_text_longer_than_the_limit_for_ngrams(tmp_path):
     path = _write(tmp_path, "in.jsonl", json.dumps({"user": "u", "text": "w " * 600}) + "\n")
-    assert _ngrams(tmp_path, path, "jsonl", "--max_text_length", "1000") == 3
-    err = capsys.readouterr().err
-    assert f"{path}:1: 'text': value has 1200 characters, more than the limit 1000" in err
-    assert "--max_text_length" in err
+    message = _ngrams_reader(tmp_path, path, "jsonl", "--max_text_length", "1000").error()
+    assert message.startswith(f"{path}:1: 'text': value has 1200 characters, more than the limit 1000")
+    assert "--max_text_length" in message
+    assert _ngrams_reader(tmp_path, path).read() == (collections.Counter({("u", "w " * 600): 1}), 0)
 
 
-# --- user ids, duplicates ----------------------------------------------------------------------------
+# --- user ids, duplicates, opaque items ----------------------------------------------------------------
 
 
 def test_jsonl_integer_and_string_user_ids_are_the_same_user(tmp_path):
-    # Documented: 1 and "1" are one user (the privacy-safe merge). With Delta_0 = 8 the merged user is
-    # capped once; the seeded output equals the reference on the merged sets.
+    # Documented: 1 and "1" are one user (the privacy-safe merge): the reader gives both the user "1".
     lines = [{"user": 1, "item": f"i{j}"} for j in range(6)] + [{"user": "1", "item": f"i{j}"} for j in range(6, 12)]
     lines += [{"user": f"v{k}", "item": "i0"} for k in range(30)]
     path = _write(tmp_path, "in.jsonl", "".join(json.dumps(l) + "\n" for l in lines))
-    code, items = _select(tmp_path, path, "jsonl", "--seed", "9")
-    sets = reference.user_sets_from_pairs((str(l["user"]), l["item"]) for l in lines)
-    assert len(sets["1"]) == 12
-    assert code == 0 and set(items) == reference.select(sets, "basic", PARAMS, seed=9)
+    records, bad = _select_reader(tmp_path, path, "jsonl").read()
+    assert bad == 0 and records == collections.Counter((str(l["user"]), l["item"]) for l in lines)
+    assert sum(1 for user, _ in records if user == "1") == 12
 
 
 @pytest.mark.parametrize("user", [1.5, True, None, {"a": 1}, ""])
-def test_jsonl_user_ids_of_other_types_are_bad_records(tmp_path, capsys, user):
+def test_jsonl_user_ids_of_other_types_are_bad_records(tmp_path, user):
     path = _write(
         tmp_path,
         "in.jsonl",
         json.dumps({"user": "ok", "item": "a"}) + "\n" + json.dumps({"user": user, "item": "a"}) + "\n",
     )
-    code, _ = _select(tmp_path, path, "jsonl")
-    assert code == 3 and f"{path}:2: 'user' must be a non-empty string or an integer" in capsys.readouterr().err
+    message = _select_reader(tmp_path, path, "jsonl").error()
+    assert message.startswith(f"{path}:2: 'user' must be a non-empty string or an integer")
 
 
 @pytest.mark.parametrize(
@@ -242,43 +219,45 @@ def test_jsonl_user_ids_of_other_types_are_bad_records(tmp_path, capsys, user):
     [("1E2", "number"), ("3", "number"), ("1e400", "number"), ("true", "boolean"), ("null", "null")]
     + [('{"a": "b"}', "object"), ('["a"]', "array")],
 )
-def test_jsonl_items_must_be_json_strings(tmp_path, capsys, value, kind):
+def test_jsonl_items_must_be_json_strings(tmp_path, value, kind):
     # numbers are not read as their text (1E2 would become 100.0, 1e400 and Infinity one item "Infinity")
     path = _write(tmp_path, "in.jsonl", '{"user": "a", "item": "x"}\n{"user": "b", "item": ' + value + "}\n")
-    code, items = _select(tmp_path, path, "jsonl")
-    err = capsys.readouterr().err
-    assert code == 3 and items == []
-    assert f"{path}:2: 'item': value must be a JSON string, got {kind}" in err
+    message = _select_reader(tmp_path, path, "jsonl").error()
+    assert message.startswith(f"{path}:2: 'item': value must be a JSON string, got {kind}")
 
 
-def test_duplicated_lines_count_once(tmp_path):
+def test_duplicated_lines_count_once_and_items_are_opaque(tmp_path):
+    # A CLI run: every line twice, and the items " a" and "a" (no trimming: two items). The reader passes
+    # both on; the seeded release equals the reference on the DISTINCT pairs (a repeated pair counted
+    # twice would change the weights) and holds " a" and "a" apart.
     pairs = [(f"u{j % 25}", f"i{j % 7}") for j in range(100)]
-    once = _write(tmp_path, "once.tsv", "".join(f"{u}\t{i}\n" for u, i in sorted(set(pairs))))
-    twice = _write(tmp_path, "twice.tsv", "".join(f"{u}\t{i}\n{u}\t{i}\n" for u, i in pairs))
-    a = _select(tmp_path, once, "tsv", "--seed", "2", name="once")
-    b = _select(tmp_path, twice, "tsv", "--seed", "2", name="twice")
-    want = reference.select(reference.user_sets_from_pairs(pairs), "mad_sips", PARAMS, seed=2)
-    assert a == b == (0, sorted(want)) and want
+    pairs += [(f"u{j}", " a") for j in range(40)] + [(f"u{j}", "a") for j in range(40)]
+    path = _write(tmp_path, "twice.tsv", "".join(f"{u}\t{i}\n{u}\t{i}\n" for u, i in pairs))
+    records, _ = _select_reader(tmp_path, path).read()
+    assert records[("u0", " a")] == records[("u0", "a")] == 2
+    assert select_partitions.run(select_argv(path, tmp_path / "out", "--seed", "2", **BUDGET)) == 0
+    want = reference.select(reference.user_sets_from_pairs(pairs), "basic", PARAMS, seed=2)
+    assert released(tmp_path / "out", "items") == sorted(want) and {" a", "a"} <= want
 
 
-# --- parquet ---------------------------------------------------------------------------------------
+# --- parquet -----------------------------------------------------------------------------------------
 
 
-def test_parquet_with_missing_column_names_it(tmp_path, capsys):
+def test_parquet_with_missing_column_names_it(tmp_path):
     path = tmp_path / "in.parquet"
     pq.write_table(pa.table({"user": ["a", "b"], "word": ["x", "y"]}), path)
-    code, _ = _select(tmp_path, path, "parquet")
-    err = capsys.readouterr().err
-    assert code == 3 and f"{path}: no column 'item' (columns: user, word)" in err
-    assert _ngrams(tmp_path, path, "parquet") == 3
-    assert "no column 'text'" in capsys.readouterr().err
+    assert (
+        _select_reader(tmp_path, path, "parquet").error().startswith(f"{path}: no column 'item' (columns: user, word)")
+    )
+    assert (
+        _ngrams_reader(tmp_path, path, "parquet").error().startswith(f"{path}: no column 'text' (columns: user, word)")
+    )
 
 
-def test_parquet_null_value_names_the_row(tmp_path, capsys):
+def test_parquet_null_value_names_the_row(tmp_path):
     path = tmp_path / "in.parquet"
     pq.write_table(pa.table({"user": ["a", "b", "c"], "item": ["x", None, "z"]}), path)
-    code, _ = _select(tmp_path, path, "parquet")
-    assert code == 3 and f"{path}:row 2: 'item': null or boolean value" in capsys.readouterr().err
+    assert _select_reader(tmp_path, path, "parquet").error().startswith(f"{path}:row 2: 'item': null or boolean value")
 
 
 # --- a user with 10^6 items --------------------------------------------------------------------------
@@ -292,10 +271,11 @@ def test_user_with_a_million_items_is_bounded(tmp_path):
     with open(path, "w", encoding="utf-8") as f:
         f.write("".join(f"heavy\ti{j}\n" for j in range(n)))
         f.write("".join(f"u{j}\tcommon\n" for j in range(60)))
-    code, items = _select(tmp_path, path, "tsv", "--seed", "4")
+    assert select_partitions.run(select_argv(path, tmp_path / "out", "--seed", "4", **BUDGET)) == 0
     sets = {"heavy": (f"i{j}" for j in range(n))}
     sets.update({f"u{j}": ["common"] for j in range(60)})
-    assert code == 0 and set(items) == reference.select(sets, "basic", PARAMS, seed=4)
+    items = released(tmp_path / "out", "items")
+    assert set(items) == reference.select(sets, "basic", PARAMS, seed=4)
     assert "common" in items
 
 
@@ -341,20 +321,11 @@ def test_bottom_k_subsample_streams_in_o_delta0_memory():
     ],
 )
 def test_bad_selection_parameters_exit_2_naming_them(tmp_path, capsys, flag, value, name):
+    # the algorithm's default (mad_sips), which reads every flag above
     path = _write(tmp_path, "in.tsv", "u\ta\n")
-    out = [
-        "--input",
-        str(path),
-        "--input_format",
-        "tsv",
-        "--output",
-        str(tmp_path / "o"),
-        "--report",
-        str(tmp_path / "r"),
-    ]
-    base = {"--epsilon": "1", "--delta": "1e-5"}
-    base[flag] = value
-    argv = out + [a for kv in base.items() for a in kv] + ["--direct_running_mode", "in_memory"]
+    argv = _with_flag(
+        select_argv(path, tmp_path / "o", algorithm=None, epsilon=1, delta=1e-5, max_contributions=None), flag, value
+    )
     with pytest.raises(SystemExit) as e:
         select_partitions.run(argv)
     assert e.value.code == 2
@@ -379,28 +350,22 @@ def test_bad_selection_parameters_exit_2_naming_them(tmp_path, capsys, flag, val
 )
 def test_bad_ngram_parameters_exit_2_naming_them(tmp_path, capsys, flag, value, name):
     path = _write(tmp_path, "in.jsonl", '{"user": "u", "text": "a b"}\n')
+    extra = ["--vk_method", "sample"] if flag == "--sample_rate" else []
+    argv = _with_flag(ngrams_argv(path, tmp_path / "nout", *extra, delta=1e-7), flag, value)
     with pytest.raises(SystemExit) as e:
-        _ngrams(tmp_path, path, "jsonl", flag, value, *(["--vk_method", "sample"] if flag == "--sample_rate" else []))
+        extract_ngrams.run(argv)
     assert e.value.code == 2
     assert name in capsys.readouterr().err
 
 
-def test_ngrams_reference_agrees_on_good_input_after_bad_input_checks(tmp_path):
-    # The bounded line reader does not change what is read: the CLI output equals the reference.
-    recs = [(f"u{j}", "the quick brown fox") for j in range(40)]
+def test_ngrams_reader_reads_good_input_unchanged(tmp_path):
+    # The bounded line reader does not change what is read: the n-gram CLI's reader gives the records.
+    recs = [(f"u{j}", "the quick brown fox") for j in range(40)] + [("u0", "a\tb  c"), (7, "seven")]
     path = _write(tmp_path, "in.jsonl", "".join(json.dumps({"user": u, "text": t}) + "\n" for u, t in recs))
-    assert _ngrams(tmp_path, path, "jsonl", "--seed", "5", "--epsilon", "4", "--delta", "1e-5") == 0
-    got = sorted(l.rstrip("\n") for p in sorted((tmp_path / "nout").glob("ngrams*")) for l in open(p, encoding="utf-8"))
-    want = dpne_reference(recs, "dpne", DPNEParams(epsilon=4, delta=1e-5, max_n=2, max_contributions=5), seed=5).lines()
-    assert got == sorted(want) and got
+    assert _ngrams_reader(tmp_path, path).read() == (collections.Counter((str(u), t) for u, t in recs), 0)
 
 
 # --- the bounded line reader -------------------------------------------------------------------------
-
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from dp_partition_beam.pipelines.io import read_lines  # noqa: E402
 
 
 class _Stream:

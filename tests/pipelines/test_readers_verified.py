@@ -1,19 +1,29 @@
 """Every reader verifies its file (issue 27, points 2, 8 and the readers of 9).
 
-Readers: the private input (tsv, jsonl; ``select_partitions`` and ``extract_ngrams``), the
-allowlist (``--allowlist``) and the Bayesian public counts (``--public``). A truncated compressed
-file, a corrupt one (bad CRC), an uncompressed file with a compressed name, a directory, a missing,
-empty, binary or non-UTF-8 allowlist, a non-parquet file read as parquet: exit 3 with one
-``error: ...`` line naming the file, no traceback, no file written or changed. Plus the record rules
-of the same issue: TAB in an item, jsonl numbers as items, a tsv header with other column names,
-and a UTF-8 BOM at the start of every kind of file.
+Readers: the private input (tsv, jsonl; ``select_partitions``, ``extract_ngrams`` and
+``bayesian_ngrams``), the allowlist (``--allowlist`` of the first two) and the Bayesian public counts
+(``--public``). A truncated compressed file, a corrupt one (bad CRC), an uncompressed file with a
+compressed name, a directory, a missing, empty, binary or non-UTF-8 allowlist, a non-parquet file read
+as parquet raise the documented error naming the file; a CLI then exits 3 with that one ``error: ...``
+line, no traceback, no file written or changed. Plus the record rules of the same issue: TAB in an item,
+jsonl numbers as items, a tsv header with other column names, and a UTF-8 BOM at the start of every
+kind of file.
+
+Every damage x reader and every record rule is checked on the reader itself, in ms: the private input
+through the reader each CLI builds for its arguments (:class:`tests.support.cli.CliReader`), the
+allowlist through ``_MatchAllowlistFn`` / ``allowlist_entries`` / ``check_allowlist_not_empty`` (the steps
+of ``read_allowlist``), the public counts through ``load_public_counts``. A CLI run is kept for what only
+the CLI does: one damaged file per reader of each CLI (the error met in a worker, or at build time for
+``--public``, becomes exit 3 + one line + no output), and one run per other error class (no allowlist
+file, an empty allowlist per CLI, a file that is not parquet), plus the seeded runs that tie a reader to
+the release (multi-member gzip input, an allowlist with a BOM == the reference).
 """
 
 import bz2
+import collections
 import gzip
 import json
 import lzma
-import os
 import zlib
 
 import apache_beam as beam
@@ -25,10 +35,10 @@ from hypothesis import strategies as st
 
 from dp_partition_beam.pipelines import bayesian_ngrams, extract_ngrams, select_partitions
 from dp_partition_beam.pipelines import io as pio
-from dp_partition_beam.privacy.dpne import DPNEParams
 from dp_partition_beam.privacy.selection import SelectionParams
 from dp_partition_beam.transforms import reference
-from dp_partition_beam.transforms.dpne.reference import dpne_reference
+
+from tests.support.cli import CliReader, bayes_argv, ngrams_argv, released, run_fails, select_argv
 
 PARAMS = SelectionParams(5.0, 1e-4, max_contributions=4)
 # 300 users: item j (j < 6) is held by 300 - 40 j users (far above the threshold), t0/t1 by one user
@@ -85,117 +95,7 @@ DAMAGED = {
 }
 
 
-def snapshot(root):
-    """path -> (size, mtime) of every file under ``root``."""
-    out = {}
-    for dirpath, _, names in os.walk(root):
-        for name in names:
-            path = os.path.join(dirpath, name)
-            st_ = os.stat(path)
-            out[path] = (st_.st_size, st_.st_mtime_ns)
-    return out
-
-
-# --- the CLIs ----------------------------------------------------------------------------------------
-
-
-def select_argv(tmp_path, input_path, fmt="tsv", *extra, name="out"):
-    out = tmp_path / name
-    return [
-        "--input",
-        str(input_path),
-        "--input_format",
-        fmt,
-        "--output",
-        str(out / "items"),
-        "--report",
-        str(out / "report.json"),
-        "--algorithm",
-        "basic",
-        "--epsilon",
-        "5",
-        "--delta",
-        "1e-4",
-        "--max_contributions",
-        "4",
-        "--direct_running_mode",
-        "in_memory",
-        "--progress_interval",
-        "0",
-        *map(str, extra),
-    ]
-
-
-def ngrams_argv(tmp_path, input_path, fmt="jsonl", *extra, name="out"):
-    out = tmp_path / name
-    return [
-        "--input",
-        str(input_path),
-        "--input_format",
-        fmt,
-        "--output",
-        str(out / "ngrams"),
-        "--report",
-        str(out / "report.json"),
-        "--epsilon",
-        "4",
-        "--delta",
-        "1e-5",
-        "--max_n",
-        "2",
-        "--max_contributions",
-        "5",
-        "--direct_running_mode",
-        "in_memory",
-        "--progress_interval",
-        "0",
-        *map(str, extra),
-    ]
-
-
-def bayes_argv(tmp_path, private, public, *extra, name="out"):
-    out = tmp_path / name
-    return [
-        "--private",
-        str(private),
-        "--input_format",
-        "jsonl",
-        "--public",
-        str(public),
-        "--output",
-        str(out / "probs"),
-        "--report",
-        str(out / "report.json"),
-        "--n",
-        "2",
-        "--mechanism",
-        "laplace",
-        "--epsilon",
-        "2",
-        "--direct_running_mode",
-        "in_memory",
-        "--progress_interval",
-        "0",
-        *map(str, extra),
-    ]
-
-
-def released(tmp_path, prefix, name="out"):
-    return sorted(
-        line.rstrip("\n") for p in sorted((tmp_path / name).glob(prefix + "*")) for line in open(p, encoding="utf-8")
-    )
-
-
-def run_fails(capsys, tmp_path, run, argv, message):
-    """Runs a CLI that must fail on its input: exit 3, exactly ``error: message`` as its error line,
-    no traceback, and no file under ``tmp_path`` written or changed."""
-    before = snapshot(tmp_path)
-    code = run(argv)
-    err = capsys.readouterr().err
-    assert code == 3, err
-    assert [line for line in err.splitlines() if line.startswith("error")] == [f"error: {message}"], err
-    assert "Traceback" not in err and "ERROR" not in err, err
-    assert snapshot(tmp_path) == before
+# --- the readers -------------------------------------------------------------------------------------
 
 
 def _write(tmp_path, name, data: bytes):
@@ -204,113 +104,173 @@ def _write(tmp_path, name, data: bytes):
     return path
 
 
-# Each reader: (the good content, the file's name, (tmp_path, path of the file) -> (run, argv), the
-# prefix of the released files). The other files a run needs are written intact.
+def _input_reader(module, argv):
+    """The private-input reader of a CLI: the path -> (records, skipped) of the reader it builds."""
+    return lambda t, p: CliReader(module, argv(t, p)).read()
+
+
+def _allowlist(t, p):
+    """The steps of ``read_allowlist``: the files the pattern matches, then their entries."""
+    return [entry for path in pio._MatchAllowlistFn().process(str(p)) for entry in pio.allowlist_entries(path)]
+
+
+def _public(t, p):
+    prior = pio.load_public_counts(str(p), 2)
+    return list(prior.vocab), list(prior.alpha)
+
+
+def _select(t, p, *extra, fmt=None):
+    return select_argv(p, t / "out", *extra, fmt=fmt or ("jsonl" if ".jsonl" in p.name else "tsv"))
+
+
+def _ngrams(t, p, *extra, fmt=None):
+    return ngrams_argv(p, t / "out", *extra, fmt=fmt or ("tsv" if ".tsv" in p.name else "jsonl"))
+
+
+def _ngrams_with_allowlist(t, p):
+    return _ngrams(t, _write(t, "in.jsonl", jsonl_bytes(TEXTS, "text")), "--allowlist", p)
+
+
+def _bayes(t, p):
+    return bayes_argv(p, _write(t, "public.tsv", public_bytes()), t / "out")
+
+
+# Each reader: (the good content, the file's name, its reader (tmp_path, path) -> what it read, and the CLI
+# run that reads the file: (tmp_path, path) -> (run, argv); the other files a run needs are written intact)
 READERS = {
-    "select-tsv": (tsv_bytes, "in.tsv", lambda t, p: (select_partitions.run, select_argv(t, p, "tsv")), "items"),
+    "select-tsv": (tsv_bytes, "in.tsv", _input_reader(select_partitions, _select), (select_partitions.run, _select)),
     "select-jsonl": (
         lambda: jsonl_bytes(PAIRS),
         "in.jsonl",
-        lambda t, p: (select_partitions.run, select_argv(t, p, "jsonl")),
-        "items",
+        _input_reader(select_partitions, _select),
+        (select_partitions.run, _select),
     ),
     "ngrams-jsonl": (
         lambda: jsonl_bytes(TEXTS, "text"),
         "in.jsonl",
-        lambda t, p: (extract_ngrams.run, ngrams_argv(t, p, "jsonl")),
-        "ngrams",
+        _input_reader(extract_ngrams, _ngrams),
+        (extract_ngrams.run, _ngrams),
     ),
     "ngrams-tsv": (
         lambda: tsv_bytes(TEXTS),
         "in.tsv",
-        lambda t, p: (extract_ngrams.run, ngrams_argv(t, p, "tsv")),
-        "ngrams",
+        _input_reader(extract_ngrams, _ngrams),
+        (extract_ngrams.run, _ngrams),
+    ),
+    "bayes-jsonl": (
+        lambda: jsonl_bytes(TEXTS, "text"),
+        "in.jsonl",
+        _input_reader(bayesian_ngrams, _bayes),
+        (bayesian_ngrams.run, _bayes),
     ),
     "allowlist": (
         allowlist_bytes,
         "allow.txt",
-        lambda t, p: (select_partitions.run, select_argv(t, _write(t, "in.tsv", tsv_bytes()), "tsv", "--allowlist", p)),
-        "items",
+        _allowlist,
+        (select_partitions.run, lambda t, p: _select(t, _write(t, "in.tsv", tsv_bytes()), "--allowlist", p)),
     ),
     "ngrams-allowlist": (
         lambda: b"w0 w1\nw1\nw2 w0\n",
         "allow.txt",
-        lambda t, p: (
+        _allowlist,
+        (
             extract_ngrams.run,
-            ngrams_argv(t, _write(t, "in.jsonl", jsonl_bytes(TEXTS, "text")), "jsonl", "--allowlist", p),
+            lambda t, p: _ngrams(t, _write(t, "in.jsonl", jsonl_bytes(TEXTS, "text")), "--allowlist", p),
         ),
-        "ngrams",
     ),
     "public": (
         public_bytes,
         "public.tsv",
-        lambda t, p: (bayesian_ngrams.run, bayes_argv(t, _write(t, "in.jsonl", jsonl_bytes(TEXTS, "text")), p)),
-        "probs",
+        _public,
+        (bayesian_ngrams.run, lambda t, p: bayes_argv(_write(t, "in.jsonl", jsonl_bytes(TEXTS, "text")), p, t / "out")),
     ),
 }
-
-
-@pytest.mark.parametrize("damage", sorted(DAMAGED))
-@pytest.mark.parametrize("reader", sorted(READERS))
-def test_damaged_compressed_file_fails_with_one_line_naming_it(tmp_path, capsys, reader, damage):
-    content, name, make, _ = READERS[reader]
-    suffix, spoil, message = DAMAGED[damage]
-    path = _write(tmp_path, name + suffix, spoil(content()))
-    run, argv = make(tmp_path, path)
-    run_fails(capsys, tmp_path, run, argv, f"{path}: {message}")
-
-
-@pytest.mark.parametrize("reader", sorted(READERS))
-def test_intact_compressed_files_read_as_the_uncompressed_one(tmp_path, capsys, reader):
-    # a multi-member gzip (three members, as `cat a.gz b.gz c.gz` makes) gives the release of the
-    # uncompressed file under the same seed (other formats and concatenations: the open_input tests)
-    content, name, make, prefix = READERS[reader]
-    data = content()
-    lines = data.splitlines(keepends=True)
-    cut = [0, len(lines) // 3, 2 * len(lines) // 3, len(lines)]
-    thirds = [b"".join(lines[a:b]) for a, b in zip(cut, cut[1:])]
-    files = {"plain": data, "multi.gz": b"".join(gzip.compress(part) for part in thirds)}
-    results = {}
-    for kind, blob in files.items():
-        sub = tmp_path / kind.replace(".", "-")
-        sub.mkdir()
-        path = _write(sub, name + ("" if kind == "plain" else "." + kind.split(".")[-1]), blob)
-        run, argv = make(sub, path)
-        assert run([*argv, "--seed", "3"]) == 0, capsys.readouterr().err
-        results[kind] = released(sub, prefix)
-    assert results["plain"] and results["plain"] == results["multi.gz"]
-
-
-def test_intact_multi_member_gzip_input_equals_the_reference(tmp_path):
-    members = [tsv_bytes(PAIRS[k::4]) for k in range(4)]
-    path = _write(tmp_path, "in.tsv.gz", b"".join(gzip.compress(m) for m in members))
-    assert select_partitions.run(select_argv(tmp_path, path, "tsv", "--seed", "11")) == 0
-    want = reference.select(reference.user_sets_from_pairs(PAIRS), "basic", PARAMS, seed=11)
-    got = [line for line in released(tmp_path, "items")]
-    assert sorted(want) == got and {"i0", "i1"} <= set(got)
-
-
-# --- directories, missing and empty files ------------------------------------------------------------
 
 
 def _directory_message(path):
     return f"{path} is a directory, not a file (give a file, or a glob of files such as {path}/*)"
 
 
-def test_a_directory_as_input_allowlist_or_public_fails_with_one_line(tmp_path, capsys):
+def _spoiled(tmp_path, reader, damage):
+    """The reader's file with ``damage`` (a DAMAGED kind, or "directory": a directory in its place) and
+    the message its reader must raise."""
+    content, name, _, _ = READERS[reader]
+    if damage == "directory":
+        path = tmp_path / "adir"
+        path.mkdir()
+        _write(path, name, content())
+        return path, _directory_message(path)
+    suffix, spoil, message = DAMAGED[damage]
+    path = _write(tmp_path, name + suffix, spoil(content()))
+    return path, f"{path}: {message}"
+
+
+@pytest.mark.parametrize("damage", [*sorted(DAMAGED), "directory"])
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_damaged_file_raises_one_line_naming_it(tmp_path, reader, damage):
+    # every reader x every damage, on the reader: InputFileError with exactly the documented line
+    path, message = _spoiled(tmp_path, reader, damage)
+    with pytest.raises(pio.InputFileError) as e:
+        READERS[reader][2](tmp_path, path)
+    assert str(e.value) == message
+
+
+# one CLI run per reader: the damages spread over them (a worker's error for the input and the allowlist,
+# the launcher's for --public)
+CLI_DAMAGE = {
+    "select-tsv": "truncated-gz",
+    "select-jsonl": "bad-crc-gz",
+    "ngrams-jsonl": "plain-text-named-gz",
+    "ngrams-tsv": "truncated-bz2",
+    "bayes-jsonl": "directory",
+    "allowlist": "directory",
+    "ngrams-allowlist": "truncated-gz",
+    "public": "bad-crc-gz",
+}
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_damaged_file_fails_the_cli_with_one_line_naming_it(tmp_path, capsys, reader):
+    path, message = _spoiled(tmp_path, reader, CLI_DAMAGE[reader])
+    run, argv = READERS[reader][3]
+    run_fails(capsys, tmp_path, run, argv(tmp_path, path), message)
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_intact_compressed_files_read_as_the_uncompressed_one(tmp_path, reader):
+    # a multi-member gzip (three members, as `cat a.gz b.gz c.gz` makes) reads as the uncompressed file
+    # (other formats and concatenations: the open_input tests; through a CLI: the test below)
+    content, name, read, _ = READERS[reader]
+    data = content()
+    lines = data.splitlines(keepends=True)
+    cut = [0, len(lines) // 3, 2 * len(lines) // 3, len(lines)]
+    thirds = [b"".join(lines[a:b]) for a, b in zip(cut, cut[1:])]
+    plain = read(tmp_path, _write(tmp_path, name, data))
+    assert plain and plain == read(tmp_path, _write(tmp_path, name + ".gz", b"".join(gzip.compress(t) for t in thirds)))
+
+
+def test_intact_multi_member_gzip_input_equals_the_reference(tmp_path):
+    members = [tsv_bytes(PAIRS[k::4]) for k in range(4)]
+    path = _write(tmp_path, "in.tsv.gz", b"".join(gzip.compress(m) for m in members))
+    assert select_partitions.run(_select(tmp_path, path, "--seed", "11")) == 0
+    want = reference.select(reference.user_sets_from_pairs(PAIRS), "basic", PARAMS, seed=11)
+    got = released(tmp_path / "out", "items")
+    assert sorted(want) == got and {"i0", "i1"} <= set(got)
+
+
+# --- directories, missing and empty files ------------------------------------------------------------
+
+
+def test_a_directory_as_parquet_input_or_public_fails_naming_it(tmp_path):
+    # the parquet reader's and load_public_counts' own directory checks (tsv/jsonl and the allowlist: the
+    # damage matrix above)
     d = tmp_path / "adir"
     d.mkdir()
-    (d / "f.tsv").write_bytes(tsv_bytes())
-    good_tsv = _write(tmp_path, "in.tsv", tsv_bytes())
-    good_jsonl = _write(tmp_path, "in.jsonl", jsonl_bytes(TEXTS, "text"))
-    message = _directory_message(d)
-    run_fails(capsys, tmp_path, select_partitions.run, select_argv(tmp_path, d), message)
-    run_fails(capsys, tmp_path, select_partitions.run, select_argv(tmp_path, d, "parquet"), message)
-    run_fails(capsys, tmp_path, extract_ngrams.run, ngrams_argv(tmp_path, d, "jsonl"), message)
-    run_fails(
-        capsys, tmp_path, select_partitions.run, select_argv(tmp_path, good_tsv, "tsv", "--allowlist", str(d)), message
-    )
-    run_fails(capsys, tmp_path, bayesian_ngrams.run, bayes_argv(tmp_path, good_jsonl, d), message)
+    (d / "f.parquet").write_bytes(b"")
+    for module, argv in ((select_partitions, _select), (extract_ngrams, _ngrams)):
+        with pytest.raises(pio.InputFileError) as e:
+            CliReader(module, argv(tmp_path, d, fmt="parquet")).read()
+        assert str(e.value) == _directory_message(d)
     with pytest.raises(pio.InputFileError, match="is a directory"):
         pio.load_public_counts(str(d), 2)
 
@@ -318,24 +278,37 @@ def test_a_directory_as_input_allowlist_or_public_fails_with_one_line(tmp_path, 
 def test_missing_allowlist_names_the_allowlist(tmp_path, capsys):
     path = _write(tmp_path, "in.tsv", tsv_bytes())
     missing = tmp_path / "nope.txt"
-    argv = select_argv(tmp_path, path, "tsv", "--allowlist", str(missing))
+    with pytest.raises(pio.InputFileError) as e:
+        _allowlist(tmp_path, missing)
+    assert str(e.value) == f"allowlist: no file matches {missing}"
+    argv = _select(tmp_path, path, "--allowlist", missing)
     run_fails(capsys, tmp_path, select_partitions.run, argv, f"allowlist: no file matches {missing}")
 
 
-@pytest.mark.parametrize("content", [b"", b"\n\n\r\n", b"\xef\xbb\xbf\n"], ids=["empty", "blank-lines", "bom-only"])
-def test_empty_allowlist_is_an_error(tmp_path, capsys, content):
-    path = _write(tmp_path, "in.tsv", tsv_bytes())
-    allow = _write(tmp_path, "allow.txt", content)
-    message = (
+def _no_entries(allow):
+    return (
         f"allowlist: no entries in {allow} (the files are empty or hold only blank lines; an empty allowlist "
         "would release nothing)"
     )
-    run_fails(
-        capsys, tmp_path, select_partitions.run, select_argv(tmp_path, path, "tsv", "--allowlist", str(allow)), message
-    )
-    texts = _write(tmp_path, "in.jsonl", jsonl_bytes(TEXTS, "text"))
-    argv = ngrams_argv(tmp_path, texts, "jsonl", "--allowlist", str(allow))
-    run_fails(capsys, tmp_path, extract_ngrams.run, argv, message)
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n\r\n", b"\xef\xbb\xbf\n"], ids=["empty", "blank-lines", "bom-only"])
+def test_empty_allowlist_has_no_entry(tmp_path, content):
+    # no entry read, and the count's check (read_allowlist's CheckAllowlistNotEmpty) fails on 0
+    allow = _write(tmp_path, "allow.txt", content)
+    assert _allowlist(tmp_path, allow) == []
+    with pytest.raises(pio.EmptyInputError) as e:
+        pio.check_allowlist_not_empty(0, str(allow))
+    assert str(e.value) == _no_entries(allow)
+    assert pio.check_allowlist_not_empty(1, str(allow)) == 1
+
+
+def test_empty_allowlist_fails_both_clis(tmp_path, capsys):
+    allow = _write(tmp_path, "allow.txt", b"\n\n\r\n")
+    argv = _select(tmp_path, _write(tmp_path, "in.tsv", tsv_bytes()), "--allowlist", allow)
+    run_fails(capsys, tmp_path, select_partitions.run, argv, _no_entries(allow))
+    argv = _ngrams(tmp_path, _write(tmp_path, "in.jsonl", jsonl_bytes(TEXTS, "text")), "--allowlist", allow)
+    run_fails(capsys, tmp_path, extract_ngrams.run, argv, _no_entries(allow))
 
 
 @pytest.mark.parametrize(
@@ -347,23 +320,19 @@ def test_empty_allowlist_is_an_error(tmp_path, capsys, content):
     ],
     ids=["nul", "utf16-bom", "bad-continuation"],
 )
-def test_binary_or_non_utf8_allowlist_names_the_line(tmp_path, capsys, content, line, reason):
-    path = _write(tmp_path, "in.tsv", tsv_bytes())
+def test_binary_or_non_utf8_allowlist_names_the_line(tmp_path, content, line, reason):
     allow = _write(tmp_path, "allow.txt", content)
-    argv = select_argv(tmp_path, path, "tsv", "--allowlist", str(allow))
-    run_fails(capsys, tmp_path, select_partitions.run, argv, f"{allow}:{line}: {reason}")
+    with pytest.raises(pio.InputFileError) as e:
+        _allowlist(tmp_path, allow)
+    assert str(e.value) == f"{allow}:{line}: {reason}"
 
 
 def test_file_that_is_not_parquet_fails_with_one_line(tmp_path, capsys):
     path = _write(tmp_path, "in.parquet", tsv_bytes())
-    before = snapshot(tmp_path)
-    assert select_partitions.run(select_argv(tmp_path, path, "parquet")) == 3
-    err = capsys.readouterr().err
-    errors = [line for line in err.splitlines() if line.startswith("error")]
-    assert len(errors) == 1 and errors[0].startswith(f"error: {path}: not a parquet file (")
-    assert "magic bytes" in errors[0] and "Traceback" not in err and snapshot(tmp_path) == before
-    assert extract_ngrams.run(ngrams_argv(tmp_path, path, "parquet")) == 3
-    assert f"error: {path}: not a parquet file (" in capsys.readouterr().err
+    for module, argv in ((select_partitions, _select), (extract_ngrams, _ngrams)):
+        message = CliReader(module, argv(tmp_path, path, fmt="parquet")).error()
+        assert message.startswith(f"{path}: not a parquet file (") and "magic bytes" in message
+    run_fails(capsys, tmp_path, select_partitions.run, _select(tmp_path, path, fmt="parquet"), message)
 
 
 # --- BOM, CRLF ----------------------------------------------------------------------------------------
@@ -381,10 +350,10 @@ def test_allowlist_entries_strip_bom_and_crlf_in_a_pipeline(tmp_path):
 def test_allowlist_with_a_bom_releases_its_first_entry(tmp_path):
     path = _write(tmp_path, "in.tsv", tsv_bytes())
     allow = _write(tmp_path, "allow.txt", b"\xef\xbb\xbf" + allowlist_bytes().replace(b"\n", b"\r\n"))
-    assert select_partitions.run(select_argv(tmp_path, path, "tsv", "--allowlist", str(allow), "--seed", "4")) == 0
+    assert select_partitions.run(_select(tmp_path, path, "--allowlist", allow, "--seed", "4")) == 0
     entries = ["i0", "i2", "i4", "t0"]
     want = reference.select(reference.user_sets_from_pairs(PAIRS), "basic", PARAMS, seed=4, allowlist=entries)
-    got = released(tmp_path, "items")
+    got = released(tmp_path / "out", "items")
     assert got == sorted(want) and "i0" in got  # i0 (held by 300 users) is the entry after the BOM
 
 
@@ -399,11 +368,13 @@ def test_public_counts_with_a_bom_read_as_without(tmp_path):
         assert not any("\ufeff" in g for g in prior.vocab)
 
 
+def _records(pairs):
+    return collections.Counter((str(u), v) for u, v in pairs)
+
+
 def test_private_input_with_a_bom_and_a_header(tmp_path):
     path = _write(tmp_path, "in.tsv", b"\xef\xbb\xbfuser\titem\r\n" + tsv_bytes())
-    assert select_partitions.run(select_argv(tmp_path, path, "tsv", "--seed", "6")) == 0
-    want = reference.select(reference.user_sets_from_pairs(PAIRS), "basic", PARAMS, seed=6)
-    assert released(tmp_path, "items") == sorted(want)
+    assert CliReader(select_partitions, _select(tmp_path, path)).read() == (_records(PAIRS), 0)
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGED))
@@ -419,72 +390,62 @@ def test_load_public_counts_raises_the_documented_error(tmp_path, damage):
 
 
 def _bad_record(path, line, reason):
-    return f"bad input record: {path}:{line}: {reason} (use --skip_bad_records to skip and count bad records)"
+    return f"{path}:{line}: {reason} (use --skip_bad_records to skip and count bad records)"
 
 
 TAB = "value contains a TAB (outputs are item<TAB>count)"
 
 
 @pytest.mark.parametrize("fmt", ["tsv", "jsonl"])
-def test_tab_inside_an_item_is_a_bad_record(tmp_path, capsys, fmt):
+def test_tab_inside_an_item_is_a_bad_record(tmp_path, fmt):
     if fmt == "tsv":
         path, reason = _write(tmp_path, "in.tsv", tsv_bytes() + b"u9\ta\tb\n"), TAB
     else:
         path, reason = _write(tmp_path, "in.jsonl", jsonl_bytes([*PAIRS, ("u9", "a\tb")])), f"'item': {TAB}"
-    line = len(PAIRS) + 1
-    run_fails(
-        capsys, tmp_path, select_partitions.run, select_argv(tmp_path, path, fmt), _bad_record(path, line, reason)
-    )
+    assert CliReader(select_partitions, _select(tmp_path, path)).error() == _bad_record(path, len(PAIRS) + 1, reason)
 
 
 def test_texts_may_hold_tabs(tmp_path):
     recs = [(u, t.replace(" ", "\t", 1)) for u, t in TEXTS]
     for fmt, data in (("jsonl", jsonl_bytes(recs, "text")), ("tsv", tsv_bytes(recs))):
         path = _write(tmp_path, "in." + fmt, data)
-        assert extract_ngrams.run(ngrams_argv(tmp_path, path, fmt, "--seed", "5", name=fmt)) == 0
-        params = DPNEParams(epsilon=4, delta=1e-5, max_n=2, max_contributions=5)
-        want = dpne_reference(recs, "dpne", params, seed=5).lines()
-        got = released(tmp_path, "ngrams", name=fmt)
-        assert got == sorted(want) and got
+        assert CliReader(extract_ngrams, _ngrams(tmp_path, path)).read() == (_records(recs), 0)
 
 
 @pytest.mark.parametrize("number", ["1E2", "1e400", "Infinity", "-Infinity", "NaN", "3", "-0.5"])
-def test_jsonl_number_item_is_a_bad_record(tmp_path, capsys, number):
+def test_jsonl_number_item_is_a_bad_record(tmp_path, number):
     path = _write(tmp_path, "in.jsonl", jsonl_bytes(PAIRS) + b'{"user": "u9", "item": ' + number.encode() + b"}\n")
     message = _bad_record(path, len(PAIRS) + 1, "'item': value must be a JSON string, got number")
-    run_fails(capsys, tmp_path, select_partitions.run, select_argv(tmp_path, path, "jsonl"), message)
+    assert CliReader(select_partitions, _select(tmp_path, path)).error() == message
 
 
 def test_jsonl_user_ids_stay_string_or_integer(tmp_path):
     rows = [(int(u[1:]) if k % 2 else u[1:], i) for k, (u, i) in enumerate(PAIRS)]
     path = _write(tmp_path, "in.jsonl", jsonl_bytes(rows))
-    assert select_partitions.run(select_argv(tmp_path, path, "jsonl", "--seed", "2")) == 0
-    want = reference.select(reference.user_sets_from_pairs((str(u), i) for u, i in rows), "basic", PARAMS, seed=2)
-    assert released(tmp_path, "items") == sorted(want)
+    assert CliReader(select_partitions, _select(tmp_path, path)).read() == (_records(rows), 0)
 
 
 @pytest.mark.parametrize(
     "header, flag",
     [("uid\titem", "item"), ("User\tItem", "item"), ("user\tword", "item"), ("user\tbody", "text")],
 )
-def test_tsv_header_with_other_column_names_is_an_error_naming_them(tmp_path, capsys, header, flag):
+def test_tsv_header_with_other_column_names_is_an_error_naming_them(tmp_path, header, flag):
     if flag == "item":
         path = _write(tmp_path, "in.tsv", header.encode() + b"\n" + tsv_bytes())
-        run, argv, expected = select_partitions.run, select_argv(tmp_path, path, "tsv"), "user<TAB>item"
+        reader, expected = CliReader(select_partitions, _select(tmp_path, path)), "user<TAB>item"
     else:
         path = _write(tmp_path, "in.tsv", header.encode() + b"\n" + tsv_bytes(TEXTS))
-        run, argv, expected = extract_ngrams.run, ngrams_argv(tmp_path, path, "tsv"), "user<TAB>text"
+        reader, expected = CliReader(extract_ngrams, _ngrams(tmp_path, path)), "user<TAB>text"
     shown = header.replace("\t", "<TAB>")
     reason = f"header '{shown}' does not name the expected columns '{expected}' (set --user_column / --{flag}_column)"
-    run_fails(capsys, tmp_path, run, argv, _bad_record(path, 1, reason))
+    assert reader.error() == _bad_record(path, 1, reason)
 
 
 def test_tsv_header_naming_the_configured_columns_is_skipped(tmp_path):
+    # --user_column / --item_column reach the select CLI's reader: the header is skipped, the rest read
     path = _write(tmp_path, "in.tsv", b"uid\tword\n" + tsv_bytes())
-    argv = select_argv(tmp_path, path, "tsv", "--user_column", "uid", "--item_column", "word", "--seed", "8")
-    assert select_partitions.run(argv) == 0
-    want = reference.select(reference.user_sets_from_pairs(PAIRS), "basic", PARAMS, seed=8)
-    assert released(tmp_path, "items") == sorted(want)
+    argv = _select(tmp_path, path, "--user_column", "uid", "--item_column", "word")
+    assert CliReader(select_partitions, argv).read() == (_records(PAIRS), 0)
 
 
 # --- open_input: every compression, every cut ---------------------------------------------------------
