@@ -4,10 +4,21 @@ Run with ``.ci/engines.sh test`` (``./run_local.sh test`` runs it after the main
 job servers from Maven Central, starts the standalone clusters (``.ci/engines.sh cluster up``) and runs
 this module in ``.venv-engines``, whose apache-beam is the job servers' Beam version, then stops them.
 
+The seeded cases of one deployment run as branches of one job per engine (tests/support/merged_job.py:
+each case's CLI arguments parsed and checked as its CLI does, its pipeline's ``build_pipeline`` applied
+under the case's name, its own release, report and diagnostics files), so the job servers' submission,
+plan compilation and SDK harness start are paid once for all of them; each branch is compared with its
+case's own DirectRunner run of the CLI, and a branch that differs fails the test naming its case. But:
+the --max_n 9 DPNE cases keep a job of their own (OWN_JOB_CASES: Flink walks every plan path before the
+job starts, and the paths of branches add up), the Flink cluster's cases are merged by size only
+(CLUSTER_JOBS: its network buffers do not hold all of them at once), and the fault-injection, worker-loss,
+skew and unseeded runs below keep their own jobs.
+
 On the standalone clusters (fixture ``cluster``: a Flink JobManager with 2 TaskManagers, a Spark master
 with 2 workers, each its own JVM; SDK workers as processes of a worker pool, ``EXTERNAL``):
 * Seeded output identical to the DirectRunner's for CLUSTER_CASES (basic, mad2r, dp_sips, mad_sips with
-  counts, a users floor and an allowlist, extract_ngrams, bayesian_ngrams).
+  counts, a users floor and an allowlist, extract_ngrams, bayesian_ngrams): on Spark as one job, on Flink
+  as four (CLUSTER_JOBS: the TaskManagers' network buffers do not hold all six cases' exchanges at once).
 * Worker loss: one TaskManager (Flink) / one worker with its executor (Spark) SIGKILLed mid-job; the
   job completes with the seeded output, the engine recorded the loss, the cluster is whole again after.
 
@@ -16,12 +27,12 @@ one Spark job server (``local[2,500]``: 2 cores), both told to retry failed task
 engines.JobServer: neither retries at all by default in local mode). What is checked there, per engine:
 * Seeded output identical to the DirectRunner's (same SDK, same inputs, byte for byte: released
   items, n-grams, the Bayesian probabilities as repr floats, the JSON report and, where asked, the
-  NON-PRIVATE diagnostics) for LOCAL_CASES: select_partitions mad, mad_sips (its last round a keep table;
-  with counts and the adaptive cap), policy_gaussian (sequential: all capped pairs on one worker; and with
+  NON-PRIVATE diagnostics) for LOCAL_CASES: select_partitions mad, mad_sips (its last round a keep
+  table), policy_gaussian (sequential: all capped pairs on one worker; and with
   counts through the sharded join with hot-item sharding), policy_laplace (its l1 keep curve: a keyed keep
-  step per item), extract_ngrams with counts.
-  The pipelines are driven through their CLIs (``python -m dp_partition_beam.pipelines.<name>``)
-  with ``--environment_type LOOPBACK``.
+  step per item), extract_ngrams with counts (MERGED_LOCAL_CASES: one job per engine), and extract_ngrams
+  at --max_n 9 with keep tables and with MAD-SIPS levels (a job each, through the CLI,
+  ``python -m dp_partition_beam.pipelines.<name>``). All with ``--environment_type LOOPBACK``.
 * Unseeded noise is drawn independently by each SDK worker process: an ``EXTERNAL`` worker pool that
   starts every SDK worker as its own process, 2 of them, noise tagged with the worker's pid. If the
   generator state travelled with the pickled DoFn (or were seeded from something the workers share),
@@ -144,6 +155,24 @@ CASES = {
 # they add an algorithm or output the cluster cases do not cover.
 CLUSTER_CASES = ("basic", "mad2r", "mad_sips_counts", "dp_sips", "extract_ngrams", "bayesian_ngrams")
 LOCAL_CASES = tuple(name for name in CASES if name not in CLUSTER_CASES)
+# Cases with a job of their own, through their CLI: at --max_n 9 Flink walks ~5.6e8 (DPNE) and ~2.7e6
+# (MAD-SIPS levels) plan paths before the job starts, and paths of branches in one job add up. The other
+# cases of a deployment run as branches of one job per engine (tests/support/merged_job.py): one
+# submission, plan compilation and SDK harness start for all of them, each branch's output compared with
+# its case's own DirectRunner run.
+OWN_JOB_CASES = ("extract_ngrams_max_n_9", "extract_ngrams_mad_sips")
+MERGED_LOCAL_CASES = tuple(name for name in LOCAL_CASES if name not in OWN_JOB_CASES)
+# The jobs of CLUSTER_CASES per engine. Spark's cluster runs them as one job. Flink's cannot: a TaskManager's
+# 128 MB of network buffers (.ci/engines.sh: the budget one job has to fit, kept so that a job that outgrows
+# it fails here) does not hold the concurrent blocking exchanges of all six (measured: that job failed on
+# "Insufficient number of network buffers" and its failovers exhausted the JobManager's 768 MB heap). There
+# the cases are merged only up to the size of the largest single-case job (Flink job vertices, measured on
+# the cluster: basic 59, bayesian_ngrams 63, dp_sips 78, mad2r 122, mad_sips_counts 176, extract_ngrams 187),
+# and a job of one case runs through its CLI.
+CLUSTER_JOBS = {
+    "flink": (("basic", "mad2r"), ("dp_sips", "bayesian_ngrams"), ("mad_sips_counts",), ("extract_ngrams",)),
+    "spark": (CLUSTER_CASES,),
+}
 # How often the engines try a failed task (Flink: restarts of the job's failed region, counted per job;
 # Spark: attempts of one task). The fault-injection test fails every package DoFn class on the first
 # attempt of its first FAILURES_PER_DOFN_CLASS bundles, so a job sees at most
@@ -290,6 +319,27 @@ def run_cli(case: Case, input_path: str, out_dir: str, runner_args: list, server
         *cli_argv(case, input_path, out_dir, seed),
         *runner_args,
     ]
+    return read_output(out_dir, case, run_job(argv, server))
+
+
+def run_merged(names, inputs, tmp_path, server) -> dict:
+    """The seeded cases ``names`` as branches of one job on ``server`` (``python -m tests.support.merged_job``:
+    each case's CLI arguments, its job built by its pipeline's build_pipeline under the case's name, its
+    own outputs in ``tmp_path/<case>``); case -> Output (``seconds``: the whole job's)."""
+    spec = {}
+    for name in names:
+        case = CASES[name]
+        spec[name] = [case.pipeline, cli_argv(case, inputs[case.pipeline], str(tmp_path / name))]
+    spec_path = tmp_path / "job.json"
+    spec_path.write_text(json.dumps(spec, indent=1), encoding="utf-8")
+    argv = [sys.executable, "-m", "tests.support.merged_job", str(spec_path), *server.pipeline_args()]
+    seconds = run_job(argv, server)
+    return {name: read_output(str(tmp_path / name), CASES[name], seconds) for name in names}
+
+
+def run_job(argv: list, server=None) -> float:
+    """Runs ``argv`` (a job's launcher) in a subprocess; its seconds. Fails with its stderr and the job
+    server log when it exits non-zero or does not finish within ENGINE_TIMEOUT."""
     start = time.perf_counter()
     try:
         proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=ENGINE_TIMEOUT)
@@ -301,7 +351,7 @@ def run_cli(case: Case, input_path: str, out_dir: str, runner_args: list, server
     if proc.returncode != 0:
         failed = f"{' '.join(argv)}\nexited with {proc.returncode}:\n{proc.stderr[-4000:]}\n"
         pytest.fail(failed + failure_context(server))
-    return read_output(out_dir, case, seconds)
+    return seconds
 
 
 def failure_context(server) -> str:
@@ -364,34 +414,85 @@ def assert_report_lists_its_shards(report: dict, what: str):
 # --- 1. seeded output identical to the DirectRunner's --------------------------------------------------
 
 
-@pytest.mark.parametrize("name", CLUSTER_CASES)
-def test_seeded_output_on_a_cluster_equals_the_direct_runner(cluster, name, inputs, direct, tmp_path):
-    check_seeded_case(cluster, name, inputs, direct, tmp_path)
+@pytest.mark.parametrize(
+    ("cluster", "names"),
+    [
+        pytest.param(engine, names, id=f"{engine}-{'+'.join(names)}")
+        for engine, jobs in CLUSTER_JOBS.items()
+        for names in jobs
+    ],
+    indirect=["cluster"],
+)
+def test_seeded_output_on_a_cluster_equals_the_direct_runner(cluster, names, inputs, direct, tmp_path):
+    """One job of CLUSTER_JOBS on the engine's standalone cluster (several cases: branches of one job; one
+    case: its CLI): each case's output is its DirectRunner output, byte for byte; a case that differs fails
+    the test naming it."""
+    if len(names) == 1:
+        (name,) = names
+        case = CASES[name]
+        want = direct(name)
+        got = run_cli(case, inputs[case.pipeline], str(tmp_path), cluster.pipeline_args(), cluster)
+        check_seeded_output(cluster, name, got, want, inputs)
+        print(f"{name}: {len(got.lines)} lines, {cluster.engine} {got.seconds:.1f}s, DirectRunner {want.seconds:.1f}s")
+    else:
+        check_merged_cases(cluster, names, inputs, direct, tmp_path)
 
 
-@pytest.mark.parametrize("name", LOCAL_CASES)
-def test_seeded_output_equals_the_direct_runner(engine, name, inputs, direct, tmp_path):
-    check_seeded_case(engine, name, inputs, direct, tmp_path)
+def test_seeded_output_equals_the_direct_runner(engine, inputs, direct, tmp_path):
+    """MERGED_LOCAL_CASES as branches of one job on the local job server: each branch's output is its
+    case's DirectRunner output, byte for byte; a branch that differs fails the test naming its case."""
+    check_merged_cases(engine, MERGED_LOCAL_CASES, inputs, direct, tmp_path)
 
 
-def check_seeded_case(engine, name, inputs, direct, tmp_path):
+@pytest.mark.parametrize("name", OWN_JOB_CASES)
+def test_seeded_output_of_a_max_n_9_job_equals_the_direct_runner(engine, name, inputs, direct, tmp_path):
+    """A --max_n 9 case in a job of its own, through its CLI, on the local job server: its output is its
+    DirectRunner output, byte for byte."""
     case = CASES[name]
     want = direct(name)
     got = run_cli(case, inputs[case.pipeline], str(tmp_path), engine.pipeline_args(), engine)
+    check_seeded_output(engine, name, got, want, inputs)
+    print(f"{name}: {len(got.lines)} lines, {engine.engine} {got.seconds:.1f}s, DirectRunner {want.seconds:.1f}s")
+
+
+def check_merged_cases(engine, names, inputs, direct, tmp_path):
+    """Runs ``names`` as branches of one job on ``engine`` and checks every branch against its case's
+    DirectRunner run; fails listing each case whose branch differs (the others are checked all the same)."""
+    wants = {name: direct(name) for name in names}
+    got = run_merged(names, inputs, tmp_path, engine)
+    failures = []
+    for name in names:
+        try:
+            check_seeded_output(engine, name, got[name], wants[name], inputs)
+        except AssertionError as e:
+            failures.append(f"case {name}: {e}")
+    seconds = next(iter(got.values())).seconds
+    assert not failures, (
+        f"{len(failures)} of {len(names)} branches of one job on {engine.engine} differ from their DirectRunner "
+        "runs:\n" + "\n".join(failures)
+    )
+    for name in names:
+        print(f"{name}: {len(got[name].lines)} lines, DirectRunner {wants[name].seconds:.1f}s")
+    print(f"{', '.join(names)} as one job on {engine.engine}: {seconds:.1f}s")
+
+
+def check_seeded_output(engine, name, got: Output, want: Output, inputs):
+    """``got``, case ``name``'s seeded output on ``engine``, is ``want`` (its DirectRunner output), with the
+    case's counts floor and allowlist held."""
+    case = CASES[name]
     assert_same(got, want, engine, f"{name} on {engine.engine}")
     if "--release_counts" in case.args:  # item<TAB>count (k<TAB>n-gram<TAB>count), integer counts
         counts = [int(line.rsplit("\t", 1)[1]) for line in got.lines]
         # min_users 0 keeps negative noisy counts (docs/counts.md); a floor drops what is below it
         floor = int(case.args[case.args.index("--min_users") + 1]) if "--min_users" in case.args else 0
-        assert got.report["counts"]["min_users"] == floor
+        assert got.report["counts"]["min_users"] == floor, f"{name}: counts floor {got.report['counts']}"
         if floor:
-            assert min(counts) >= floor, counts
+            assert min(counts) >= floor, f"{name}: counts below the floor {floor}: {counts}"
     if ALLOWLIST in case.args:  # nothing outside the allowlist is released
         with open(allowlist_path(inputs[case.pipeline]), encoding="utf-8") as f:
             allowed = set(f.read().splitlines())
         items = [line.rsplit("\t", 1)[0] if "--release_counts" in case.args else line for line in got.lines]
-        assert set(items) <= allowed, sorted(set(items) - allowed)
-    print(f"{name}: {len(got.lines)} lines, {engine.engine} {got.seconds:.1f}s, DirectRunner {want.seconds:.1f}s")
+        assert set(items) <= allowed, f"{name}: released outside the allowlist: {sorted(set(items) - allowed)}"
 
 
 # --- 2. unseeded noise: distinct per worker process and per run ----------------------------------------
