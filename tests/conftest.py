@@ -50,9 +50,11 @@ TESTS_DIR = pathlib.Path(__file__).resolve().parent
 DURATIONS_FILE = TESTS_DIR / "durations.json"
 DURATIONS = json.loads(DURATIONS_FILE.read_text(encoding="utf-8")) if DURATIONS_FILE.exists() else {}
 QUICK_MAX_SECONDS = 2.0
-# The quick tier's measured total must stay under this (tests/architecture/test_tiers.py checks it): with
-# three processes on two cores, about 3 minutes of wall time.
-QUICK_BUDGET_SECONDS = 330.0
+# The quick tier's measured total must stay under this (tests/architecture/test_tiers.py checks it). The
+# main suite's 2,829 measured seconds ran in 984 s of wall time with -n 3 on 2 cores (2026-12-02), a ratio
+# of 2.9; the quick tier ran 1.5-2x its share of that (module fixtures of deselected tests fall on quick ones),
+# so 450 s stays under 3 minutes with collection and start-up (2 s and this tree: 1,539 tests in 106 s).
+QUICK_BUDGET_SECONDS = 450.0
 # Slow whatever their durations: files that need the gcp or bench extras (the Dataflow client, PipelineDP,
 # OpenDP), which the minimum-versions lane (the quick tier in .venv-min, only the test extra) does not install.
 FULL_INSTALL_FILES = frozenset(
@@ -79,10 +81,18 @@ def is_slow(nodeid: str) -> bool:
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
-    file_seconds = {}
+    file_seconds, first_user = {}, {}
     for item in items:
         nodeid = _nodeid(item)
-        if is_slow(nodeid):
+        slow = is_slow(nodeid)
+        # A module fixture is set up by the first test of the file that uses it, and its seconds are measured
+        # there (a merged pipeline's whole run, say): when that test is slow, every test of the fixture is, or
+        # the quick tier would run the fixture through the next one.
+        for name in _module_fixtures(item):
+            key = (str(item.path), name)
+            first_user.setdefault(key, slow)
+            slow = slow or first_user[key]
+        if slow:
             item.add_marker(pytest.mark.slow)
         path = nodeid.split("::", 1)[0]
         file_seconds[path] = file_seconds.get(path, 0.0) + measured_seconds(nodeid)
@@ -90,6 +100,13 @@ def pytest_collection_modifyitems(config, items):
     # starting the long ones first keeps one long file from running alone at the end
     # (longest-processing-time-first). Order within a file is unchanged; files are independent.
     items.sort(key=lambda item: -file_seconds[_nodeid(item).split("::", 1)[0]])  # stable sort
+
+
+def _module_fixtures(item):
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return ()
+    return sorted(n for n, defs in info.name2fixturedefs.items() if defs and defs[-1].scope in ("module", "class"))
 
 
 def _nodeid(item) -> str:
