@@ -80,6 +80,18 @@ class _Labelled:
         return self.__or__(ptransform)
 
 
+class Scoped(beam.PTransform):
+    """``build(pbegin) -> PCollection`` as one composite: every label inside it is nested under the label the
+    composite is applied with (a branch of :func:`collect_branches` whose steps reuse short labels)."""
+
+    def __init__(self, build):
+        super().__init__()
+        self._build = build
+
+    def expand(self, pbegin):
+        return self._build(pbegin)
+
+
 def collect_pairs(build, mode="in_memory", workers=None):
     """Like :func:`collect` for (key, float) pairs; returns a list of (key, float)."""
     out = []

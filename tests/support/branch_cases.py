@@ -6,18 +6,9 @@ applied to the PCollections after it are global, so two branches that both say `
 branch's name.
 """
 
-import apache_beam as beam
-
-
-class _Chain(beam.PTransform):
-    def __init__(self, build):
-        super().__init__()
-        self._build = build
-
-    def expand(self, pbegin):
-        return self._build(pbegin)
+from tests.support.beam_helpers import Scoped
 
 
 def scoped(build):
     """``build(pbegin) -> PCollection`` as a branch build whose inner labels live under the branch's name."""
-    return lambda p: p | "Case" >> _Chain(build)
+    return lambda p: p | "Case" >> Scoped(build)

@@ -12,6 +12,8 @@ import json
 
 import apache_beam as beam
 
+from tests.support.beam_helpers import Scoped
+
 FORMATS = {
     "ngrams": lambda kg: f"{kg[0]}\t{kg[1]}",  # extract_ngrams.format_ngram
     "counts": lambda kgc: f"{kgc[0]}\t{kgc[1][0]}\t{kgc[1][1]}",  # extract_ngrams.format_ngram_count
@@ -20,13 +22,7 @@ FORMATS = {
 }
 
 
-class _Case(beam.PTransform):
-    def __init__(self, build):
-        super().__init__()
-        self._build = build
-
-    def expand(self, pbegin):
-        return self._build(pbegin)
+_Case = Scoped
 
 
 def branch(build):

@@ -17,18 +17,9 @@ import pytest
 from dp_partition_beam.transforms.core import batches
 from dp_partition_beam.transforms.selection.select import SelectPartitions
 
-from tests.support.beam_helpers import collect_branches
+from tests.support.beam_helpers import Scoped, collect_branches
 
-
-class Branch(beam.PTransform):
-    """``build(pbegin) -> PCollection`` as a composite (its labels nested under the case's name)."""
-
-    def __init__(self, build):
-        super().__init__()
-        self._build = build
-
-    def expand(self, pbegin):
-        return self._build(pbegin)
+Branch = Scoped  # ``build(pbegin) -> PCollection`` as a composite (its labels nested under the case's name)
 
 
 class Select(beam.PTransform):
