@@ -501,7 +501,7 @@ def test_read_record_batches_in_a_pipeline(tmp_path):
         assert_that(read.records | beam.FlatMap(io.batch_records), equal_to(list(want.elements())), label="Records")
         assert_that(read.bad | beam.CombineGlobally(sum), equal_to([bad]), label="Bad")
         assert_that(
-            read.records | "Columns" >> beam.Map(lambda b: tuple(b.schema.names)) | beam.Distinct(),
+            read.records | "Names" >> beam.Map(lambda b: tuple(b.schema.names)) | "Distinct names" >> beam.Distinct(),
             equal_to([("user", "text")]),
             label="Columns",
         )
