@@ -308,7 +308,7 @@ restart-strategy.fixed-delay.delay: 1 s
 heartbeat.interval: 2000
 heartbeat.timeout: 10000
 # Scratch (each TaskManager's tm_* directory holds every job's blobs, ~150 MB a job here; the shuffles'
-# spill files) under the cluster's directory, removed by `cluster down`: in the default /tmp a
+# spill files) under the cluster's directory, removed by "cluster down": in the default /tmp a
 # TaskManager that is killed (worker loss) or stopped leaves ~1 GB behind after a few jobs.
 io.tmp.dirs: $CLUSTER/flink-tmp
 web.tmpdir: $CLUSTER/flink-tmp
