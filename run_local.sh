@@ -70,7 +70,7 @@ run_clis() {
 # minimum_lane: the oldest supported versions (constraints/minimum.txt) in .venv-min; fails when the
 # installed versions are not exactly the pins, when a quick-tier test fails, or when a CLI fails. Runs
 # in its own process (./run_local.sh test --minimum), so `set -e` holds in it.
-minimum_lane() {
+minimum_setup() {  # .venv-min with exactly the pins (idempotent: a stamp per setup.py and pins)
   local venv=.venv-min pins=constraints/minimum.txt
   if [ ! -x "$venv/bin/python" ]; then
     echo "Creating $venv (the oldest supported versions, $pins) ..."
@@ -106,6 +106,11 @@ if wrong:
     sys.exit(f"minimum-versions lane: .venv-min does not hold the pins of {sys.argv[1]}: " + ", ".join(wrong))
 print("minimum-versions lane: " + ", ".join(f"{n}=={p}" for n, p in pins.items()))
 PYEOF
+}
+
+minimum_lane() {
+  local venv=.venv-min
+  minimum_setup
   "$venv/bin/python" -m pytest -q "${workers[@]}" -m "not slow and not engines" -p no:cacheprovider
   lane_out=$(mktemp -d)  # global: the EXIT trap runs after this function has returned
   trap 'rm -rf "$lane_out"' EXIT
@@ -172,9 +177,36 @@ case "$cmd" in
       lanes+=("$(printf '%-34s %5d s  %s' "$name" $((SECONDS - start)) "$([ $rc -eq 0 ] && echo passed || echo "FAILED ($rc)")")")
     }
     lanes+=("$(printf '%-34s %5d s' "setup (.venv)" "$t")")
+    # The other lanes' setups (.venv-min and .venv-engines from PyPI, the job servers' jars from Maven
+    # Central: mostly downloads) run one after the other in the background while the main suite runs. Each
+    # lane runs its own setup again when it starts: a no-op once that is done, and where the background one
+    # failed (a registry hiccup) it tries again and fails visibly. The log: after the main suite.
+    prep_log=$(mktemp)
+    (minimum_setup; .ci/engines.sh setup) > "$prep_log" 2>&1 &  # a subshell: set -e holds in it
+    prep_pid=$!
     lane "main suite (pytest -n ${PYTEST_WORKERS:-3})" .venv/bin/python -m pytest tests -q "${workers[@]}" -m "not engines"
-    lane "minimum-versions lane" ./run_local.sh test --minimum
+    prep_start=$SECONDS
+    prep_rc=0
+    wait "$prep_pid" || prep_rc=$?
+    echo "== setups of the other lanes (in the background during the main suite; exit $prep_rc) =="
+    cat "$prep_log"
+    rm -f "$prep_log"
+    lanes+=("$(printf '%-34s %5d s' "  waited after it for their setups" $((SECONDS - prep_start)))")
+    # The minimum-versions lane runs beside the engine suite, in one test process: the engine jobs leave
+    # about a third of the 2 cores idle (job submission, start-ups, heartbeats), which it fills. Its output
+    # follows the engine suite's.
+    min_log=$(mktemp)
+    (lane "minimum-versions lane (-n 1, beside)" env PYTEST_WORKERS=1 ./run_local.sh test --minimum > "$min_log" 2>&1
+     printf '%s\n' "${lanes[-1]}" > "$min_log.lane"; exit $status) &
+    min_pid=$!
     lane "engine suite (Flink, Spark)" .ci/engines.sh test
+    min_rc=0
+    wait "$min_pid" || min_rc=$?
+    [ $min_rc -eq 0 ] || status=$min_rc
+    echo "== minimum-versions lane (ran beside the engine suite) =="
+    cat "$min_log"
+    lanes+=("$(cat "$min_log.lane")")
+    rm -f "$min_log" "$min_log.lane"
     echo "== lanes (wall time) =="
     printf '%s\n' "${lanes[@]}"
     printf '%-34s %5d s\n' "all" "$SECONDS"

@@ -125,13 +125,17 @@ def test_readme_states_the_tested_versions():
         assert f"{name} >= {pins[name]}" in readme
 
 
-def test_run_local_runs_the_minimum_lane_between_the_main_suite_and_the_engines():
+def test_run_local_runs_the_minimum_lane_after_the_main_suite_beside_the_engines():
     script = (ROOT / "run_local.sh").read_text(encoding="utf-8")
     body = script[script.index("status=0 lanes=()") :]
     main = body.index('.venv/bin/python -m pytest tests -q "${workers[@]}" -m "not engines"\n')
-    lane = body.index('lane "minimum-versions lane" ./run_local.sh test --minimum\n')
+    lane = body.index("env PYTEST_WORKERS=1 ./run_local.sh test --minimum")
     engines = body.index('lane "engine suite (Flink, Spark)" .ci/engines.sh test\n')
-    assert main < lane < engines
+    waited = body.index('wait "$min_pid" || min_rc=$?')
+    assert main < lane < engines < waited
+    # in the background (started before the engine suite, waited for after it), its status counts
+    assert body[lane : body.index("\n", body.index("exit $status", lane))].endswith(") &")
+    assert "[ $min_rc -eq 0 ] || status=$min_rc" in body
     # each lane's status is kept (a failing lane fails the command, after the others ran)
     assert '"$@" || rc=$?' in body and "[ $rc -eq 0 ] || status=$rc" in body and "exit $status" in body
     assert "constraints/minimum.txt" in script and '-c "$pins"' in script
