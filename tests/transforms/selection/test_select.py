@@ -284,11 +284,7 @@ def _stage_labels_hash(algorithm, **params):
     import hashlib
 
     p = beam.Pipeline()
-    _ = (
-        p
-        | beam.Create([("u", "i")])
-        | SelectPartitions(algorithm, SelectionParams(epsilon=1, delta=1e-5, **params), seed=1)
-    )
+    _ = p | beam.Create([("u", "i")]) | SelectPartitions(algorithm, PARAMS.replace(**params), seed=1)
     labels = sorted(
         _BEAM_LAMBDA_LINE.sub(r"\1>", t.unique_name) for t in p.to_runner_api().components.transforms.values()
     )
