@@ -120,3 +120,25 @@ def pytest_runtest_setup(item):
     if CALIBRATION_CACHE is not None:
         rel = _nodeid(item).split("::", 1)[0].removeprefix("tests/")
         CALIBRATION_CACHE.new_test(bypass=rel in calibration_cache.BYPASS_FILES)
+
+
+# DP_TEST_CPU_LOG=FILE: each test's CPU seconds (this process and the subprocesses it waited for, setup to
+# teardown) appended to FILE as "seconds<TAB>nodeid": what a test costs the machine, where --durations gives
+# its wall time (on a busy machine a test that waits for a thread or a subprocess shows a wall time far
+# above its cost). Read by hand (sort -rn FILE) when deciding what to make cheaper.
+CPU_LOG = os.environ.get("DP_TEST_CPU_LOG")
+
+
+if CPU_LOG:
+    import resource
+
+    def _cpu_seconds():
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        started = _cpu_seconds()
+        yield
+        with open(CPU_LOG, "a", encoding="utf-8") as f:
+            f.write(f"{_cpu_seconds() - started:.2f}\t{_nodeid(item)}\n")

@@ -17,7 +17,8 @@ suite run (and kept for the next run of the same code):
 
 The cache lives in ``$DP_TEST_CALIBRATION_CACHE``, else ``.calibration-cache/`` at the repository root
 (ignored by git). It only ever holds values that the code hashed into its key computes, so it never needs to be
-cleared; deleting it is always safe.
+cleared; deleting it is always safe. ``DP_TEST_CALIBRATION_LOG=FILE`` appends a line per build to FILE (CPU
+seconds, the test, the call): what the suite still spends on calibration.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import pickle
 import platform
 import tempfile
 import threading
+import time
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -159,7 +161,14 @@ class CalibrationCache:
                     self.hits += 1
                     return value[0]
                 self.misses += 1
+                started = time.process_time()
                 result = fn(*args, **kwargs)  # an error is raised as the uncached call raises it (not cached)
+                log = os.environ.get("DP_TEST_CALIBRATION_LOG")
+                if log:  # what each build cost (CPU s), which test asked for it, the call
+                    call = key_text(args) + key_text(tuple(sorted(kwargs.items())))
+                    test = os.environ.get("PYTEST_CURRENT_TEST", "")
+                    with open(log, "a", encoding="utf-8") as f:
+                        f.write(f"{time.process_time() - started:.2f}\t{test}\t{fn.__name__}{call}\n")
                 fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
                 with os.fdopen(fd, "wb") as f:
                     pickle.dump((result,), f, protocol=pickle.HIGHEST_PROTOCOL)
