@@ -67,10 +67,10 @@ run_clis() {
   fi
 }
 
-# minimum_lane: the oldest supported versions (constraints/minimum.txt) in .venv-min; fails when the
-# installed versions are not exactly the pins, when a quick-tier test fails, or when a CLI fails. Runs
-# in its own process (./run_local.sh test --minimum), so `set -e` holds in it.
-minimum_setup() {  # .venv-min with exactly the pins (idempotent: a stamp per setup.py and pins)
+# minimum_setup: .venv-min with the oldest supported versions (constraints/minimum.txt), idempotent (a stamp
+# per setup.py and pins); fails when the installed versions are not exactly the pins. `./run_local.sh test`
+# also runs it in the background during the main suite (a subshell, so `set -e` holds in it).
+minimum_setup() {
   local venv=.venv-min pins=constraints/minimum.txt
   if [ ! -x "$venv/bin/python" ]; then
     echo "Creating $venv (the oldest supported versions, $pins) ..."
@@ -108,6 +108,8 @@ print("minimum-versions lane: " + ", ".join(f"{n}=={p}" for n, p in pins.items()
 PYEOF
 }
 
+# minimum_lane: minimum_setup, then the quick tier and every CLI there; fails when a test or a CLI fails.
+# Runs in its own process (./run_local.sh test --minimum), so `set -e` holds in it.
 minimum_lane() {
   local venv=.venv-min
   minimum_setup

@@ -337,6 +337,9 @@ JSONL_BAD = {
 }
 
 
+JSONL_GOOD_RECORDS = 8  # around each bad jsonl record (test_jsonl_bad_records_same_as_read_records)
+
+
 # every position in a plain file; compressed, the middle (the decompressing reader's position within a
 # record is independent of where the bad record sits)
 @pytest.mark.parametrize(
@@ -356,9 +359,6 @@ def test_jsonl_bad_records_same_as_read_records(tmp_path, kind, where, name):
     assert len(list(io._split_file(FileMetadata(str(path), os.path.getsize(path)), "jsonl", 37))) >= (
         JSONL_GOOD_RECORDS if name == "in.jsonl" else 1
     )
-
-
-JSONL_GOOD_RECORDS = 8
 
 
 def test_jsonl_documented_handling_same_as_read_records(tmp_path, monkeypatch):

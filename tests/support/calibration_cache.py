@@ -126,7 +126,7 @@ class CalibrationCache:
                 if (name, key) in self._memory:
                     self.hits += 1
                     return self._memory[name, key]
-            value = self._load_or_build(key, fn, args, kwargs)
+            value = self._load_or_build(key, fn, args, kwargs, text)
             with self._lock:
                 return self._memory.setdefault((name, key), value)
 
@@ -146,7 +146,7 @@ class CalibrationCache:
         cached.__wrapped_by_calibration_cache__ = fn
         return cached
 
-    def _load_or_build(self, key, fn, args, kwargs):
+    def _load_or_build(self, key, fn, args, kwargs, text):
         path = self.directory / key[:2] / f"{key}.pickle"
         value = self._read(path)
         if value is not None:
@@ -164,11 +164,10 @@ class CalibrationCache:
                 started = time.process_time()
                 result = fn(*args, **kwargs)  # an error is raised as the uncached call raises it (not cached)
                 log = os.environ.get("DP_TEST_CALIBRATION_LOG")
-                if log:  # what each build cost (CPU s), which test asked for it, the call
-                    call = key_text(args) + key_text(tuple(sorted(kwargs.items())))
+                if log:  # the build's CPU s (a nested target's build counts in its caller's too), test, call
                     test = os.environ.get("PYTEST_CURRENT_TEST", "")
                     with open(log, "a", encoding="utf-8") as f:
-                        f.write(f"{time.process_time() - started:.2f}\t{test}\t{fn.__name__}{call}\n")
+                        f.write(f"{time.process_time() - started:.2f}\t{test}\t{fn.__name__}{text}\n")
                 fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
                 with os.fdopen(fd, "wb") as f:
                     pickle.dump((result,), f, protocol=pickle.HIGHEST_PROTOCOL)
