@@ -166,52 +166,54 @@ case "$cmd" in
     if [ $# -gt 0 ]; then
       exec .venv/bin/python -m pytest tests -q "${workers[@]}" -m "not engines" "$@"
     fi
-    # Without arguments (CI: .ci/run): the main suite (the newest versions, .venv), the minimum-versions
-    # lane (the oldest supported versions, .venv-min: the quick tier and every CLI), then the engine
-    # tests, each whatever the others gave; any failing fails the command.
-    # Each lane's wall time is printed at the end (and the setup's: .venv created or checked above).
+    # Without arguments (CI: .ci/run): three lanes, each whatever the others gave; any failing fails the
+    # command. The engine suite (real Flink and Spark, .venv-engines) is the longest chain of waits (job
+    # submissions, JVM start-ups, heartbeats: it keeps only about 1.5 of the 2 cores busy), so it starts first,
+    # as soon as its setup is done, and runs beside the main suite (the newest versions, .venv: CPU-bound, it
+    # takes what the engine jobs leave); the minimum-versions lane (the oldest supported versions, .venv-min:
+    # the quick tier and every CLI, one test process) runs after the main suite, beside the rest of the engine
+    # suite. Each lane's wall time is printed at the end (and the setup's: .venv created or checked above).
     status=0 lanes=() t=$SECONDS
     lane() {  # lane NAME COMMAND...: runs it, records its status and wall time
       local name=$1 start=$SECONDS rc=0
       shift
       "$@" || rc=$?
       [ $rc -eq 0 ] || status=$rc
-      lanes+=("$(printf '%-34s %5d s  %s' "$name" $((SECONDS - start)) "$([ $rc -eq 0 ] && echo passed || echo "FAILED ($rc)")")")
+      lanes+=("$(printf '%-38s %5d s  %s' "$name" $((SECONDS - start)) "$([ $rc -eq 0 ] && echo passed || echo "FAILED ($rc)")")")
     }
-    lanes+=("$(printf '%-34s %5d s' "setup (.venv)" "$t")")
-    # The other lanes' setups (.venv-min and .venv-engines from PyPI, the job servers' jars from Maven
-    # Central: mostly downloads) run one after the other in the background while the main suite runs. Each
-    # lane runs its own setup again when it starts: a no-op once that is done, and where the background one
-    # failed (a registry hiccup) it tries again and fails visibly. The log: after the main suite.
-    prep_log=$(mktemp)
-    (minimum_setup; .ci/engines.sh setup) > "$prep_log" 2>&1 &  # a subshell: set -e holds in it
+    lanes+=("$(printf '%-38s %5d s' "setup (.venv)" "$t")")
+    logs=$(mktemp -d)
+    trap 'rm -rf "$logs"' EXIT
+    # The other lanes' setups (.venv-engines and the job servers' jars from PyPI and Maven Central, then
+    # .venv-min: mostly downloads, one after the other) in the background. Each lane runs its own setup again
+    # when it starts: a no-op once that is done, and where the background one failed (a registry hiccup) it
+    # tries again and fails visibly. Their log is printed after the main suite.
+    (.ci/engines.sh setup; echo $? > "$logs/engines-ready"; minimum_setup) > "$logs/setups" 2>&1 &
     prep_pid=$!
+    # The engine lane: waits for its setup, then .ci/engines.sh test; its output follows the main suite's.
+    (while [ ! -s "$logs/engines-ready" ] && kill -0 "$prep_pid" 2>/dev/null; do sleep 1; done
+     lane "engine suite (Flink, Spark; beside)" .ci/engines.sh test > "$logs/engines" 2>&1
+     printf '%s\n' "${lanes[-1]}" > "$logs/engines.lane"; exit $status) &
+    engines_pid=$!
     lane "main suite (pytest -n ${PYTEST_WORKERS:-3})" .venv/bin/python -m pytest tests -q "${workers[@]}" -m "not engines"
     prep_start=$SECONDS
     prep_rc=0
     wait "$prep_pid" || prep_rc=$?
     echo "== setups of the other lanes (in the background during the main suite; exit $prep_rc) =="
-    cat "$prep_log"
-    rm -f "$prep_log"
-    lanes+=("$(printf '%-34s %5d s' "  waited after it for their setups" $((SECONDS - prep_start)))")
-    # The minimum-versions lane runs beside the engine suite, in one test process: the engine jobs leave
-    # about a third of the 2 cores idle (job submission, start-ups, heartbeats), which it fills. Its output
-    # follows the engine suite's.
-    min_log=$(mktemp)
-    (lane "minimum-versions lane (-n 1, beside)" env PYTEST_WORKERS=1 ./run_local.sh test --minimum > "$min_log" 2>&1
-     printf '%s\n' "${lanes[-1]}" > "$min_log.lane"; exit $status) &
-    min_pid=$!
-    lane "engine suite (Flink, Spark)" .ci/engines.sh test
-    min_rc=0
-    wait "$min_pid" || min_rc=$?
-    [ $min_rc -eq 0 ] || status=$min_rc
-    echo "== minimum-versions lane (ran beside the engine suite) =="
-    cat "$min_log"
-    lanes+=("$(cat "$min_log.lane")")
-    rm -f "$min_log" "$min_log.lane"
+    cat "$logs/setups"
+    lanes+=("$(printf '%-38s %5d s' "  waited after it for their setups" $((SECONDS - prep_start)))")
+    lane "minimum-versions lane (-n 1, beside)" env PYTEST_WORKERS=1 ./run_local.sh test --minimum
+    engines_start=$SECONDS
+    engines_rc=0
+    wait "$engines_pid" || engines_rc=$?
+    [ $engines_rc -eq 0 ] || status=$engines_rc
+    echo "== engine suite (started after its setup, beside the main suite) =="
+    cat "$logs/engines"
+    lanes+=("$(cat "$logs/engines.lane" 2>/dev/null || echo "engine suite: no status (exit $engines_rc)")")
+    lanes+=("$(printf '%-38s %5d s' "  waited after the others for it" $((SECONDS - engines_start)))")
     echo "== lanes (wall time) =="
     printf '%s\n' "${lanes[@]}"
-    printf '%-34s %5d s\n' "all" "$SECONDS"
+    printf '%-38s %5d s\n' "all" "$SECONDS"
     exit $status
     ;;
   durations)

@@ -125,17 +125,22 @@ def test_readme_states_the_tested_versions():
         assert f"{name} >= {pins[name]}" in readme
 
 
-def test_run_local_runs_the_minimum_lane_after_the_main_suite_beside_the_engines():
+def test_run_local_runs_the_engine_suite_beside_the_main_suite_and_the_minimum_lane_after_it():
     script = (ROOT / "run_local.sh").read_text(encoding="utf-8")
     body = script[script.index("status=0 lanes=()") :]
+    setups = body.index('(.ci/engines.sh setup; echo $? > "$logs/engines-ready"; minimum_setup)')
+    engines = body.index('lane "engine suite (Flink, Spark; beside)" .ci/engines.sh test')
     main = body.index('.venv/bin/python -m pytest tests -q "${workers[@]}" -m "not engines"\n')
+    setups_waited = body.index('wait "$prep_pid" || prep_rc=$?')
     lane = body.index("env PYTEST_WORKERS=1 ./run_local.sh test --minimum")
-    engines = body.index('lane "engine suite (Flink, Spark)" .ci/engines.sh test\n')
-    waited = body.index('wait "$min_pid" || min_rc=$?')
-    assert main < lane < engines < waited
-    # in the background (started before the engine suite, waited for after it), its status counts
-    assert body[lane : body.index("\n", body.index("exit $status", lane))].endswith(") &")
-    assert "[ $min_rc -eq 0 ] || status=$min_rc" in body
+    engines_waited = body.index('wait "$engines_pid" || engines_rc=$?')
+    # the engine lane starts (in the background, after its setup) before the main suite; the minimum-versions
+    # lane runs after the main suite, once its setup is done; the engine lane is waited for last
+    assert setups < engines < main < setups_waited < lane < engines_waited
+    assert body[engines : body.index("\n", body.index("exit $status", engines))].endswith(") &")
+    assert body[setups : body.index("\n", setups)].endswith("&")
+    # the engine lane's status counts
+    assert "[ $engines_rc -eq 0 ] || status=$engines_rc" in body
     # each lane's status is kept (a failing lane fails the command, after the others ran)
     assert '"$@" || rc=$?' in body and "[ $rc -eq 0 ] || status=$rc" in body and "exit $status" in body
     assert "constraints/minimum.txt" in script and '-c "$pins"' in script
