@@ -371,16 +371,21 @@ def failure_context(server) -> str:
 
 @pytest.fixture(scope="session")
 def direct(inputs, tmp_path_factory):
-    """case -> its seeded output on the DirectRunner (in_memory), computed once per test run."""
+    """case -> its seeded output on the DirectRunner (in_memory), computed once per test run: the case's CLI
+    (``run(argv)`` of its pipeline module) in this process, which saves a Python and Beam start-up per case; the
+    engine runs it is compared with go through the CLI in a subprocess or tests/support/merged_job.py."""
     cache = {}
 
     def get(name: str) -> Output:
         if name not in cache:
             case = CASES[name]
             out = str(tmp_path_factory.mktemp(f"direct-{name}"))
-            cache[name] = run_cli(
-                case, inputs[case.pipeline], out, ["--runner", "DirectRunner", "--direct_running_mode", "in_memory"]
-            )
+            argv = cli_argv(case, inputs[case.pipeline], out) + ["--runner", "DirectRunner"]
+            module = importlib.import_module(f"dp_partition_beam.pipelines.{case.pipeline}")
+            start = time.perf_counter()
+            code = module.run(argv + ["--direct_running_mode", "in_memory"])
+            assert code == 0, f"{name}: the DirectRunner run exited with {code}"
+            cache[name] = read_output(out, case, time.perf_counter() - start)
             assert cache[name].lines, f"{name}: the sample run releases nothing, the comparison would be vacuous"
         return cache[name]
 
