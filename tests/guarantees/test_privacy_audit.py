@@ -24,6 +24,8 @@ from dp_partition_beam.privacy.audit import (
 )
 from dp_partition_beam.transforms.testing import audit
 
+from tests.support.plan_memo import memoised_plans
+
 CASES = audit.standard_cases()
 ALPHA = 1e-6 / (4 * len(CASES))
 # Runs per dataset, by cost of the reference (the whole file stays around a minute on 2 cores).
@@ -52,6 +54,17 @@ DEFAULT_RUNS = 10_000
 POLICY_RUNS = 300  # one sequential run per call
 UNIQUE_ALGORITHMS = sorted({c.algorithm for c in CASES})
 UNIQUE_RUNS = 10_000
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_plan_per_parameters():
+    """The reference computes each (algorithm, params)'s public plan once for the whole file (as
+    SelectPartitions does once per run) instead of once per call: the one-copy-per-call cases (MAD-SIPS's
+    adaptive cap and weight_cap 'auto', the policies) spent most of their time recalibrating the same plan.
+    Every call still draws fresh histograms, subsamples and noise, so the trials and their statistics are
+    unchanged (tests/support/plan_memo.py)."""
+    with memoised_plans():
+        yield
 
 
 def _runs(case):
