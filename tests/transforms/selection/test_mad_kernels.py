@@ -223,27 +223,29 @@ def test_l2_sensitivity_tight_cases():
     """Hand-picked near-worst cases: v of every adaptive degree with n_hot of its items far above
     tau (all of v's initial weight there becomes excess), n_edge items at w_init = 1, just below
     tau (v pushes them over: partly truncated), the rest novel; with and without biases."""
+    # Every (d_max, tau, b_min, d_v, n_hot, n_edge, bias) of the grid, as before; S (and its weights) does not
+    # depend on d_v, so each S is weighed once for all the degrees of v that hold its n_hot + n_edge items.
     for d_max in (4, 6, 9):
         for tau in (1.0, 1.0 + 1.0 / (2 * d_max), 1.0 + 1.0 / d_max - 1e-9):
             for b_min in (0.5, 0.75, 1.0):
                 lo, _ = adaptive_degree_range(b_min, d_max)
-                for d_v in range(lo, d_max + 1):
-                    for n_hot in range(d_v + 1):
-                        for n_edge in range(d_v - n_hot + 1):
-                            sets = {}
-                            for k in range(n_hot):  # w_init(h_k) = 4 > tau
-                                sets.update({("h", k, u): [f"h{k}"] for u in range(4)})
-                            for k in range(n_edge):  # w_init(e_k) = d_max * 1/d_max = 1
-                                for u in range(d_max):
-                                    pad = [f"p{k}_{u}_{j}" for j in range(d_max - 1)]
-                                    sets[("e", k, u)] = [f"e{k}"] + pad
-                            sv = (
-                                [f"h{k}" for k in range(n_hot)]
-                                + [f"e{k}" for k in range(n_edge)]
-                                + [f"x{k}" for k in range(d_v - n_hot - n_edge)]
-                            )
-                            for bias in (None, {f"h{k}": 0.0 for k in range(n_hot)}):
-                                w = mad_weights(sets, tau, d_max, bias, b_min, 2.0)
+                for n_hot in range(d_max + 1):
+                    for n_edge in range(d_max - n_hot + 1):
+                        sets = {}
+                        for k in range(n_hot):  # w_init(h_k) = 4 > tau
+                            sets.update({("h", k, u): [f"h{k}"] for u in range(4)})
+                        for k in range(n_edge):  # w_init(e_k) = d_max * 1/d_max = 1
+                            for u in range(d_max):
+                                pad = [f"p{k}_{u}_{j}" for j in range(d_max - 1)]
+                                sets[("e", k, u)] = [f"e{k}"] + pad
+                        for bias in (None, {f"h{k}": 0.0 for k in range(n_hot)}):
+                            w = mad_weights(sets, tau, d_max, bias, b_min, 2.0)
+                            for d_v in range(max(lo, n_hot + n_edge), d_max + 1):
+                                sv = (
+                                    [f"h{k}" for k in range(n_hot)]
+                                    + [f"e{k}" for k in range(n_edge)]
+                                    + [f"x{k}" for k in range(d_v - n_hot - n_edge)]
+                                )
                                 w2 = mad_weights({**sets, "v": sv}, tau, d_max, bias, b_min, 2.0)
                                 sens = l2_sensitivity(w, w2)
                                 assert sens <= 1 + 1e-9, (d_max, tau, b_min, d_v, n_hot, n_edge, bias)
