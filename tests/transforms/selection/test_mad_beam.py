@@ -20,7 +20,10 @@ from tests.support.selection_cases import Select, count_lines, rounds_lines, run
 from tests.support.user_sets import pairs_of, random_user_sets
 
 SETS = random_user_sets(random.Random(4), 1500, 300, 15)  # ~10k pairs, users above Delta_0 = 8
-SMALL_SETS = random_user_sets(random.Random(4), 600, 300, 15)  # ~4k pairs: one-row batches are the slow extreme
+# ~1.25k pairs: one-row batches are the slow extreme (an element per pair through every batch step): two 700-row
+# shards cut into 150-row pieces keep the case's shape (several shards, several pieces each) at a third of the CPU of
+# 600 users' 4k pairs; 11-12 items released
+SMALL_SETS = random_user_sets(random.Random(4), 200, 300, 15)
 
 
 def _params(**changes):
@@ -31,8 +34,8 @@ ACCOUNTING = ["gdp", "basic"]
 KEEP_TABLE = {"items": (False, 1.0), "counts": (True, 1.0), "weight_cap": (False, 0.3)}  # release_counts, weight_cap
 KEEP_TABLE_ROWS_PER_SHARD = 900  # the items' runs: 12 user shards of ~10k rows
 # (rows_per_shard, batch_rows, chunk_rows): one shard; many user/item shards, small batches, pieces of a few users
-# (what a big shard is cut into before every shuffle); one-row batches in 3,000-row shards cut into 500-row pieces
-SHARDS = {"one_shard": (10**9, 65_536, None), "sharded_small_batches": (700, 50, 37), "one_row_batches": (3000, 1, 500)}
+# (what a big shard is cut into before every shuffle); one-row batches in 700-row shards cut into 150-row pieces
+SHARDS = {"one_shard": (10**9, 65_536, None), "sharded_small_batches": (700, 50, 37), "one_row_batches": (700, 1, 150)}
 
 
 def _keep_table_params(case):
@@ -43,7 +46,7 @@ def _keep_table_params(case):
 @pytest.fixture(scope="module")
 def branches():
     """{case: sorted output lines} of every case; one in_memory pipeline per DEFAULT_CHUNK_ROWS setting (it is
-    read at run time by every case of a pipeline): the default one, 37 and 500."""
+    read at run time by every case of a pipeline): the default one, 37 and 150."""
     default = {}
     for algorithm in ("mad", "mad2r"):
         for accounting in ACCOUNTING:
@@ -188,7 +191,7 @@ def test_mad_tau_is_one_rule_for_selection_and_dpne():
 def test_mad_family_output_does_not_depend_on_shards_or_batches(branches, algorithm, case):
     """The columnar MAD/MAD2R under a seed: one shard (~10k rows), many user/item shards (700 rows) with
     50-row batches and pieces of 37 rows (a few users: what a big shard is cut into before every shuffle),
-    one-row batches (the slow extreme: 600 users, ~4k rows, 3,000-row shards in 500-row pieces): same rounds."""
+    one-row batches (the slow extreme: 200 users, ~1.25k rows, 700-row shards in 150-row pieces): same rounds."""
     rows_per_shard, batch_rows, _ = SHARDS[case]
     sets = SMALL_SETS if batch_rows == 1 else SETS
     _, per_round = reference.select_rounds(sets, algorithm, _params(), seed=123)
