@@ -14,37 +14,41 @@ from dp_partition_beam.pipelines import runner
 
 from tests.support.pipeline_cases import IDS, PIPELINES, REPO, sample_args
 
-# Builds the pipeline for DataflowRunner --dry_run=True (no job is sent) and prints the Runner API
-# graph the job would carry plus the artifacts staged for the workers.
+# Builds each job's pipeline for DataflowRunner --dry_run=True (no job is sent) and prints, one JSON line per
+# job, the Runner API graph the job would carry plus the artifacts staged for the workers. The jobs (a JSON
+# list of [pipeline name, argv]) run one after another in ONE interpreter: each is its own beam.Pipeline with
+# its own options and staging, and one process saves the ~5 CPU-s of importing Beam and the Dataflow client
+# per job.
 DRY_RUN = r"""
 import json, sys
 import apache_beam as beam
 from apache_beam.portability.api import beam_runner_api_pb2
 from dp_partition_beam.pipelines import registry, runner
-spec = registry.get(sys.argv[1])
-m = spec.module()
-args, beam_args = m.build_parser().parse_known_args(sys.argv[2:])
-options = runner.pipeline_options(beam_args)
-p = beam.Pipeline(options=options)
-m.build_pipeline(p, args, m.params_from_args(args))
-result = p.run()
-result.wait_until_finish()
-job = result.job
-graph = job.proto_pipeline
-staged = []
-for env in graph.components.environments.values():
-    for dep in env.dependencies:
-        payload = beam_runner_api_pb2.ArtifactFilePayload.FromString(dep.type_payload)
-        role = beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(dep.role_payload)
-        staged.append({"path": payload.path, "name": role.staged_name})
-print(json.dumps({
-    "job_name": job.proto.name,
-    "project": job.google_cloud_options.project,
-    "location": job.google_cloud_options.region,
-    "transforms": sorted(t.unique_name for t in graph.components.transforms.values()),
-    "staged": staged,
-    "state": str(result.state),
-}))
+for name, argv in json.loads(sys.argv[1]):
+    spec = registry.get(name)
+    m = spec.module()
+    args, beam_args = m.build_parser().parse_known_args(argv)
+    options = runner.pipeline_options(beam_args)
+    p = beam.Pipeline(options=options)
+    m.build_pipeline(p, args, m.params_from_args(args))
+    result = p.run()
+    result.wait_until_finish()
+    job = result.job
+    graph = job.proto_pipeline
+    staged = []
+    for env in graph.components.environments.values():
+        for dep in env.dependencies:
+            payload = beam_runner_api_pb2.ArtifactFilePayload.FromString(dep.type_payload)
+            role = beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(dep.role_payload)
+            staged.append({"path": payload.path, "name": role.staged_name})
+    print(json.dumps({
+        "job_name": job.proto.name,
+        "project": job.google_cloud_options.project,
+        "location": job.google_cloud_options.region,
+        "transforms": sorted(t.unique_name for t in graph.components.transforms.values()),
+        "staged": staged,
+        "state": str(result.state),
+    }))
 """
 
 DATAFLOW_ARGS = [
@@ -60,8 +64,8 @@ DATAFLOW_ARGS = [
 ]
 
 
-def _dry_run(spec, tmp_path, *extra):
-    argv = [
+def _argv(spec, *extra):
+    return [
         f"--{spec.input_flag}",
         "gs://fake-bucket/in/*",
         "--input_format",
@@ -76,10 +80,14 @@ def _dry_run(spec, tmp_path, *extra):
         os.path.join(REPO, "setup.py"),
         *extra,
     ]
+
+
+def _dry_runs(tmp_path, jobs):
+    """Dry-runs ``jobs`` (``{key: (spec, argv)}``) in one subprocess; returns ``{key: its JSON line}``."""
     # No network here: a hang (credentials, metadata server) must fail the test, not stall the suite.
     env = dict(os.environ, GCE_METADATA_HOST="127.0.0.1:9", NO_GCE_CHECK="True")
     proc = subprocess.run(
-        [sys.executable, "-c", DRY_RUN, spec.name, *argv],
+        [sys.executable, "-c", DRY_RUN, json.dumps([[spec.name, argv] for spec, argv in jobs.values()])],
         cwd=str(tmp_path),
         capture_output=True,
         text=True,
@@ -87,16 +95,22 @@ def _dry_run(spec, tmp_path, *extra):
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = proc.stdout.strip().splitlines()[-len(jobs) :]
+    assert len(lines) == len(jobs), proc.stdout[-3000:]
+    return {key: json.loads(line) for key, line in zip(jobs, lines)}
 
 
 @pytest.fixture(scope="module")
 def dry_runs(tmp_path_factory):
+    """Every pipeline's dry run under its name, and the first pipeline's with --diagnostics under
+    "diagnostics": four jobs, one subprocess."""
     pytest.importorskip(
         "apache_beam.runners.dataflow.internal.apiclient",
         reason="the gcp extra is not installed (pip install -e '.[gcp]')",
     )
-    return {s.name: _dry_run(s, tmp_path_factory.mktemp(s.name)) for s in PIPELINES}
+    jobs = {s.name: (s, _argv(s)) for s in PIPELINES}
+    jobs["diagnostics"] = (PIPELINES[0], _argv(PIPELINES[0], "--diagnostics", "gs://fake-bucket/private/diag.json"))
+    return _dry_runs(tmp_path_factory.mktemp("dry_runs"), jobs)
 
 
 @pytest.mark.parametrize("spec", PIPELINES, ids=IDS)
@@ -111,11 +125,11 @@ def test_dataflow_dry_run_builds_the_job_graph_with_the_pipeline_stages(spec, dr
     assert not any(n.startswith("Diag") for n in names)
 
 
-def test_dataflow_dry_run_with_diagnostics_adds_only_the_diagnostics_branch(tmp_path):
-    pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient", reason="the gcp extra is not installed")
-    spec = PIPELINES[0]
-    out = _dry_run(spec, tmp_path, "--diagnostics", "gs://fake-bucket/private/diag.json")
-    assert {"DiagWrite", "DiagCounter_records_read", "DiagCounter_users"} <= set(out["transforms"])
+def test_dataflow_dry_run_with_diagnostics_adds_only_the_diagnostics_branch(dry_runs):
+    out, plain = dry_runs["diagnostics"], dry_runs[PIPELINES[0].name]
+    added = set(out["transforms"]) - set(plain["transforms"])
+    assert {"DiagWrite", "DiagCounter_records_read", "DiagCounter_users"} <= added
+    assert set(plain["transforms"]) <= set(out["transforms"])  # the rest of the graph is unchanged
 
 
 def _members(tar_path):
