@@ -73,24 +73,28 @@ def run_cli(tmp_path, private, fmt, public, *extra, name="out"):
     return code, dist, rep
 
 
+REFERENCE_ARGS = ("--epsilon", "2", "--S", "0.5", "--rho", "0.4", "--seed", "4")
+REFERENCE_PARAMS = BayesianParams(n=2, C=2, W=6, epsilon=2.0, S=0.5, rho=0.4)
+
+
+@pytest.fixture(scope="module")
+def jsonl_release(tmp_path_factory):
+    """One seeded jsonl CLI run, shared: the reference equality below reads its result and the eval test
+    scores its output files (one BayesianNgrams pipeline, ~2 CPU-s, instead of one per test)."""
+    tmp_path = tmp_path_factory.mktemp("jsonl_release")
+    private, public = write_private(tmp_path, "jsonl"), write_public(tmp_path)
+    code, dist, rep = run_cli(tmp_path, private, "jsonl", public, *REFERENCE_ARGS)
+    return {"run": (code, dist, rep), "private": private, "public": public, "probs": tmp_path / "out" / "probs"}
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
-def test_cli_equals_reference_and_reports_data_dependence(tmp_path, fmt):
-    code, dist, rep = run_cli(
-        tmp_path,
-        write_private(tmp_path, fmt),
-        fmt,
-        write_public(tmp_path),
-        "--epsilon",
-        "2",
-        "--S",
-        "0.5",
-        "--rho",
-        "0.4",
-        "--seed",
-        "4",
-    )
+def test_cli_equals_reference_and_reports_data_dependence(tmp_path, fmt, request):
+    if fmt == "jsonl":
+        code, dist, rep = request.getfixturevalue("jsonl_release")["run"]
+    else:
+        code, dist, rep = run_cli(tmp_path, write_private(tmp_path, fmt), fmt, write_public(tmp_path), *REFERENCE_ARGS)
     assert code == 0
-    want, _ = release(TEXTS, "bayesian", PRIOR, BayesianParams(n=2, C=2, W=6, epsilon=2.0, S=0.5, rho=0.4), seed=4)
+    want, _ = release(TEXTS, "bayesian", PRIOR, REFERENCE_PARAMS, seed=4)
     assert dist == want
     assert math.fsum(dist.values()) == pytest.approx(1.0, abs=1e-12)
     assert rep["sensitivity"] == "data-dependent" and "NOT a worst-case" in rep["guarantee"]
@@ -162,11 +166,11 @@ def test_bad_parameters_and_bad_private_record(tmp_path, capsys):
     assert json.loads(diag.read_text())["counts"]["malformed_records"] == 1
 
 
-def test_eval_command_prints_kl_per_mechanism(tmp_path, capsys):
-    private = write_private(tmp_path, "jsonl")
-    public = write_public(tmp_path)
-    code, _, _ = run_cli(tmp_path, private, "jsonl", public, "--seed", "2")
-    assert code == 0
+def test_eval_command_prints_kl_per_mechanism(jsonl_release, capsys):
+    """dp-bayesian-eval scores each mechanism at each epsilon, the public prior and a release of
+    dp-bayesian-ngrams (the shared jsonl run's files, named by their prefix)."""
+    private, public = jsonl_release["private"], jsonl_release["public"]
+    assert jsonl_release["run"][0] == 0
     capsys.readouterr()
     assert (
         bayesian_eval.run(
@@ -188,7 +192,7 @@ def test_eval_command_prints_kl_per_mechanism(tmp_path, capsys):
                 "--W",
                 "6",
                 "--distribution",
-                f"cli={tmp_path / 'out' / 'probs'}",
+                f"cli={jsonl_release['probs']}",
             ]
         )
         == 0
