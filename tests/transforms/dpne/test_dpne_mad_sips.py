@@ -21,19 +21,18 @@ from dp_partition_beam.privacy.dpne import (
 from dp_partition_beam.transforms.core import randomness
 from dp_partition_beam.transforms.dpne import dpne_kernels
 from dp_partition_beam.transforms.dpne import reference as ref
-from dp_partition_beam.transforms.dpne.reference import dpne_reference, ngram_user_counts, user_kgrams
+from dp_partition_beam.transforms.dpne.reference import dpne_reference, user_kgrams
 from dp_partition_beam.transforms.testing.synthetic import markov_corpus
 
 from .test_dpne_reference import released_subgrams_closed
+from tests.support import dpne_corpus
 
 MS = dict(selection="mad_sips")
 
 
 @pytest.fixture(scope="module")
 def corpus():
-    recs = markov_corpus(3000, vocab=120, branching=3, seed=4)
-    ug = user_kgrams(recs, 5)
-    return recs, ug, ngram_user_counts(ug)
+    return dpne_corpus.corpus()
 
 
 @pytest.mark.parametrize("split", [(0.1, 0.9), (0.03, 0.07, 0.9), (1.0,)])
