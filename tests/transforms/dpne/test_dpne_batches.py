@@ -111,7 +111,9 @@ def records():
     return out
 
 
-PARAMS = DPNEParams(epsilon=4, delta=1e-5, max_n=4, max_contributions=(15, 10, 10, 5), eta=0.3)
+# max_n=3 (was 4): level 3 is the first whose pruning reads S_{k-1} != S_1; a level 4 runs the same stages
+# again in each of the five branches with PARAMS, a third more graph each (a DPNE branch's cost is its graph)
+PARAMS = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=(15, 10, 5), eta=0.3)
 DPSU = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=10)
 # the DPNE pieces travel in (batches.DEFAULT_CHUNK_ROWS, patched for the whole pipeline): a few users each
 CHUNK_ROWS = 40

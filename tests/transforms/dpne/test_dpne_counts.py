@@ -1,10 +1,7 @@
 """Counts of released n-grams (DPNE and its DPSU baselines): Beam == reference under a seed, the plan's
 budget, the floor, and the sensitivity of the per-level count vector (docs/counts.md)."""
 
-import glob
 import math
-import os
-import tempfile
 
 import apache_beam as beam
 import pytest
@@ -25,7 +22,8 @@ from dp_partition_beam.transforms.dpne.reference import _capped, dpne_reference,
 from dp_partition_beam.transforms.selection import counts_kernels
 from dp_partition_beam.transforms.testing.synthetic import markov_corpus
 
-from tests.support.beam_helpers import make_test_pipeline
+from tests.support.beam_helpers import collect_branches
+from tests.support.dpne_cases import branch, outputs, untag
 
 SEED = 77
 
@@ -36,48 +34,49 @@ def records():
     return [(u, "\n".join(lines)) for u, lines in recs.items()]
 
 
-def run_beam_counts(records, algorithm, params, seed):
-    with tempfile.TemporaryDirectory() as tmp:
-        with make_test_pipeline() as p:
-            out = p | beam.Create(records) | DPNE(algorithm, params, seed=seed, num_shards=2)
-            _ = (
-                out["counts"]
-                | "Fmt" >> beam.MapTuple(lambda k, gc: f"{k}\t{gc[0]}\t{gc[1]}")
-                | "W" >> beam.io.WriteToText(os.path.join(tmp, "c"))
-            )
-            _ = (
-                out["ngrams"]
-                | "Fmt2" >> beam.MapTuple(lambda k, g: f"{k}\t{g}")
-                | "W2" >> beam.io.WriteToText(os.path.join(tmp, "n"))
-            )
-
-        def read(prefix):
-            return [l.rstrip("\n") for f in sorted(glob.glob(os.path.join(tmp, prefix) + "*")) for l in open(f)]
-
-        got = {}
-        for line in read("c"):
-            k, g, c = line.split("\t")
-            got.setdefault(int(k), {})[g] = int(c)
-        return got, sorted(read("n"))
-
-
 COUNTS = DPNEParams(epsilon=4, delta=1e-5, max_n=3, max_contributions=12, release_counts=True)
 DPNE_COUNTS = COUNTS.replace(eta=0.3, min_users=2)
 
 
-@pytest.mark.parametrize(
-    "algorithm,params",
-    [
-        ("dpne", DPNE_COUNTS),  # keep tables (the default)
-        ("dpne", DPNE_COUNTS.replace(threshold="gaussian")),
-        ("dpsu_even", COUNTS),
-        ("dpsu_all", COUNTS),
-    ],
-    ids=["dpne-tables", "dpne-gaussian", "dpsu_even", "dpsu_all"],
-)
-def test_dpne_counts_beam_equal_the_reference(records, algorithm, params):
+#: every Beam == reference counts case: one labelled branch each of ONE module pipeline (``beam_counts``)
+BEAM_CASES = {
+    "dpne-tables": ("dpne", DPNE_COUNTS),  # keep tables (the default)
+    "dpne-gaussian": ("dpne", DPNE_COUNTS.replace(threshold="gaussian")),
+    "dpsu_even": ("dpsu_even", COUNTS),
+    "dpsu_all": ("dpsu_all", COUNTS),
+}
+
+
+@pytest.fixture(scope="module")
+def beam_counts(records):
+    """``{case: (counts {k: {g: c}}, sorted n-gram lines)}`` from one seeded pipeline whose branches are the
+    cases of :data:`BEAM_CASES` (a pipeline has seconds of fixed cost; each case still has its own branch)."""
+
+    def build(algorithm, params):
+        return branch(
+            lambda p: outputs(
+                p | "Create" >> beam.Create(records) | "DPNE" >> DPNE(algorithm, params, seed=SEED, num_shards=2),
+                ("counts", "ngrams"),
+            )
+        )
+
+    lines = collect_branches({name: build(*case) for name, case in BEAM_CASES.items()})
+    out = {}
+    for name in BEAM_CASES:
+        got = untag(lines[name], ("counts", "ngrams"))
+        counts = {}
+        for line in got["counts"]:
+            k, g, c = line.split("\t")
+            counts.setdefault(int(k), {})[g] = int(c)
+        out[name] = counts, got["ngrams"]
+    return out
+
+
+@pytest.mark.parametrize("case", list(BEAM_CASES))
+def test_dpne_counts_beam_equal_the_reference(records, beam_counts, case):
+    algorithm, params = BEAM_CASES[case]
     want = dpne_reference(records, algorithm, params, seed=SEED)
-    got, ngram_lines = run_beam_counts(records, algorithm, params, SEED)
+    got, ngram_lines = beam_counts[case]
     assert got == {k: v for k, v in want.counts.items() if v}
     assert ngram_lines == want.lines()  # 'ngrams' are the n-grams kept by the floor
     assert sum(len(v) for v in got.values()) > 10
