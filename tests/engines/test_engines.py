@@ -1,6 +1,6 @@
 """Every pipeline on real Apache Flink and Apache Spark (issues 18, 29), through Beam's portable job servers.
 
-Run with ``.ci/engines.sh test`` (``./run_local.sh test`` runs it after the main suite): it fetches the
+Run with ``.ci/engines.sh test`` (``./run_local.sh test`` runs it beside the main suite): it fetches the
 job servers from Maven Central, starts the standalone clusters (``.ci/engines.sh cluster up``) and runs
 this module in ``.venv-engines``, whose apache-beam is the job servers' Beam version, then stops them.
 
