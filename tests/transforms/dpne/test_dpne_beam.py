@@ -72,6 +72,15 @@ IN_MEMORY = {
         SEED,
         ("ngrams", "levels"),
     ),
+    # |V_k| estimated by sampling (supplement Alg. 2): the only pruning that reads the estimate is "both"
+    # (SINGLE_SAMPLE's pruning "single" computes |V_k| exactly), so this is the case that runs EstimateValidFn
+    "dpne-both-sample-gaussian": (
+        "records",
+        "dpne",
+        BOTH.replace(threshold="gaussian", vk_method="sample", sample_rate=0.3),
+        SEED,
+        ("ngrams", "levels"),
+    ),
     "dpsu_all": ("records", "dpsu_all", DPSU, SEED, ("ngrams", "levels")),
     "dpsu_even": ("records", "dpsu_even", DPSU, SEED, ("ngrams", "levels")),
     "dpsu_single": ("records", "dpsu_single", DPSU.replace(dpsu_single_length=2), SEED, ("ngrams", "levels")),
@@ -192,7 +201,15 @@ def check_equal(want, got, levels, algorithm):
 
 
 @pytest.mark.parametrize(
-    "case", ["dpne-both-optimal", "dpne-single-sample-gaussian", "dpsu_all", "dpsu_even", "dpsu_single"]
+    "case",
+    [
+        "dpne-both-optimal",
+        "dpne-single-sample-gaussian",
+        "dpne-both-sample-gaussian",
+        "dpsu_all",
+        "dpsu_even",
+        "dpsu_single",
+    ],
 )
 def test_beam_equals_reference_in_memory(in_memory, want, case):
     got = in_memory[case]
