@@ -488,7 +488,10 @@ case "$cmd" in
       export DP_ENGINES_CLUSTER_DIR="$CLUSTER"
     fi
     status=0
-    "$VENV/bin/python" -m pytest tests/engines -q -m engines --durations=12 "$@" || status=$?  # the 12 longest: in the log
+    # Two test processes: the standalone clusters' tests and the local job servers' tests side by side
+    # (tests/engines/conftest.py: one xdist group each; one stream alone keeps ~1.2 cores busy).
+    "$VENV/bin/python" -m pytest tests/engines -q -m engines -n 2 --dist loadgroup --durations=12 "$@" \
+      || status=$?  # the 12 longest: in the log
     exit $status
     ;;
   flink|spark) job_server "$cmd" "$@" ;;
