@@ -109,25 +109,39 @@ PYEOF
 }
 
 # minimum_lane: minimum_setup, then the quick tier and every CLI there; fails when a test or a CLI fails.
-# Runs in its own process (./run_local.sh test --minimum), so `set -e` holds in it.
+# Runs in its own process (./run_local.sh test --minimum), so `set -e` holds in it. The CLIs (one process
+# at a time, mostly one core) run beside the quick tier's test processes, their log printed after it.
 minimum_lane() {
   local venv=.venv-min
   minimum_setup
-  "$venv/bin/python" -m pytest -q "${workers[@]}" -m "not slow and not engines" -p no:cacheprovider
   lane_out=$(mktemp -d)  # global: the EXIT trap runs after this function has returned
   trap 'rm -rf "$lane_out"' EXIT
-  local out=$lane_out
-  run_clis "$venv/bin" "$out"
+  local out=$lane_out/out
+  (set -e; minimum_clis "$venv/bin" "$out") > "$lane_out/clis.log" 2>&1 &
+  local clis_pid=$! tests_rc=0 clis_rc=0
+  "$venv/bin/python" -m pytest -q "${workers[@]}" -m "not slow and not engines" -p no:cacheprovider || tests_rc=$?
+  wait "$clis_pid" || clis_rc=$?
+  echo "== the CLIs with the oldest supported versions (beside the tests; exit $clis_rc) =="
+  cat "$lane_out/clis.log"
+  [ $tests_rc -eq 0 ] || { echo "minimum-versions lane: the quick tier FAILED ($tests_rc)"; exit $tests_rc; }
+  [ $clis_rc -eq 0 ] || { echo "minimum-versions lane: a CLI FAILED ($clis_rc)"; exit $clis_rc; }
+  echo "minimum-versions lane: passed"
+}
+
+# minimum_clis BIN OUT: every CLI with BIN's console scripts (run_clis, then the verifier and the evaluator).
+minimum_clis() {
+  local bin=$1 out=$2
+  run_clis "$bin" "$out"
   echo "== verify: the three releases are complete and unchanged (dp-verify-release) =="
-  "$venv/bin/dp-verify-release" "$out/report.json"
-  "$venv/bin/dp-verify-release" "$out/ngrams_report.json"
-  "$venv/bin/dp-verify-release" "$out/bayesian_report.json"
+  "$bin/dp-verify-release" "$out/report.json"
+  "$bin/dp-verify-release" "$out/ngrams_report.json"
+  "$bin/dp-verify-release" "$out/bayesian_report.json"
   echo "== bayesian_eval: KL vs epsilon on the bundled sample (one epsilon, one repeat) =="
-  "$venv/bin/dp-bayesian-eval" \
+  "$bin/dp-bayesian-eval" \
     --private data/debian_text.jsonl.gz --input_format jsonl \
     --public data/bayesian_public_trigrams.tsv.gz \
     --epsilons 1 --repeats 1 --n 3 --C 1 --W 100
-  echo "minimum-versions lane: passed"
+  echo "CLIs with the oldest supported versions: passed"
 }
 
 cmd=${1:-run}
@@ -167,12 +181,14 @@ case "$cmd" in
       exec .venv/bin/python -m pytest tests -q "${workers[@]}" -m "not engines" "$@"
     fi
     # Without arguments (CI: .ci/run): three lanes, each whatever the others gave; any failing fails the
-    # command. The engine suite (real Flink and Spark, .venv-engines) is the longest chain of waits (job
-    # submissions, JVM start-ups, heartbeats: it keeps only about 1.5 of the 2 cores busy), so it starts first,
-    # as soon as its setup is done, and runs beside the main suite (the newest versions, .venv: CPU-bound, it
-    # takes what the engine jobs leave); the minimum-versions lane (the oldest supported versions, .venv-min:
-    # the quick tier and every CLI, one test process) runs after the main suite, beside the rest of the engine
-    # suite. Each lane's wall time is printed at the end (and the setup's: .venv created or checked above).
+    # command. First the main suite (the newest versions, .venv; CPU-bound: its test processes keep both cores
+    # busy) alone, while the other lanes' setups run in the background. Then the engine suite (real Flink and
+    # Spark, .venv-engines; two test processes, one per stream of jobs, which mostly wait on submissions, JVM
+    # start-ups and heartbeats) beside the minimum-versions lane (the oldest supported versions, .venv-min:
+    # the quick tier in one test process with every CLI beside it). Measured on the 2-core machine (docs/
+    # development.md): the engine jobs beside the CPU-bound main suite took twice their time alone and the
+    # two together cost hundreds of CPU-s more than apart. Each lane's wall time is printed at the end (and
+    # the setup's: .venv created or checked above).
     status=0 lanes=() t=$SECONDS
     lane() {  # lane NAME COMMAND...: runs it, records its status and wall time
       local name=$1 start=$SECONDS rc=0
@@ -188,13 +204,8 @@ case "$cmd" in
     # .venv-min: mostly downloads, one after the other) in the background. Each lane runs its own setup again
     # when it starts: a no-op once that is done, and where the background one failed (a registry hiccup) it
     # tries again and fails visibly. Their log is printed after the main suite.
-    (.ci/engines.sh setup; echo $? > "$logs/engines-ready"; minimum_setup) > "$logs/setups" 2>&1 &
+    (.ci/engines.sh setup; minimum_setup) > "$logs/setups" 2>&1 &
     prep_pid=$!
-    # The engine lane: waits for its setup, then .ci/engines.sh test; its output follows the main suite's.
-    (while [ ! -s "$logs/engines-ready" ] && kill -0 "$prep_pid" 2>/dev/null; do sleep 1; done
-     lane "engine suite (Flink, Spark; beside)" .ci/engines.sh test > "$logs/engines" 2>&1
-     printf '%s\n' "${lanes[-1]}" > "$logs/engines.lane"; exit $status) &
-    engines_pid=$!
     lane "main suite (pytest -n ${PYTEST_WORKERS:-3})" .venv/bin/python -m pytest tests -q "${workers[@]}" -m "not engines"
     prep_start=$SECONDS
     prep_rc=0
@@ -202,12 +213,16 @@ case "$cmd" in
     echo "== setups of the other lanes (in the background during the main suite; exit $prep_rc) =="
     cat "$logs/setups"
     lanes+=("$(printf '%-38s %5d s' "  waited after it for their setups" $((SECONDS - prep_start)))")
+    # The engine lane in the background, its output printed after the minimum-versions lane's.
+    (lane "engine suite (Flink, Spark; beside)" .ci/engines.sh test > "$logs/engines" 2>&1
+     printf '%s\n' "${lanes[-1]}" > "$logs/engines.lane"; exit $status) &
+    engines_pid=$!
     lane "minimum-versions lane (-n 1, beside)" env PYTEST_WORKERS=1 ./run_local.sh test --minimum
     engines_start=$SECONDS
     engines_rc=0
     wait "$engines_pid" || engines_rc=$?
     [ $engines_rc -eq 0 ] || status=$engines_rc
-    echo "== engine suite (started after its setup, beside the main suite) =="
+    echo "== engine suite (two test processes, beside the minimum-versions lane) =="
     cat "$logs/engines"
     lanes+=("$(cat "$logs/engines.lane" 2>/dev/null || echo "engine suite: no status (exit $engines_rc)")")
     lanes+=("$(printf '%-38s %5d s' "  waited after the others for it" $((SECONDS - engines_start)))")

@@ -125,22 +125,31 @@ def test_readme_states_the_tested_versions():
         assert f"{name} >= {pins[name]}" in readme
 
 
-def test_run_local_runs_the_engine_suite_beside_the_main_suite_and_the_minimum_lane_after_it():
+def test_run_local_runs_the_main_suite_first_then_the_engine_suite_beside_the_minimum_lane():
     script = (ROOT / "run_local.sh").read_text(encoding="utf-8")
     body = script[script.index("status=0 lanes=()") :]
-    setups = body.index('(.ci/engines.sh setup; echo $? > "$logs/engines-ready"; minimum_setup)')
-    engines = body.index('lane "engine suite (Flink, Spark; beside)" .ci/engines.sh test')
+    setups = body.index('(.ci/engines.sh setup; minimum_setup) > "$logs/setups" 2>&1 &')
     main = body.index('.venv/bin/python -m pytest tests -q "${workers[@]}" -m "not engines"\n')
     setups_waited = body.index('wait "$prep_pid" || prep_rc=$?')
+    engines = body.index('lane "engine suite (Flink, Spark; beside)" .ci/engines.sh test')
     lane = body.index("env PYTEST_WORKERS=1 ./run_local.sh test --minimum")
     engines_waited = body.index('wait "$engines_pid" || engines_rc=$?')
-    # the engine lane starts (in the background, after its setup) before the main suite; the minimum-versions
-    # lane runs after the main suite, once its setup is done; the engine lane is waited for last
-    assert setups < engines < main < setups_waited < lane < engines_waited
+    # the other lanes' setups run in the background during the main suite, which runs alone; after it the
+    # engine lane starts in the background and the minimum-versions lane beside it; the engine lane is
+    # waited for last
+    assert setups < main < setups_waited < engines < lane < engines_waited
     assert body[engines : body.index("\n", body.index("exit $status", engines))].endswith(") &")
-    assert body[setups : body.index("\n", setups)].endswith("&")
+    # the engine suite's two streams (tests/engines/conftest.py)
+    engines_sh = (ROOT / ".ci" / "engines.sh").read_text(encoding="utf-8")
+    assert "-m engines -n 2 --dist loadgroup" in engines_sh
     # the engine lane's status counts
     assert "[ $engines_rc -eq 0 ] || status=$engines_rc" in body
     # each lane's status is kept (a failing lane fails the command, after the others ran)
     assert '"$@" || rc=$?' in body and "[ $rc -eq 0 ] || status=$rc" in body and "exit $status" in body
     assert "constraints/minimum.txt" in script and '-c "$pins"' in script
+    # the minimum lane's CLIs run beside its quick tier, and both their statuses count
+    lane_fn = script[script.index("minimum_lane() {") : script.index("\n}\n", script.index("minimum_lane() {"))]
+    clis = lane_fn.index('minimum_clis "$venv/bin" "$out") > "$lane_out/clis.log" 2>&1 &')
+    tests = lane_fn.index('-m "not slow and not engines" -p no:cacheprovider || tests_rc=$?')
+    assert clis < tests < lane_fn.index('wait "$clis_pid" || clis_rc=$?')
+    assert "exit $tests_rc" in lane_fn and "exit $clis_rc" in lane_fn
