@@ -183,7 +183,7 @@ case "$cmd" in
     # Without arguments (CI: .ci/run): three lanes, each whatever the others gave; any failing fails the
     # command. First the main suite (the newest versions, .venv; CPU-bound: its test processes keep both cores
     # busy) alone, while the other lanes' setups run in the background. Then the engine suite (real Flink and
-    # Spark, .venv-engines; two test processes, one per stream of jobs, which mostly wait on submissions, JVM
+    # Spark, .venv-engines; three test processes, one per stream of jobs, which mostly wait on submissions, JVM
     # start-ups and heartbeats) beside the minimum-versions lane (the oldest supported versions, .venv-min:
     # the quick tier in one test process with every CLI beside it). Measured on the 2-core machine (docs/
     # development.md): the engine jobs beside the CPU-bound main suite took twice their time alone and the
@@ -222,7 +222,7 @@ case "$cmd" in
     engines_rc=0
     wait "$engines_pid" || engines_rc=$?
     [ $engines_rc -eq 0 ] || status=$engines_rc
-    echo "== engine suite (two test processes, beside the minimum-versions lane) =="
+    echo "== engine suite (three test processes, beside the minimum-versions lane) =="
     cat "$logs/engines"
     lanes+=("$(cat "$logs/engines.lane" 2>/dev/null || echo "engine suite: no status (exit $engines_rc)")")
     lanes+=("$(printf '%-38s %5d s' "  waited after the others for it" $((SECONDS - engines_start)))")

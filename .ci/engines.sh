@@ -488,10 +488,31 @@ case "$cmd" in
       export DP_ENGINES_CLUSTER_DIR="$CLUSTER"
     fi
     status=0
-    # Two test processes: the standalone clusters' tests and the local job servers' tests side by side
-    # (tests/engines/conftest.py: one xdist group each; one stream alone keeps ~1.2 cores busy).
-    "$VENV/bin/python" -m pytest tests/engines -q -m engines -n 2 --dist loadgroup --durations=12 "$@" \
-      || status=$?  # the 12 longest: in the log
+    if [ $# -gt 0 ]; then
+      # With pytest options (.ci/engines.sh test -k skew): one test process, as selected.
+      "$VENV/bin/python" -m pytest tests/engines -q -m engines --durations=12 "$@" || status=$?
+      exit $status
+    fi
+    # Three test processes side by side, one per deployment whose state its tests change: the Flink
+    # cluster, the local Flink job server, Spark's cluster and local job server (tests/engines/conftest.py
+    # marks them; one stream alone kept ~1.2 of the 2 cores busy). Each writes its log, printed when all
+    # have ended; the 10 longest tests of each are in it.
+    logs=$(mktemp -d)
+    pids=()
+    for stream in engines_flink_cluster engines_flink_local engines_spark; do
+      "$VENV/bin/python" -m pytest tests/engines -q -m "engines and $stream" --durations=10 > "$logs/${#pids[@]}.log" 2>&1 &
+      pids+=($!)
+    done
+    i=0
+    for stream in engines_flink_cluster engines_flink_local engines_spark; do
+      rc=0
+      wait "${pids[$i]}" || rc=$?
+      [ $rc -eq 0 ] || status=$rc
+      echo "== engine tests -m \"engines and $stream\" (exit $rc) =="
+      cat "$logs/$i.log"
+      i=$((i + 1))
+    done
+    rm -rf "$logs"
     exit $status
     ;;
   flink|spark) job_server "$cmd" "$@" ;;

@@ -139,9 +139,14 @@ def test_run_local_runs_the_main_suite_first_then_the_engine_suite_beside_the_mi
     # waited for last
     assert setups < main < setups_waited < engines < lane < engines_waited
     assert body[engines : body.index("\n", body.index("exit $status", engines))].endswith(") &")
-    # the engine suite's two streams (tests/engines/conftest.py)
+    # the engine suite's three streams (tests/engines/conftest.py), pytest processes side by side whose
+    # statuses all count (tests/architecture/test_engine_streams.py checks what each selects)
     engines_sh = (ROOT / ".ci" / "engines.sh").read_text(encoding="utf-8")
-    assert "-m engines -n 2 --dist loadgroup" in engines_sh
+    streams = engines_sh[engines_sh.index("# Three test processes side by side") :]
+    streams = streams[: streams.index("exit $status")]
+    assert streams.count("for stream in engines_flink_cluster engines_flink_local engines_spark; do") == 2
+    assert '-m "engines and $stream" --durations=10 > "$logs/${#pids[@]}.log" 2>&1 &' in streams
+    assert 'wait "${pids[$i]}" || rc=$?' in streams and "[ $rc -eq 0 ] || status=$rc" in streams
     # the engine lane's status counts
     assert "[ $engines_rc -eq 0 ] || status=$engines_rc" in body
     # each lane's status is kept (a failing lane fails the command, after the others ran)

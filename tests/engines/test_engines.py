@@ -1,8 +1,10 @@
 """Every pipeline on real Apache Flink and Apache Spark (issues 18, 29), through Beam's portable job servers.
 
-Run with ``.ci/engines.sh test`` (``./run_local.sh test`` runs it beside the main suite): it fetches the
+Run with ``.ci/engines.sh test`` (``./run_local.sh test`` runs it after the main suite): it fetches the
 job servers from Maven Central, starts the standalone clusters (``.ci/engines.sh cluster up``) and runs
-this module in ``.venv-engines``, whose apache-beam is the job servers' Beam version, then stops them.
+this module in ``.venv-engines``, whose apache-beam is the job servers' Beam version, then stops them. It
+runs three test processes side by side (tests/engines/conftest.py): the tests on the standalone Flink
+cluster, those on the local Flink job server, and the Spark tests, each with its own session fixtures.
 
 The seeded cases of one deployment run as branches of one job per engine (tests/support/merged_job.py:
 each case's CLI arguments parsed and checked as its CLI does, its pipeline's ``build_pipeline`` applied
