@@ -18,7 +18,18 @@ STREAMS = ("engines_flink_cluster", "engines_flink_local", "engines_spark")
 
 def collect(markexpr: str) -> set:
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests/engines", "--collect-only", "-q", "-p", "no:cacheprovider", "-m", markexpr],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "tests/engines",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            markexpr,
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -39,7 +50,9 @@ def name(nodeid: str) -> str:
 
 def on_a_cluster(nodeid: str) -> bool:
     """The tests that use a standalone cluster, by their names (test_engines.py)."""
-    return name(nodeid).startswith(("test_seeded_output_on_a_cluster_", "test_a_job_survives_the_loss_of_a_worker", "test_skew_"))
+    return name(nodeid).startswith(
+        ("test_seeded_output_on_a_cluster_", "test_a_job_survives_the_loss_of_a_worker", "test_skew_")
+    )
 
 
 def test_the_streams_partition_the_engine_suite(streams):
@@ -53,9 +66,10 @@ def test_each_deployment_is_driven_by_one_stream(streams):
     fc, fl, sp = (streams[s] for s in STREAMS)
     # the Flink cluster: its cluster cases, worker loss and the skew tests (small-heap TaskManagers), only there
     assert fc == {n for n in streams["all"] if on_a_cluster(n) and "[spark" not in n}
-    assert {"test_skew_completes_on_small_taskmanagers_with_bounded_records", "test_a_job_survives_the_loss_of_a_worker"} <= {
-        name(n).split("[")[0] for n in fc
-    }
+    assert {
+        "test_skew_completes_on_small_taskmanagers_with_bounded_records",
+        "test_a_job_survives_the_loss_of_a_worker",
+    } <= {name(n).split("[")[0] for n in fc}
     # the local Flink job server: Flink tests on no cluster
     assert fl and all("[flink" in n and not on_a_cluster(n) for n in fl)
     # Spark (cluster and local job server) and nothing of Flink
