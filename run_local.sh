@@ -57,7 +57,7 @@ run_clis() {
     echo "released n-grams: $(cat "$out"/ngrams-?????-of-????? | wc -l) in $out/ngrams-?????-of-?????; report: $out/ngrams_report.json"
   fi
   if [ -f pipelines/bayesian_ngrams.py ] && [ -f data/bayesian_public_trigrams.tsv.gz ]; then
-    echo "== bayesian_ngrams: trigram distribution with a public prior (private choice of its weight), DirectRunner =="
+    echo "== bayesian_ngrams: trigram distribution with a public prior (noisy counts, then the posterior), DirectRunner =="
     "$bin/dp-bayesian-ngrams" \
       --private data/debian_text.jsonl.gz --input_format jsonl \
       --public data/bayesian_public_trigrams.tsv.gz \

@@ -1,24 +1,52 @@
 """Parameters of the Bayesian DP n-gram distribution release (Bayesian DP paper, Alg. 1-2, sec. 4.2-4.3).
 
 One frozen, self-validating dataclass (:class:`BayesianParams`); every error names the parameter, the
-value given and what is allowed, like :mod:`privacy.params`.
+value given and what is allowed, like :mod:`privacy.params`; and the calibration of the default
+mechanism's noisy counts (:func:`noisy_counts_plan`).
 
-Budget. By default (neither ``S`` nor ``rho`` given, no ``tune``) a fraction ``choice_epsilon_fraction``
-(0.2) of epsilon pays for the private choice of the prior's weight (issue 33: the generalized exponential
-mechanism over ``choice_S_grid`` x ``choice_rho_grid`` and the public prior alone, pure epsilon) and the
-rest, with all of delta, for the Gaussian release; with both ``S`` and ``rho`` given the whole
-``(epsilon, delta)`` goes to the Gaussian release of Algorithm 1. With ``tune=True`` (Algorithm 2, section
-4.3) a fraction ``tune_epsilon_fraction`` (paper: 1/3) of epsilon pays for the Laplace report-noisy-min
-over the (S, rho) grid (pure epsilon, no delta) and the rest, with all of delta, pays for the Gaussian
-release. The total is ``(epsilon, delta)`` by basic composition (the paper's ``(eps1 + eps2, delta)``).
+Mechanisms (:data:`MECHANISMS`; docs/bayesian_ngrams.md):
+
+* ``bayesian`` (the default, issue 59): worst-case user-level (epsilon, delta)-DP. The clamped n-gram
+  counts ``c`` (each user: <= C per n-gram, <= W in total) are released with exact discrete Gaussian noise
+  calibrated to their l2 sensitivity (:func:`noisy_counts_plan`); the posterior, and the choice of the
+  prior's weight (S, rho), are post-processing of those noisy counts and the public prior. The whole
+  (epsilon, delta) goes to the counts; the choice costs nothing.
+* ``bayesian_data_dependent``: the paper's mechanism (Algorithm 1, Algorithm 2 with ``tune``, the private
+  choice of issue 33), whose noise and choice are calibrated to sensitivities computed from the private
+  data: NOT worst-case DP (one outlier user is detectable). Opt-in only, with
+  ``acknowledge_data_dependent=True``.
+* ``laplace`` (sec. 4.2 baseline 1): worst-case pure epsilon-DP.
+* ``laplace_public`` (sec. 4.2 baseline 2): its scale reads the private total: data-dependent, opt-in only
+  with ``acknowledge_data_dependent=True``.
+
+Budget of ``bayesian_data_dependent``. By default (neither ``S`` nor ``rho`` given, no ``tune``) a
+fraction ``choice_epsilon_fraction`` (0.2) of epsilon pays for the private choice of the prior's weight
+(issue 33: the generalized exponential mechanism over ``choice_S_grid`` x ``choice_rho_grid`` and the
+public prior alone, pure epsilon; its sensitivities are data-dependent) and the rest, with all of delta,
+for the Gaussian release; with both ``S`` and ``rho`` given the whole ``(epsilon, delta)`` goes to the
+Gaussian release of Algorithm 1. With ``tune=True`` (Algorithm 2, section 4.3) a fraction
+``tune_epsilon_fraction`` (paper: 1/3) of epsilon pays for the Laplace report-noisy-min over the (S, rho)
+grid (pure epsilon, no delta) and the rest, with all of delta, pays for the Gaussian release. The total
+is ``(epsilon, delta)`` by basic composition (the paper's ``(eps1 + eps2, delta)``). The default
+``bayesian`` spends all of (epsilon, delta) on its noisy counts (:meth:`BayesianParams.budget`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from fractions import Fraction
 from typing import Optional, Tuple
 
+from dp_partition_beam.privacy.calibration import analytic_gaussian_sigma
+from dp_partition_beam.privacy.counts import (
+    DELTA_SLACK,
+    check_kernel_slack,
+    discrete_gaussian_error_bound,
+    discrete_gaussian_std,
+    discrete_sigma2,
+    kernel_tau2,
+)
 from dp_partition_beam.privacy.validation import (
     DELTA_RANGE,
     EPSILON_RANGE,
@@ -29,7 +57,10 @@ from dp_partition_beam.privacy.validation import (
     use_table,
 )
 
-MECHANISMS = ("bayesian", "laplace", "laplace_public")
+MECHANISMS = ("bayesian", "bayesian_data_dependent", "laplace", "laplace_public")
+#: The mechanisms whose guarantee is data-dependent (NOT worst-case DP): they run only with
+#: ``acknowledge_data_dependent=True``.
+DATA_DEPENDENT = ("bayesian_data_dependent", "laplace_public")
 SENSITIVITIES = ("brute_force", "bound")
 
 #: Which :class:`BayesianParams` fields each mechanism reads (a field absent here is read by all: epsilon,
@@ -38,7 +69,9 @@ SENSITIVITIES = ("brute_force", "bound")
 #: rejects a flag given for a field the run does not read.
 FIELD_USE = use_table(
     {
-        "bayesian": (
+        "bayesian": ("delta", "S", "rho", "choice_S_grid", "choice_rho_grid"),
+        "bayesian_data_dependent": (
+            "acknowledge_data_dependent",
             "delta",
             "S",
             "rho",
@@ -54,7 +87,7 @@ FIELD_USE = use_table(
             "choice_beta",
         ),
         "laplace": (),
-        "laplace_public": (),
+        "laplace_public": ("acknowledge_data_dependent",),
     },
     {
         "S": (needs("tune", False),),
@@ -130,6 +163,13 @@ class BayesianParams:
       choice_beta: the generalized exponential mechanism's failure probability beta (default 0.1): a
         candidate beats the public prior only when its estimated gain exceeds about
         ``2 * ln(K / beta) / epsilon_choice`` times its score's sensitivity.
+      acknowledge_data_dependent: must be True to run a mechanism of :data:`DATA_DEPENDENT`, whose
+        guarantee is not worst-case DP.
+
+    Which mechanism reads which field: :data:`FIELD_USE`. The default ``bayesian`` reads epsilon, delta,
+    n, C, W, S, rho and the choice grids (its choice of S, rho is post-processing: no budget, no beta);
+    ``sensitivity``, ``tune`` and its grids and fractions, ``choice_epsilon_fraction`` and
+    ``choice_beta`` belong to ``bayesian_data_dependent``.
     """
 
     epsilon: float = _field(1.0, "total user-level epsilon, in (0, 100]")
@@ -157,6 +197,11 @@ class BayesianParams:
     )
     choice_epsilon_fraction: float = _field(0.2, "share of epsilon spent on the private choice of S, rho, in (0, 1)")
     choice_beta: float = _field(0.1, "failure probability beta of the choice's generalized exponential mechanism")
+    acknowledge_data_dependent: bool = _field(
+        False,
+        "run a data-dependent mechanism (bayesian_data_dependent, laplace_public): its guarantee is NOT "
+        "worst-case (epsilon, delta)-DP; one outlier user can be detected (docs/bayesian_ngrams.md)",
+    )
 
     def __post_init__(self):
         s = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass setter)
@@ -176,6 +221,10 @@ class BayesianParams:
         check_choice("sensitivity", self.sensitivity, SENSITIVITIES)
         if not isinstance(self.tune, bool):
             raise ValueError(f"tune must be True or False, got {self.tune!r}")
+        if not isinstance(self.acknowledge_data_dependent, bool):
+            raise ValueError(
+                f"acknowledge_data_dependent must be True or False, got {self.acknowledge_data_dependent!r}"
+            )
         s("S_grid", _grid("S_grid", self.S_grid, 0.0, math.inf, lo_open=True))
         s("rho_grid", _grid("rho_grid", self.rho_grid, 0.0, 1.0, lo_open=True))
         s(
@@ -196,12 +245,14 @@ class BayesianParams:
 
     @property
     def choose(self) -> bool:
-        """True when (S, rho) are chosen privately (issue 33): no tune and S or rho not given."""
+        """True when (S, rho) are chosen (no tune and S or rho not given): by post-processing for
+        ``bayesian``, by the private choice of issue 33 for ``bayesian_data_dependent``."""
         return not self.tune and (self.S is None or self.rho is None)
 
     @property
     def epsilon_choice(self) -> float:
-        """Epsilon of the private choice of (S, rho); 0 unless :attr:`choose`."""
+        """Epsilon of ``bayesian_data_dependent``'s private choice of (S, rho); 0 unless :attr:`choose`
+        (the default ``bayesian`` spends none: :meth:`budget`)."""
         return self.epsilon * self.choice_epsilon_fraction if self.choose else 0.0
 
     @property
@@ -216,9 +267,10 @@ class BayesianParams:
 
     def budget(self, mechanism: str) -> dict:
         """How ``epsilon`` is split for ``mechanism``: ``epsilon_choice`` (the private choice of S, rho),
-        ``epsilon_tune`` (Algorithm 2) and ``epsilon_release`` (the release itself). The Laplace
-        baselines have neither S nor rho: all of epsilon goes to their release."""
-        if mechanism != "bayesian":
+        ``epsilon_tune`` (Algorithm 2) and ``epsilon_release`` (the release itself). Only
+        ``bayesian_data_dependent`` splits it: the default ``bayesian`` chooses S, rho by post-processing
+        (all of epsilon and delta go to its noisy counts) and the Laplace baselines have neither S nor rho."""
+        if mechanism != "bayesian_data_dependent":
             return {"epsilon_choice": 0.0, "epsilon_tune": 0.0, "epsilon_release": self.epsilon}
         return {
             "epsilon_choice": self.epsilon_choice,
@@ -258,11 +310,102 @@ class BayesianParams:
 
 
 def check_mechanism(algorithm: str, params: BayesianParams) -> str:
-    """Validates the mechanism and its parameters together (``tune`` is Algorithm 2 of the Bayesian
-    mechanism only); returns ``algorithm``. Raises ``ValueError`` naming the parameter."""
+    """Validates the mechanism and its parameters together (``tune`` is Algorithm 2 of the paper's
+    mechanism, ``bayesian_data_dependent``, only; a mechanism of :data:`DATA_DEPENDENT` needs
+    ``acknowledge_data_dependent=True``); returns ``algorithm``. Raises ``ValueError`` naming the parameter."""
     check_choice("algorithm", algorithm, MECHANISMS)
     if not isinstance(params, BayesianParams):
         raise TypeError(f"params must be a BayesianParams, got {type(params).__name__}")
-    if params.tune and algorithm != "bayesian":
-        raise ValueError(f"tune applies to mechanism 'bayesian' only, got {algorithm!r}")
+    if params.tune and algorithm != "bayesian_data_dependent":
+        raise ValueError(f"tune applies to mechanism 'bayesian_data_dependent' only, got {algorithm!r}")
+    if algorithm in DATA_DEPENDENT and not params.acknowledge_data_dependent:
+        raise ValueError(
+            f"mechanism {algorithm!r} calibrates to a data-dependent sensitivity: NOT worst-case (epsilon, "
+            "delta)-DP, one outlier user can be detected (docs/bayesian_ngrams.md). Pass "
+            "acknowledge_data_dependent=True (--acknowledge_data_dependent) to run it, or use the default "
+            "'bayesian' (worst-case DP)"
+        )
+    if algorithm not in DATA_DEPENDENT and params.acknowledge_data_dependent:
+        raise ValueError(
+            f"acknowledge_data_dependent applies to {' and '.join(DATA_DEPENDENT)} only, got {algorithm!r}"
+        )
     return algorithm
+
+
+# --------------------------------------------------------------------------------------------------
+# The default mechanism's noisy counts (docs/bayesian_ngrams.md, "The default: noisy counts")
+# --------------------------------------------------------------------------------------------------
+
+
+def count_l2_sensitivity(C: int, W: int) -> float:
+    """l2 sensitivity of the clamped count vector ``c`` under adding or removing one user: the user's
+    vector has integer entries in [0, C] summing to at most W, so its squared l2 norm is at most
+    ``q C^2 + r^2`` with ``q, r = divmod(W, C)`` (the norm of a vector in that box is largest at a vertex
+    that puts C on as many coordinates as W allows)."""
+    q, r = divmod(int(W), int(C))
+    return math.sqrt(q * C * C + r * r)
+
+
+@dataclasses.dataclass(frozen=True)
+class NoisyCountsPlan:
+    """The default mechanism's count release: ``c_i + X_i``, ``X_i ~ N_Z(0, sigma2)`` per public n-gram.
+
+    Attributes:
+      sigma2: the discrete Gaussian's ``sigma^2`` (an exact rational, the sampler's parameter).
+      noise_scale: ``sqrt(sigma2)``.
+      sigma_continuous: ``sigma_1``, the analytic Gaussian mechanism's sigma for (epsilon, delta') at
+        l2 sensitivity ``l2_sensitivity`` (``delta' = delta (1 - DELTA_SLACK)``).
+      tau2: the kernel lemma's extra variance (``sigma2 = sigma_1^2 + tau2``, rounded up).
+      l2_sensitivity: :func:`count_l2_sensitivity` (C, W).
+      l0: coordinates one user can change (<= W: its distinct n-grams, each counted at least once).
+      epsilon, delta: the release's budget (all of it).
+    """
+
+    sigma2: Fraction
+    noise_scale: float
+    sigma_continuous: float
+    tau2: Fraction
+    l2_sensitivity: float
+    l0: int
+    epsilon: float
+    delta: float
+
+    def as_report(self) -> dict:
+        return {
+            "noise": "discrete_gaussian",
+            "count_noise_scale": self.noise_scale,
+            "count_noise_std": discrete_gaussian_std(self.sigma2),
+            "count_error_bound_95": discrete_gaussian_error_bound(self.sigma2, 0.95),
+            "sigma2": f"{self.sigma2.numerator}/{self.sigma2.denominator}",
+            "sigma_continuous": self.sigma_continuous,
+            "kernel_tau2": float(self.tau2),
+            "l2_sensitivity": self.l2_sensitivity,
+            "l0_sensitivity": self.l0,
+        }
+
+
+def noisy_counts_plan(params: BayesianParams) -> NoisyCountsPlan:
+    """Calibrates the default mechanism's count noise to (epsilon, delta) (docs/bayesian_ngrams.md, the
+    proof). The continuous Gaussian ``N(0, sigma_1^2)`` on a query of l2 sensitivity ``D`` is
+    (epsilon, delta')-DP for the analytic Gaussian mechanism's ``sigma_1`` (Balle & Wang 2018); the
+    discrete Gaussian of ``sigma_1^2 + tau^2`` is, coordinate by coordinate, within ``e^{+-gamma}`` of a
+    post-processing of it (the kernel lemma of :mod:`privacy.counts`, for any integer centre), and at most
+    ``l0`` coordinates differ between neighbours, so its hockey-stick divergence exceeds delta' by at most
+    the slack :func:`privacy.counts.check_kernel_slack` verifies fits in ``DELTA_SLACK * delta``."""
+    D = count_l2_sensitivity(params.C, params.W)
+    l0 = int(params.W)
+    delta = params.delta
+    sigma_1 = analytic_gaussian_sigma(params.epsilon, delta * (1.0 - DELTA_SLACK), D)
+    tau2 = kernel_tau2(l0, delta)
+    check_kernel_slack(l0, delta, tau2)
+    sigma2 = discrete_sigma2(sigma_1, tau2)
+    return NoisyCountsPlan(
+        sigma2=sigma2,
+        noise_scale=math.sqrt(float(sigma2)),
+        sigma_continuous=float(sigma_1),
+        tau2=tau2,
+        l2_sensitivity=D,
+        l0=l0,
+        epsilon=params.epsilon,
+        delta=delta,
+    )

@@ -41,9 +41,10 @@ def write_public(tmp_path, lines=None, name="public.tsv.gz"):
 
 def run_cli(tmp_path, private, fmt, public, *extra, name="out"):
     out, report = tmp_path / name / "probs", tmp_path / name / "report.json"
-    # the budget is required (delta by the Bayesian mechanism only); extra may set it, once
+    # the budget is required (delta by the Gaussian mechanisms only); extra may set it, once
     mechanism = extra[extra.index("--mechanism") + 1] if "--mechanism" in extra else "bayesian"
-    budget = {"--epsilon": "1", "--delta": "1e-5"} if mechanism == "bayesian" else {"--epsilon": "1"}
+    gaussian = mechanism in ("bayesian", "bayesian_data_dependent")
+    budget = {"--epsilon": "1", "--delta": "1e-5"} if gaussian else {"--epsilon": "1"}
     argv = [
         "--private",
         private,
@@ -75,6 +76,7 @@ def run_cli(tmp_path, private, fmt, public, *extra, name="out"):
 
 REFERENCE_ARGS = ("--epsilon", "2", "--S", "0.5", "--rho", "0.4", "--seed", "4")
 REFERENCE_PARAMS = BayesianParams(n=2, C=2, W=6, epsilon=2.0, S=0.5, rho=0.4)
+DD_ARGS = ("--mechanism", "bayesian_data_dependent", "--acknowledge_data_dependent")
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +90,7 @@ def jsonl_release(tmp_path_factory):
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
-def test_cli_equals_reference_and_reports_data_dependence(tmp_path, fmt, request):
+def test_cli_default_equals_reference_and_reports_a_worst_case_guarantee(tmp_path, fmt, request):
     if fmt == "jsonl":
         code, dist, rep = request.getfixturevalue("jsonl_release")["run"]
     else:
@@ -97,9 +99,36 @@ def test_cli_equals_reference_and_reports_data_dependence(tmp_path, fmt, request
     want, _ = release(TEXTS, "bayesian", PRIOR, REFERENCE_PARAMS, seed=4)
     assert dist == want
     assert math.fsum(dist.values()) == pytest.approx(1.0, abs=1e-12)
-    assert rep["sensitivity"] == "data-dependent" and "NOT a worst-case" in rep["guarantee"]
-    assert rep["S"] == 0.5 and rep["rho"] == 0.4 and rep["epsilon"] == 2.0 and rep["private"] is False
+    assert rep["sensitivity"] == "data-independent" and rep["guarantee_kind"] == "worst-case (epsilon, delta)-DP"
+    assert rep["S"] == 0.5 and rep["rho"] == 0.4 and rep["epsilon"] == 2.0 and rep["delta"] == 1e-5
+    assert rep["private"] is False  # seeded
+    assert rep["noise"] == "discrete_gaussian" and rep["l2_sensitivity"] == math.sqrt(3 * 4)  # W=6, C=2
+
+
+def test_cli_data_dependent_needs_the_acknowledgement_and_names_no_worst_case_budget(tmp_path, capsys):
+    """The paper's mechanism runs only with --acknowledge_data_dependent; its report says guarantee_kind
+    'data-dependent', has no epsilon/delta field (data_dependent_epsilon, ...) and its summary line says
+    NOT worst-case DP; the stderr warning names the outlier risk."""
+    private, public = write_private(tmp_path, "jsonl"), write_public(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        run_cli(tmp_path, private, "jsonl", public, "--mechanism", "bayesian_data_dependent", name="no_ack")
+    assert e.value.code == 2 and "--acknowledge_data_dependent" in capsys.readouterr().err
+    code, dist, rep = run_cli(tmp_path, private, "jsonl", public, *DD_ARGS, *REFERENCE_ARGS, name="dd")
+    out, err = capsys.readouterr()
+    assert code == 0
+    params = REFERENCE_PARAMS.replace(acknowledge_data_dependent=True)
+    assert dist == release(TEXTS, "bayesian_data_dependent", PRIOR, params, seed=4)[0]
+    assert rep["guarantee_kind"] == "data-dependent" and rep["private"] is False
+    assert "NOT a worst-case" in rep["guarantee"] and "outlier" in err
+    budget = {k for k in rep if "epsilon" in k or "delta" in k}
+    assert budget and all(k.startswith("data_dependent_") for k in budget), budget
+    assert rep["data_dependent_epsilon"] == 2.0 and rep["data_dependent_delta"] == 1e-5
+    summary = [l for l in out.splitlines() if l.startswith("released")]
+    assert len(summary) == 1 and "NOT worst-case DP" in summary[0] and "privately" not in summary[0]
     assert "gamma" not in json.dumps(rep) and "sigma_ps" not in rep  # data-dependent values stay out
+    with pytest.raises(SystemExit) as e:  # the acknowledgement is for the data-dependent mechanisms only
+        run_cli(tmp_path, private, "jsonl", public, "--acknowledge_data_dependent", name="ack_default")
+    assert e.value.code == 2 and "acknowledge_data_dependent" in capsys.readouterr().err
 
 
 def test_cli_tsv_tune_and_laplace(tmp_path):
@@ -110,6 +139,7 @@ def test_cli_tsv_tune_and_laplace(tmp_path):
         private,
         "tsv",
         public,
+        *DD_ARGS,
         "--tune",
         "--S_grid",
         "0.01,1",
@@ -123,7 +153,8 @@ def test_cli_tsv_tune_and_laplace(tmp_path):
     )
     assert code == 0 and set(dist) == set(PRIOR.vocab)
     assert math.fsum(dist.values()) == pytest.approx(1.0, abs=1e-12)
-    assert rep["epsilon_tune"] == 0.25 and rep["epsilon_release"] == 0.75 and rep["tune_candidates"] == 4
+    assert rep["data_dependent_epsilon_tune"] == 0.25 and rep["data_dependent_epsilon_release"] == 0.75
+    assert rep["tune_candidates"] == 4
     assert (rep["S"], rep["rho"]) in {(0.01, 0.3), (0.01, 0.7), (1.0, 0.3), (1.0, 0.7)}
     code, dist, rep = run_cli(tmp_path, private, "tsv", public, "--mechanism", "laplace", name="l")
     assert code == 0 and rep["sensitivity"] == "data-independent" and rep["laplace_scale"] == 6.0
@@ -200,7 +231,7 @@ def test_eval_command_prints_kl_per_mechanism(jsonl_release, capsys):
     out = capsys.readouterr().out
     rows = [l.split() for l in out.splitlines()[3:]]
     names = [(r[0], r[1]) for r in rows]
-    for mech in ("bayesian", "laplace", "laplace_public"):
+    for mech in ("bayesian", "bayesian_data_dependent", "laplace", "laplace_public"):
         assert (mech, "0.5") in names and (mech, "4") in names
     assert ("public", "-") in names and ("cli", "-") in names
     kl = {(r[0], r[1]): float(r[2]) for r in rows}
@@ -262,7 +293,8 @@ def test_eval_reads_a_release_by_its_shards(tmp_path, capsys):
 
 def test_eval_ceiling_prints_the_best_grid_point_per_epsilon(tmp_path, capsys):
     private, public = write_private(tmp_path, "jsonl"), write_public(tmp_path)
-    assert _eval(private, public, "--mechanisms", "bayesian", "--ceiling") == 0
+    assert _eval(private, public, "--mechanisms", "bayesian_data_dependent", "--ceiling") == 0
     rows = {l.split()[0]: l.split() for l in capsys.readouterr().out.splitlines()[3:]}
     assert rows["ceiling"][1] == "1" and rows["ceiling"][4].startswith("S=") and rows["ceiling"][5].startswith("rho=")
-    assert float(rows["ceiling"][2]) <= float(rows["bayesian"][2])  # the default is a grid point
+    # the ceiling is Algorithm 1's best grid point; the data-dependent mechanism's own choice is a grid point
+    assert float(rows["ceiling"][2]) <= float(rows["bayesian_data_dependent"][2])

@@ -223,7 +223,8 @@ def test_list_flags_parse_into_the_dataclass(tmp_path):
     args.max_contributions = cli.int_list("9")
     assert extract_ngrams.params_from_args(args).max_contributions == 9
     parser = bayesian_ngrams.build_parser()
-    args, _ = parser.parse_known_args(base_argv("bayesian_ngrams", tmp_path) + ["--tune"])
+    dd = ["--mechanism", "bayesian_data_dependent", "--acknowledge_data_dependent", "--tune"]
+    args, _ = parser.parse_known_args(base_argv("bayesian_ngrams", tmp_path) + dd)
     args.S_grid = cli.float_list("0.1,1")
     p = bayesian_ngrams.params_from_args(args)
     assert p.tune is True and p.S_grid == (0.1, 1.0)

@@ -26,6 +26,7 @@ MODULES = {
     "bayesian_eval": bayesian_eval,
 }
 RELEASES = ("select_partitions", "extract_ngrams", "bayesian_ngrams")
+DD = {"--mechanism": "bayesian_data_dependent", "--acknowledge_data_dependent": True}  # the paper's, opt-in
 PUBLIC = os.path.join(REPO, "data", "bayesian_public_trigrams.tsv.gz")
 
 #: The flags of a complete, valid seeded run of each CLI (paths added by ``argv``); a case changes them.
@@ -190,6 +191,11 @@ MISSING = [
     ("bayesian_ngrams", {"--epsilon": None}, "the following arguments are required: --epsilon"),
     ("bayesian_ngrams", {"--delta": None}, "--delta is required with --mechanism bayesian"),
     ("bayesian_ngrams", {"--delta": None, "--mechanism": "bayesian"}, "--delta is required with --mechanism bayesian"),
+    (
+        "bayesian_ngrams",
+        {"--delta": None, "--mechanism": "bayesian_data_dependent", "--acknowledge_data_dependent": True},
+        "--delta is required with --mechanism bayesian_data_dependent",
+    ),
 ]
 
 
@@ -216,7 +222,7 @@ def test_budget_flags_are_required_in_help_and_templates():
     actions = {a.dest: a for a in bayesian_ngrams.build_parser()._actions}
     assert actions["epsilon"].required and actions["epsilon"].default is None
     assert not actions["delta"].required and actions["delta"].default is None  # required with bayesian only
-    assert "required with --mechanism bayesian" in actions["delta"].help
+    assert "required with --mechanism bayesian, bayesian_data_dependent" in actions["delta"].help
 
 
 # --- an option the chosen algorithm does not read (point 10) --------------------------------------------
@@ -344,24 +350,48 @@ UNUSED = [
     (
         "bayesian_ngrams",
         {"--mechanism": "laplace"},
-        "--delta is not used by --mechanism laplace (it is used by: bayesian)",
-    ),
-    ("bayesian_ngrams", {"--tune": True, "--S": "1"}, "--S is not used by --mechanism bayesian with --tune"),
-    ("bayesian_ngrams", {"--rho_grid": "0.1,0.2"}, "--rho_grid is not used by --mechanism bayesian without --tune"),
-    (
-        "bayesian_ngrams",
-        {"--tune_epsilon_fraction": "0.5"},
-        "--tune_epsilon_fraction is not used by --mechanism bayesian without --tune",
+        "--delta is not used by --mechanism laplace (it is used by: bayesian, bayesian_data_dependent)",
     ),
     (
         "bayesian_ngrams",
-        {"--mechanism": "laplace_public", "--delta": None, "--tune": "false"},
-        "--tune is not used by --mechanism laplace_public (it is used by: bayesian)",
+        {**DD, "--tune": True, "--S": "1"},
+        "--S is not used by --mechanism bayesian_data_dependent with --tune",
+    ),
+    (
+        "bayesian_ngrams",
+        {**DD, "--rho_grid": "0.1,0.2"},
+        "--rho_grid is not used by --mechanism bayesian_data_dependent without --tune",
+    ),
+    (
+        "bayesian_ngrams",
+        {**DD, "--tune_epsilon_fraction": "0.5"},
+        "--tune_epsilon_fraction is not used by --mechanism bayesian_data_dependent without --tune",
+    ),
+    (
+        "bayesian_ngrams",
+        {"--tune": True},
+        "--tune is not used by --mechanism bayesian (it is used by: bayesian_data_dependent)",
+    ),
+    (
+        "bayesian_ngrams",
+        {"--choice_epsilon_fraction": "0.3"},
+        "--choice_epsilon_fraction is not used by --mechanism bayesian (it is used by: bayesian_data_dependent)",
+    ),
+    (
+        "bayesian_ngrams",
+        {"--acknowledge_data_dependent": True},
+        "--acknowledge_data_dependent is not used by --mechanism bayesian (it is used by: "
+        "bayesian_data_dependent, laplace_public)",
+    ),
+    (
+        "bayesian_ngrams",
+        {"--mechanism": "laplace_public", "--acknowledge_data_dependent": True, "--delta": None, "--tune": "false"},
+        "--tune is not used by --mechanism laplace_public (it is used by: bayesian_data_dependent)",
     ),
     (
         "bayesian_ngrams",
         {"--mechanism": "laplace", "--delta": None, "--sensitivity": "bound"},
-        "--sensitivity is not used by --mechanism laplace (it is used by: bayesian)",
+        "--sensitivity is not used by --mechanism laplace (it is used by: bayesian_data_dependent)",
     ),
 ]
 
@@ -369,6 +399,15 @@ UNUSED = [
 @pytest.mark.parametrize("name,changes,message", UNUSED, ids=[f"{c[0]}-{'-'.join(c[1])}" for c in UNUSED])
 def test_an_option_the_algorithm_does_not_use_is_an_error_naming_it(name, changes, message, tmp_path, capsys):
     assert_one_line_error(name, tmp_path, capsys, argv(name, tmp_path, changes), message)
+
+
+def _bayesian_budget(mechanism, changes):
+    """What a bayesian_ngrams run of ``mechanism`` needs besides its flags: no --delta for the Laplace
+    mechanisms, the acknowledgement for the data-dependent ones."""
+    if mechanism not in ("bayesian", "bayesian_data_dependent"):
+        changes["--delta"] = None
+    if mechanism in bayesian.DATA_DEPENDENT:
+        changes["--acknowledge_data_dependent"] = True
 
 
 TABLES = {
@@ -395,7 +434,8 @@ def test_the_parser_takes_its_table_from_the_privacy_module(name):
 
 def _uses(name, dest, algorithm):
     """The flags under which ``algorithm`` reads ``dest`` (the examples of its conditions)."""
-    use = MODULES[name].build_parser().flag_use.get(dest)
+    flag_use = MODULES[name].build_parser().flag_use
+    use = flag_use.get(dest)
     if use is None:
         return {}
     if use.algorithms is not None and algorithm not in use.algorithms:
@@ -403,6 +443,9 @@ def _uses(name, dest, algorithm):
     changes = {}
     for condition in use.conditions:
         for key, value in condition.example:
+            key_use = flag_use.get(key)
+            if key_use is not None and key_use.algorithms is not None and algorithm not in key_use.algorithms:
+                continue  # a flag this algorithm never reads (bayesian's --tune): its default already holds
             changes[f"--{key}"] = True if value is True else ("false" if value is False else str(value))
     return changes
 
@@ -430,8 +473,8 @@ def test_every_flag_is_accepted_where_its_algorithm_reads_it(name, tmp_path):
             if changes is None:
                 continue
             changes = {f"--{flag}": algorithm, **changes}
-            if algorithm != "bayesian" and name == "bayesian_ngrams":
-                changes["--delta"] = None
+            if name == "bayesian_ngrams":
+                _bayesian_budget(algorithm, changes)
             changes.setdefault(f"--{dest}", _example_value(actions[dest]))
             args, _ = MODULES[name].build_parser().parse_known_args(argv(name, tmp_path, changes))
             MODULES[name].params_from_args(args)
@@ -446,8 +489,8 @@ def test_defaults_trip_nothing_for_any_algorithm(name, tmp_path):
     _, flag, algorithms = TABLES[name]
     for algorithm in algorithms:
         changes = {f"--{flag}": algorithm}
-        if name == "bayesian_ngrams" and algorithm != "bayesian":
-            changes["--delta"] = None
+        if name == "bayesian_ngrams":
+            _bayesian_budget(algorithm, changes)
         args, _ = MODULES[name].build_parser().parse_known_args(argv(name, tmp_path, changes))
         assert getattr(args, flag) == algorithm
         MODULES[name].params_from_args(args)

@@ -15,6 +15,7 @@ import pytest
 
 from dp_partition_beam.pipelines import bayesian_ngrams, extract_ngrams
 from dp_partition_beam.privacy import BayesianParams, DPNEParams, SelectionParams
+from dp_partition_beam.privacy.bayesian import DATA_DEPENDENT
 from dp_partition_beam.transforms import DPNE, BayesianNgrams, SelectPartitions, reference
 from dp_partition_beam.transforms.bayesian import bayesian_kernels as BK
 from dp_partition_beam.transforms.bayesian.bayesian import UserNgramCountsFn
@@ -319,9 +320,10 @@ def test_extract_ngrams_cli_prints_one_line_for_a_bad_tokenizer(tmp_path, capfd,
 # --- 3. the Bayesian report states its guarantee ---------------------------------------------------------
 
 GUARANTEES = {
-    "bayesian": ("data-dependent (NOT worst-case DP)", False, True),
+    "bayesian": ("worst-case (epsilon, delta)-DP", True, False),
+    "bayesian_data_dependent": ("data-dependent", False, True),
     "laplace": ("worst-case (epsilon, delta)-DP", True, False),
-    "laplace_public": ("data-dependent (NOT worst-case DP)", False, True),
+    "laplace_public": ("data-dependent", False, True),
 }
 
 
@@ -341,8 +343,9 @@ def run_bayesian_cli(tmp_path, name, *extra):
 @pytest.mark.parametrize("mechanism", list(GUARANTEES))
 def test_bayesian_report_guarantee_kind_private_flag_and_warning(tmp_path, capfd, mechanism):
     kind, private, warns = GUARANTEES[mechanism]
-    budget = ("--epsilon", "1", *(("--delta", "1e-5") if mechanism == "bayesian" else ()))  # delta: the Gaussian's
-    args = ("--mechanism", mechanism, *budget)
+    gaussian = mechanism in ("bayesian", "bayesian_data_dependent")
+    budget = ("--epsilon", "1", *(("--delta", "1e-5") if gaussian else ()))  # delta: the Gaussians'
+    args = ("--mechanism", mechanism, *budget, *(("--acknowledge_data_dependent",) if warns else ()))
     code, lines, rep = run_bayesian_cli(tmp_path, "u", *args)  # unseeded
     captured = capfd.readouterr()
     assert code == 0 and len(lines) == CLI_PRIOR.size and rep["seed"] is None, captured.err
@@ -350,12 +353,15 @@ def test_bayesian_report_guarantee_kind_private_flag_and_warning(tmp_path, capfd
     assert ("NOT a worst-case" in rep["guarantee"]) is warns
     warning = (
         f"warning: --mechanism {mechanism} calibrates its noise to a data-dependent sensitivity: NOT a "
-        "worst-case (epsilon, delta)-DP guarantee (docs/bayesian_ngrams.md); --mechanism laplace gives one"
+        "worst-case (epsilon, delta)-DP guarantee, one outlier user can be detected (docs/bayesian_ngrams.md); "
+        "the default --mechanism bayesian gives one"
     )
     assert (warning in captured.err.splitlines()) is warns, captured.err
     assert "warning: --mechanism" not in captured.err or warns
-    assert kind in captured.out  # the summary line states it too
-    if mechanism == "laplace":  # seeded: reproducible, so not private even with a worst-case guarantee
+    summary = [line for line in captured.out.splitlines() if line.startswith("released")]
+    assert len(summary) == 1 and ("NOT worst-case DP" in summary[0]) is warns  # the summary line states it too
+    assert warns or ("worst-case" in summary[0] and "epsilon=1" in summary[0])
+    if not warns:  # seeded: reproducible, so not private even with a worst-case guarantee
         code, _, rep = run_bayesian_cli(tmp_path, "s", *args, "--seed", "3")
         assert code == 0 and rep["private"] is False and rep["guarantee_kind"] == kind
 
@@ -364,13 +370,26 @@ def test_report_fields_match_every_mechanisms_release_info():
     """The launcher's table of sensitivities (for the warning, before the run) agrees with the release."""
     c = pa.array([30, 10]).to_numpy()
     for mechanism in bayesian_ngrams.SENSITIVITY:
-        _, info = BK.finalize(PRIOR, mechanism, BAYES.replace(S=0.1, rho=0.5), c, c, [1.0], seed=1, rng=None)
+        params = BAYES.replace(acknowledge_data_dependent=mechanism in DATA_DEPENDENT)
+        _, info = BK.finalize(PRIOR, mechanism, params.replace(S=0.1, rho=0.5), c, c, [1.0], seed=1, rng=None)
         assert info["public"]["sensitivity"] == bayesian_ngrams.SENSITIVITY[mechanism]
-        if mechanism == "bayesian":  # the default: the private choice of S, rho (issue 33)
+        _, info = BK.finalize(
+            PRIOR,
+            mechanism,
+            params,
+            c,
+            c,
+            [1.0] * len(BAYES.S_values),
+            1,
+            None,
+            choice_changes=[0.01] * len(BAYES.grid),
+        )
+        assert info["public"]["sensitivity"] == bayesian_ngrams.SENSITIVITY[mechanism]
+        if mechanism == "bayesian_data_dependent":  # its private choice of S, rho (issue 33)
             gammas = [1.0] * len(BAYES.S_values)
             with pytest.raises(ValueError, match="choice_changes"):
                 BK.finalize(PRIOR, mechanism, BAYES, c, c, gammas, seed=1, rng=None)
             changes = [0.01] * len(BAYES.grid)
             _, info = BK.finalize(PRIOR, mechanism, BAYES, c, c, gammas, seed=1, rng=None, choice_changes=changes)
             assert info["public"]["sensitivity"] == bayesian_ngrams.SENSITIVITY[mechanism]
-        assert (bayesian_ngrams.data_dependent_warning(mechanism) is None) is (mechanism == "laplace")
+        assert (bayesian_ngrams.data_dependent_warning(mechanism) is None) is (mechanism not in DATA_DEPENDENT)

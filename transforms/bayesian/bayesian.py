@@ -229,8 +229,12 @@ class ClampedUserCounts(beam.PTransform):
 class BayesianNgrams(beam.PTransform):
     """(user, text) records -> {'distribution': (n-gram, probability), 'info': report dict}.
 
-    ``algorithm`` 'bayesian' is Algorithm 1 (``params.tune`` False) or Algorithm 2 (True); 'laplace' and
-    'laplace_public' are the section 4.2 baselines. The release is over the public vocabulary of
+    ``algorithm`` 'bayesian' (the default) is worst-case (epsilon, delta)-DP: the clamped counts with exact
+    discrete Gaussian noise, the posterior and the choice of (S, rho) computed from them (post-processing;
+    docs/bayesian_ngrams.md). 'bayesian_data_dependent' is the paper's Algorithm 1 (``params.tune`` False)
+    or Algorithm 2 (True), calibrated to data-dependent sensitivities: NOT worst-case DP, it needs
+    ``params.acknowledge_data_dependent``. 'laplace' and 'laplace_public' (data-dependent, acknowledged
+    likewise) are the section 4.2 baselines. The release is over the public vocabulary of
     ``prior``; the probabilities of the ``distribution`` output sum to 1 (one element per public n-gram).
 
     Args:
@@ -275,7 +279,7 @@ class BayesianNgrams(beam.PTransform):
             stats = users | "Stats" >> beam.CombineGlobally(CountStatsFn(V))  # (c, N)
             gammas = self._gammas(users, stats, "")
             choice = None
-            if self.algorithm == "bayesian" and p.choose:
+            if self.algorithm == "bayesian_data_dependent" and p.choose:
                 choice = side(
                     users
                     | "UserChoiceChange" >> beam.ParDo(UserChoiceChangeFn(prior, p), side(stats))  # (K,) per user
@@ -309,7 +313,7 @@ class BayesianNgrams(beam.PTransform):
     def _gammas(self, users, stats, suffix):
         p = self._params
         side = beam.pvalue.AsSingleton
-        if self.algorithm != "bayesian":
+        if self.algorithm != "bayesian_data_dependent":
             return None
         if p.sensitivity == "bound":
             return side(stats | f"Claim1Bound{suffix}" >> beam.Map(_claim1, p.S_values, p.C))  # (|S|,)

@@ -34,10 +34,11 @@ from typing import Any, Dict, Iterable, Mapping, Optional, Sequence, Tuple
 import numpy as np
 from scipy import special
 
-from dp_partition_beam.privacy.bayesian import BayesianParams
+from dp_partition_beam.privacy.bayesian import BayesianParams, noisy_counts_plan
 from dp_partition_beam.privacy.calibration import analytic_gaussian_sigma
 from dp_partition_beam.transforms.core import randomness
 from dp_partition_beam.transforms.core import text as tx
+from dp_partition_beam.transforms.core.discrete_gaussian import DiscreteGaussian
 
 # Randomness purposes (the contract's "purpose" field).
 PURPOSE_TOTAL_CAP = "bayes_total_cap"
@@ -46,6 +47,8 @@ PURPOSE_GAUSSIAN = "bayes_gaussian"
 PURPOSE_TUNE = "bayes_tune"
 PURPOSE_LAPLACE = "bayes_laplace"
 PURPOSE_CHOICE = "bayes_choice"
+PURPOSE_COUNT_NOISE = "bayes_count_noise"
+PURPOSE_FISSION = "bayes_fission"
 
 UserCounts = Tuple[np.ndarray, np.ndarray]  # (vocabulary indices, sorted; clamped counts)
 
@@ -657,6 +660,128 @@ def candidate_log_thetas(prior: "PublicPrior", c2: np.ndarray, N2: np.ndarray, p
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# The default mechanism: noisy counts, then the posterior as post-processing (issue 59;
+# docs/bayesian_ngrams.md "The default: noisy counts")
+# ---------------------------------------------------------------------------------------------
+
+#: Draws of the choice's data fission (docs/bayesian_ngrams.md, "Choosing S and rho from the noisy counts").
+FISSION_DRAWS = 8
+#: The choice's penalty on a candidate's spread: its score plus FISSION_Z times its score's noise scale (a
+#: candidate no better than the prior beats it with probability about 2.3%, for Gaussian scores; measured
+#: against 1 and 2.86 in docs/bayesian_ngrams.md).
+FISSION_Z = 2.0
+
+
+def noisy_count_vector(c: np.ndarray, vocab: Sequence[str], sigma2, seed: Optional[int]) -> np.ndarray:
+    """``c_i + X_i`` per public n-gram, ``X_i ~ N_Z(0, sigma2)`` drawn exactly (an int64 vector): seeded,
+    ``X_i`` is a function of (seed, ``bayes_count_noise``, 0, n-gram); unseeded, OS entropy."""
+    dg = DiscreteGaussian(sigma2, seed, PURPOSE_COUNT_NOISE, 0)
+    noise = np.array([dg.draw(g) for g in vocab], dtype=np.int64)
+    return np.asarray(c, dtype=np.int64) + noise
+
+
+def noisy_log_theta(counts: np.ndarray, mu_p: np.ndarray, S: float, rho: float, C: int) -> np.ndarray:
+    """``log softmax(mu_ps)`` of Corollary 1 computed from (noisy) counts alone: ``c+ = max(counts, 0)``
+    stands for ``c``, and ``c+ / C`` for the users per n-gram ``N`` (a user adds at most C to an n-gram,
+    so ``N >= c / C``): ``mu_ps = rho w(c+/C) x_hat(c+) + (1 - rho) mu_p``."""
+    cp = np.maximum(np.asarray(counts, dtype=np.float64), 0.0)
+    return log_softmax(posterior_mean(x_hat(cp), decay_weights(cp / C, S, C), mu_p, rho))
+
+
+def fission_scores(
+    noisy: np.ndarray,
+    prior: "PublicPrior",
+    params: BayesianParams,
+    noise_scale: float,
+    seed: Optional[int],
+    rng: Optional[np.random.Generator],
+) -> np.ndarray:
+    """Scores of the prior alone (index 0) and of every (S, rho) of ``params.grid`` (index k + 1), lower
+    is better; a function of the noisy counts, the public prior and public randomness only.
+
+    Data fission (Leiner et al. 2023): with ``W_r = noise_scale * Z_r`` (fresh standard normals per
+    n-gram, round r of ``bayes_fission``), ``f_r = noisy + W_r`` and ``g_r = noisy - W_r`` are, for
+    Gaussian count noise, independent estimates of ``c``; a candidate is fitted on ``f_r`` and scored on
+    ``g_r`` by the cross-entropy ``-sum_i g_r,i log theta_i(f_r)`` (eq. 6 on held-out counts), averaged
+    over :data:`FISSION_DRAWS` rounds, plus :data:`FISSION_Z` times the score's noise scale
+    ``noise_scale * sqrt(2) * ||log theta(f_r) - log theta_0||_2`` (relative to the prior alone, whose
+    score has none), so a candidate has to beat the prior by more than its own noise."""
+    mu_p = mu_prior(prior.alpha)
+    lt0 = log_softmax(mu_p)
+    grid = params.grid
+    score = np.zeros(len(grid) + 1)
+    spread = np.zeros(len(grid) + 1)
+    for r in range(FISSION_DRAWS):
+        w = noise_scale * randomness.standard_noise("gaussian", list(prior.vocab), PURPOSE_FISSION, r, seed, rng)
+        f, g = noisy + w, noisy - w
+        score[0] += -math.fsum(g * lt0)
+        for k, (S, rho) in enumerate(grid):
+            lt = noisy_log_theta(f, mu_p, S, rho, params.C)
+            score[k + 1] += -math.fsum(g * lt)
+            d = lt - lt0
+            spread[k + 1] += noise_scale * math.sqrt(2.0) * math.sqrt(math.fsum(d * d))
+    return (score + FISSION_Z * spread) / FISSION_DRAWS
+
+
+def finalize_noisy_counts(
+    prior: "PublicPrior",
+    params: BayesianParams,
+    c: np.ndarray,
+    seed: Optional[int],
+    rng: Optional[np.random.Generator],
+) -> Tuple[np.ndarray, Dict[str, Any]]:
+    """The default mechanism ``bayesian`` (worst-case (epsilon, delta)-DP): the clamped counts ``c`` get
+    exact discrete Gaussian noise calibrated to their l2 sensitivity (:func:`privacy.bayesian.
+    noisy_counts_plan`); everything after, the choice of (S, rho) included, reads only those noisy counts,
+    the public prior and public randomness (post-processing). Returns (theta, info) as :func:`finalize`."""
+    plan = noisy_counts_plan(params)
+    noisy = noisy_count_vector(c, prior.vocab, plan.sigma2, seed)  # the only read of the private data
+    theta, public, non_private = release_from_noisy_counts(noisy, prior, params, plan.noise_scale, seed, rng)
+    public = {
+        "mechanism": "bayesian",
+        "vocabulary_size": prior.size,
+        "sensitivity": "data-independent",
+        "delta": params.delta,
+        **plan.as_report(),
+        **public,
+    }
+    return theta, {"public": public, "non_private": non_private}
+
+
+def release_from_noisy_counts(
+    noisy: np.ndarray,
+    prior: "PublicPrior",
+    params: BayesianParams,
+    noise_scale: float,
+    seed: Optional[int],
+    rng: Optional[np.random.Generator],
+) -> Tuple[np.ndarray, Dict[str, Any], Dict[str, Any]]:
+    """The default mechanism after its noisy counts (post-processing: no private input): the choice of
+    (S, rho) by :func:`fission_scores` when :attr:`BayesianParams.choose`, then ``softmax(mu_ps)`` of the
+    chosen candidate (:func:`noisy_log_theta`) or the public prior itself (``softmax(mu_p)``). Returns
+    (theta, public report fields, evaluation-only fields)."""
+    mu_p = mu_prior(prior.alpha)
+    public: Dict[str, Any] = {}
+    non_private: Dict[str, Any] = {}
+    S, rho = params.S, params.rho
+    if params.choose:
+        scores = fission_scores(noisy, prior, params, noise_scale, seed, rng)
+        k = int(np.argmin(scores))
+        public.update(
+            choice="post-processing of the noisy counts and the public prior (no budget)",
+            choice_candidates=len(scores),
+            prior_alone=k == 0,
+        )
+        non_private.update(choice_scores=scores.tolist())
+        if k == 0:
+            public.update(S=None, rho=None)
+            return softmax(mu_p), public, non_private
+        S, rho = params.grid[k - 1]
+    public.update(S=S, rho=rho)
+    return np.exp(noisy_log_theta(noisy, mu_p, S, rho, params.C)), public, non_private
+
+
 def finalize(
     prior: "PublicPrior",
     algorithm: str,
@@ -685,6 +810,8 @@ def finalize(
       parameters); ``info["non_private"]`` holds data-dependent values (sensitivities, sigma) for
       offline evaluation only.
     """
+    if algorithm == "bayesian":
+        return finalize_noisy_counts(prior, params, c, seed, rng)
     V = prior.size
     public: Dict[str, Any] = {"mechanism": algorithm, "vocabulary_size": V}
     non_private: Dict[str, Any] = {}

@@ -61,7 +61,7 @@ def release_from_user_counts(
     if not params.tune:
         c, N = K.accumulate((users[u] for u in order), V)
         gammas = choice_changes = None
-        if algorithm == "bayesian":
+        if algorithm == "bayesian_data_dependent":
             ctx = K.SensitivityContext.build(c, N, params.S_values, params.C)
             gammas = K.sensitivities(params.sensitivity, ctx, (users[u] for u in order))
             if params.choose:
@@ -98,8 +98,8 @@ def release(
     """user -> texts in, ``{n-gram: probability}`` over the public vocabulary out (plus the info dict).
 
     Args:
-      algorithm: the mechanism, one of :data:`privacy.bayesian.MECHANISMS` ('bayesian', 'laplace',
-        'laplace_public'), as for :class:`transforms.BayesianNgrams`.
+      algorithm: the mechanism, one of :data:`privacy.bayesian.MECHANISMS` ('bayesian',
+        'bayesian_data_dependent', 'laplace', 'laplace_public'), as for :class:`transforms.BayesianNgrams`.
       seed: reproducible mode (NOT private against anyone who knows it); else ``rng`` or OS entropy.
     """
     check_mechanism(algorithm, params)

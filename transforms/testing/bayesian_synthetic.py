@@ -61,3 +61,45 @@ def synthetic_corpus(
         user = f"u{u}"
         out[user] = K.clamp_user_counts(dict(zip(idx.tolist(), cnt.tolist())), C, W, user, seed, None)
     return SyntheticCorpus(prior, out, c_true / c_true.sum())
+
+
+@dataclasses.dataclass(frozen=True)
+class OutlierPair:
+    """Neighbouring datasets ``D = D' + outlier`` (issue 59's constructed pair): ``users`` is D', ``outlier``
+    the one added user's clamped counts, under the same public prior."""
+
+    prior: K.PublicPrior
+    users: Dict[str, K.UserCounts]
+    outlier: K.UserCounts
+
+    def dataset(self, with_outlier: bool) -> Dict[str, K.UserCounts]:
+        """D (``with_outlier``) or D'."""
+        return {**self.users, "outlier": self.outlier} if with_outlier else dict(self.users)
+
+
+def outlier_pair(
+    users: int = 1500,
+    V: int = 300,
+    held: int = 150,
+    max_ngrams: int = 5,
+    outlier_ngrams: int = 100,
+    exponent: float = 1.1,
+    seed: int = 0,
+) -> OutlierPair:
+    """D' = ``users`` ordinary users, each holding 1..``max_ngrams`` distinct n-grams (count 1) drawn from a
+    Zipf law over the first ``held`` n-grams of a V-n-gram vocabulary, with a poor public prior (counts
+    uniform in 0..19, unrelated to the private ranking); the outlier holds ``outlier_ngrams`` n-grams
+    nobody else writes (indices ``held .. held + outlier_ngrams - 1``, count 1: inside every clamp with
+    C >= 1 and W >= outlier_ngrams)."""
+    if held + outlier_ngrams > V:
+        raise ValueError(f"held + outlier_ngrams must be <= V, got {held} + {outlier_ngrams} > {V}")
+    rng = np.random.default_rng(seed)
+    p = zipf_probabilities(held, exponent)
+    out: Dict[str, K.UserCounts] = {}
+    for j in range(users):
+        idx = np.unique(rng.choice(held, size=int(rng.integers(1, max_ngrams + 1)), p=p)).astype(np.int64)
+        out[f"u{j:05d}"] = (idx, np.ones(idx.size, dtype=np.int64))
+    alpha = rng.integers(0, 20, V).astype(np.float64)
+    prior = K.PublicPrior(tuple(f"g{i:05d}" for i in range(V)), alpha)
+    outlier = (np.arange(held, held + outlier_ngrams, dtype=np.int64), np.ones(outlier_ngrams, dtype=np.int64))
+    return OutlierPair(prior, out, outlier)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dp_partition_beam.pipelines.bayesian_eval import evaluate
-from dp_partition_beam.privacy.bayesian import BayesianParams, check_mechanism
+from dp_partition_beam.privacy.bayesian import DATA_DEPENDENT, BayesianParams, check_mechanism
 from dp_partition_beam.transforms import BayesianNgrams
 from dp_partition_beam.transforms.bayesian import bayesian_kernels as K
 from dp_partition_beam.transforms.bayesian.bayesian_kernels import candidate_log_thetas
@@ -159,11 +159,17 @@ def test_report_noisy_min_is_random_at_small_epsilon():
     assert picks == {0, 1, 2}
 
 
-@pytest.mark.parametrize("mechanism", ["bayesian", "laplace", "laplace_public"])
-@pytest.mark.parametrize("tune", [False, True])
+@pytest.mark.parametrize(
+    "mechanism, tune",
+    [
+        ("bayesian", False),
+        ("bayesian_data_dependent", False),
+        ("bayesian_data_dependent", True),
+        ("laplace", False),
+        ("laplace_public", False),
+    ],
+)
 def test_probabilities_valid_for_extreme_counts(mechanism, tune):
-    if tune and mechanism != "bayesian":
-        return
     V = 6
     prior = K.PublicPrior.from_counts({f"g{i}": a for i, a in enumerate([0, 1e15, 0, 3, 1e-300, 7])})
     users = {"heavy": (np.array([0, 1]), np.array([10**6, 10**6])), "one": (np.array([5]), np.array([1]))}
@@ -171,7 +177,16 @@ def test_probabilities_valid_for_extreme_counts(mechanism, tune):
         for S, rho in ((1e-3, 1e-3), (1e4, 1.0), (None, None)):  # None: the private choice (issue 33)
             if tune:
                 S = rho = None  # Algorithm 2 chooses them
-            params = BayesianParams(epsilon=eps, C=10**6, W=2 * 10**6, S=S, rho=rho, tune=tune, validation_fraction=0.5)
+            params = BayesianParams(
+                epsilon=eps,
+                C=10**6,
+                W=2 * 10**6,
+                S=S,
+                rho=rho,
+                tune=tune,
+                validation_fraction=0.5,
+                acknowledge_data_dependent=mechanism in DATA_DEPENDENT,
+            )
             for seed in (0, 1, None):
                 theta, _ = release_from_user_counts(users, mechanism, prior, params, seed=seed)
                 assert theta.shape == (V,)
@@ -187,9 +202,11 @@ def test_softmax_stable_and_laplace_all_clipped_is_uniform():
 
 
 def test_no_private_users_releases_the_flattened_prior():
+    """The data-dependent mechanism without users: gamma 0, no noise, the flattened prior (the default adds
+    its noise whatever the data: tests/transforms/bayesian/test_bayesian_beam.py)."""
     prior = K.PublicPrior.from_counts({"a": 1.0, "b": 10.0, "c": 100.0})
-    params = BayesianParams(rho=0.4)
-    theta, info = release_from_user_counts({}, "bayesian", prior, params, seed=3)
+    params = BayesianParams(rho=0.4, acknowledge_data_dependent=True)
+    theta, info = release_from_user_counts({}, "bayesian_data_dependent", prior, params, seed=3)
     assert info["non_private"]["gamma"] == 0.0
     np.testing.assert_allclose(theta, K.softmax(0.6 * K.mu_prior(prior.alpha)), rtol=1e-12)
 
@@ -240,13 +257,14 @@ def test_bayesian_beats_laplace_at_eps_0_1_when_prior_is_private_distribution():
         sc.prior,
         BayesianParams(C=1, W=20),
         [0.1],
-        ["bayesian", "laplace"],
+        ["bayesian", "bayesian_data_dependent", "laplace"],
         repeats=10,
         seed=100,
     )
     kl = {r["mechanism"]: r["kl_mean"] for r in rows}
-    assert kl["bayesian"] < kl["laplace"]
-    assert kl["bayesian"] < kl["uniform"]
+    for mech in ("bayesian", "bayesian_data_dependent"):
+        assert kl[mech] < kl["laplace"]
+        assert kl[mech] < kl["uniform"]
 
 
 def test_candidate_log_thetas_are_normalised():
@@ -270,6 +288,7 @@ def test_candidate_log_thetas_are_normalised():
         ({"rho_grid": (0.5, 0.5)}, "rho_grid must not repeat"),
         ({"tune_epsilon_fraction": 1.0}, "tune_epsilon_fraction"),
         ({"n": 0}, "n must"),
+        ({"acknowledge_data_dependent": 1}, "acknowledge_data_dependent must be True or False"),
     ],
 )
 def test_params_validation_names_parameter(kwargs, message):
@@ -280,13 +299,23 @@ def test_params_validation_names_parameter(kwargs, message):
 @pytest.mark.parametrize(
     "algorithm, kwargs, message",
     [
-        ("gauss", {}, "algorithm must be one of 'bayesian', 'laplace', 'laplace_public', got 'gauss'"),
-        ("laplace", {"tune": True}, "tune applies to mechanism 'bayesian' only, got 'laplace'"),
-        ("laplace_public", {"tune": True}, "tune applies to mechanism 'bayesian' only"),
+        (
+            "gauss",
+            {},
+            "algorithm must be one of 'bayesian', 'bayesian_data_dependent', 'laplace', 'laplace_public', got 'gauss'",
+        ),
+        ("laplace", {"tune": True}, "tune applies to mechanism 'bayesian_data_dependent' only, got 'laplace'"),
+        ("bayesian", {"tune": True}, "tune applies to mechanism 'bayesian_data_dependent' only, got 'bayesian'"),
+        ("laplace_public", {"tune": True}, "tune applies to mechanism 'bayesian_data_dependent' only"),
+        ("bayesian_data_dependent", {}, "NOT worst-case .* Pass acknowledge_data_dependent=True"),
+        ("laplace_public", {}, "'laplace_public' calibrates to a data-dependent sensitivity"),
+        ("bayesian", {"acknowledge_data_dependent": True}, "acknowledge_data_dependent applies to"),
+        ("laplace", {"acknowledge_data_dependent": True}, "acknowledge_data_dependent applies to"),
     ],
 )
 def test_mechanism_validated_with_its_params(algorithm, kwargs, message):
-    """The mechanism is an argument of the entry points; each of them rejects a bad pair before any work."""
+    """The mechanism is an argument of the entry points; each of them rejects a bad pair before any work (a
+    data-dependent mechanism without the acknowledgement included)."""
     params = BayesianParams(**kwargs)
     with pytest.raises(ValueError, match=message):
         check_mechanism(algorithm, params)
@@ -294,20 +323,24 @@ def test_mechanism_validated_with_its_params(algorithm, kwargs, message):
         release_from_user_counts({}, algorithm, K.PublicPrior.from_counts({"a": 1.0}), params, seed=1)
     with pytest.raises(ValueError, match=message):
         BayesianNgrams(algorithm, K.PublicPrior.from_counts({"a b": 1.0}), params.replace(n=2))
-    assert check_mechanism("bayesian", params) == "bayesian"
+    if not params.tune and not params.acknowledge_data_dependent:
+        assert check_mechanism("bayesian", params) == "bayesian"
 
 
 def test_budget_split():
-    p = BayesianParams(epsilon=0.9, tune=True)
+    p = BayesianParams(epsilon=0.9, tune=True, acknowledge_data_dependent=True)
     assert p.epsilon_tune == pytest.approx(0.3) and p.epsilon_release == pytest.approx(0.6)
     assert p.epsilon_choice == 0.0 and not p.choose
     assert BayesianParams(epsilon=0.9, S=1e-3, rho=0.1).epsilon_release == 0.9  # Algorithm 1 as printed
     assert len(p.grid) == 40 and p.S_values == p.S_grid
-    # the default: the private choice (issue 33) takes choice_epsilon_fraction of epsilon
+    # the data-dependent mechanism's private choice (issue 33) takes choice_epsilon_fraction of epsilon
     d = BayesianParams(epsilon=0.9, C=2)
     assert d.choose and d.epsilon_choice == pytest.approx(0.18) and d.epsilon_release == pytest.approx(0.72)
-    assert d.budget("bayesian") == {"epsilon_choice": d.epsilon_choice, "epsilon_tune": 0.0, "epsilon_release": 0.72}
-    assert d.budget("laplace") == {"epsilon_choice": 0.0, "epsilon_tune": 0.0, "epsilon_release": 0.9}
+    dd = d.budget("bayesian_data_dependent")
+    assert dd == {"epsilon_choice": d.epsilon_choice, "epsilon_tune": 0.0, "epsilon_release": 0.72}
+    # the default's choice is post-processing: all of epsilon goes to its noisy counts, as for Laplace
+    for mech in ("bayesian", "laplace", "laplace_public"):
+        assert d.budget(mech) == {"epsilon_choice": 0.0, "epsilon_tune": 0.0, "epsilon_release": 0.9}
     assert len(d.grid) == 48 and d.S_values == tuple(2 * S for S in d.choice_S_grid)  # S as multiples of C
     only_rho = BayesianParams(S=0.05)  # S given: only rho is chosen
     assert only_rho.choose and only_rho.grid == tuple((0.05, r) for r in only_rho.choice_rho_grid)
