@@ -126,11 +126,11 @@ def series(args, sc: SyntheticCorpus, epsilons: Sequence[float]) -> Dict[str, Di
 
 
 def format_table(data: Dict[str, Dict[float, float]], epsilons: Sequence[float]) -> str:
-    head = f"{'mechanism':<40}" + "".join(f"{'eps=' + format(e, 'g'):>10}" for e in epsilons)
+    head = f"{'mechanism':<46}" + "".join(f"{'eps=' + format(e, 'g'):>10}" for e in epsilons)
     lines = [head, "-" * len(head)]
     for name, row in data.items():
         fmt = "{:>10g}" if name.startswith("  its") else "{:>10.4f}"
-        lines.append(f"{name:<40}" + "".join(fmt.format(row[e]) for e in epsilons))
+        lines.append(f"{name:<46}" + "".join(fmt.format(row[e]) for e in epsilons))
     return "\n".join(lines)
 
 
