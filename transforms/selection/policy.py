@@ -21,24 +21,11 @@ from dp_partition_beam.privacy.selection import RoundPlan, SelectionParams, algo
 from dp_partition_beam.transforms.core.bounding import BoundContributions
 from dp_partition_beam.transforms.core.noise import KeepByTable, NoisyThreshold
 from dp_partition_beam.transforms.selection import policy_kernels
-
-#: budgeted bytes per gathered (user, item) pair on the single worker (measured ~110 by
-#: benchmarks/bench_policy.py with short items; see DEFAULT_MAX_SEQUENTIAL_PAIRS in privacy/selection.py)
-BYTES_PER_PAIR = 250
-
-
-class SequentialSizeError(RuntimeError):
-    """The input is too large for the single-worker sequential policy algorithms."""
-
-
-def size_error_message(algorithm: str, limit: int) -> str:
-    # Says only that the (bounded) input exceeds the limit: no exact data-dependent count.
-    return (
-        f"SequentialSizeError: {algorithm} builds its histogram on a single worker and the input has more "
-        f"than max_sequential_pairs={limit:,d} (user, item) pairs after contribution bounding "
-        f"(about {BYTES_PER_PAIR} bytes each on that worker). Raise --max_sequential_pairs if the worker "
-        f"has the memory, lower --max_contributions, or use a parallel algorithm such as --algorithm mad2r."
-    )
+from dp_partition_beam.transforms.selection.policy_kernels import (  # noqa: F401  (re-exported: the Beam side's names)
+    BYTES_PER_PAIR,
+    SequentialSizeError,
+    size_error_message,
+)
 
 
 def count_items(element) -> int:
@@ -57,8 +44,7 @@ class GuardAndKeyToOneFn(beam.DoFn):
         self._limit = int(limit)
 
     def process(self, element, total_pairs):
-        if total_pairs > self._limit:
-            raise SequentialSizeError(size_error_message(self._algorithm, self._limit))
+        policy_kernels.check_sequential_size(self._algorithm, total_pairs, self._limit)
         yield 0, element
 
 

@@ -34,6 +34,36 @@ from typing import Any, Dict, Hashable, Iterable, List, MutableMapping, Optional
 from dp_partition_beam.privacy.validation import check_choice, check_int
 from dp_partition_beam.transforms.core import randomness
 
+#: budgeted bytes per gathered (user, item) pair on the single worker (measured ~110 by
+#: benchmarks/bench_policy.py with short items; see DEFAULT_MAX_SEQUENTIAL_PAIRS in privacy/selection.py)
+BYTES_PER_PAIR = 250
+
+
+class SequentialSizeError(RuntimeError):
+    """The input is too large for the single-worker sequential policy algorithms."""
+
+
+def size_error_message(algorithm: str, limit: int) -> str:
+    # Says only that the (bounded) input exceeds the limit: no exact data-dependent count.
+    return (
+        f"SequentialSizeError: {algorithm} builds its histogram on a single worker and the input has more "
+        f"than max_sequential_pairs={limit:,d} (user, item) pairs after contribution bounding "
+        f"(about {BYTES_PER_PAIR} bytes each on that worker). Raise --max_sequential_pairs if the worker "
+        f"has the memory, lower --max_contributions, or use a parallel algorithm such as --algorithm mad2r."
+    )
+
+
+def check_sequential_size(algorithm: str, total_pairs: int, limit: int) -> None:
+    """Raises :class:`SequentialSizeError` when the bounded input has more than ``limit`` (user, item) pairs.
+
+    Not only a memory guard: the l1 curve's and the l2 rule's realisation reserves count the items one
+    user's change can touch on the policy's worker as at most ``max_sequential_pairs``
+    (privacy.selection), so a run past it would release under a reserve that does not cover it. The
+    Beam transform checks before its gather, the reference before its histogram: before any release."""
+    if total_pairs > limit:
+        raise SequentialSizeError(size_error_message(algorithm, limit))
+
+
 #: the policies (the ``weighting`` of the sequential algorithms in privacy.selection.ALGORITHMS)
 POLICIES = ("l1_descent", "l2_descent")
 

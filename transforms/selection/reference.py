@@ -127,11 +127,13 @@ def _single_round(user_sets, spec, params, plans, seed, rng, cap=None):
 def _policy(user_sets, spec, params, plans, seed, rng, cap=None):
     """POLICY LAPLACE / GAUSSIAN (DPSU Alg. 4 / 6): secret-order l1/l2-descent histogram, noise, threshold.
 
-    The size limit ``params.max_sequential_pairs`` guards the Beam transform's single worker only;
-    the reference holds everything in memory by design.
+    ``params.max_sequential_pairs`` is enforced here as in the Beam transform, before the histogram (issue
+    59): the realisation reserve of the keep curve and rule assumes it (policy_kernels.check_sequential_size).
     """
     plan = plans[0]
     capped = bound_contributions(user_sets, params.max_contributions, seed, 0, rng)
+    pairs = sum(len(items) for items in capped.values())  # after contribution bounding, as Beam counts them
+    policy_kernels.check_sequential_size(spec.name, pairs, params.max_sequential_pairs)
     hist = policy_kernels.policy_histogram(capped.items(), spec.weighting, plan.cutoff, params.passes, seed)
     return {1: noisy_threshold(hist, plan, seed, rng)}, capped
 

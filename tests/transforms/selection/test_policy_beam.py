@@ -106,6 +106,20 @@ def test_memory_guard_fails_before_gathering_with_a_clear_error(branches):
     assert f"{n:,d}" not in msg and str(n) not in msg  # no exact data-dependent count leaks
 
 
+@pytest.mark.parametrize("algorithm", ["policy_laplace", "policy_gaussian"])
+def test_reference_enforces_the_limit_the_reserve_assumes(algorithm):
+    """Issue 59 point 4: the keep curve's and rule's realisation reserve counts at most max_sequential_pairs
+    items on the policy's worker; the reference enforces it as the Beam transform does (same error, the
+    limit inclusive, counted after contribution bounding), before anything is released."""
+    n = _bounded_pairs(3)
+    assert reference.select(SETS, algorithm, PARAMS.replace(max_sequential_pairs=n), seed=3) is not None
+    with pytest.raises(SequentialSizeError) as err:
+        reference.select(SETS, algorithm, PARAMS.replace(max_sequential_pairs=n - 1), seed=3)
+    assert f"max_sequential_pairs={n - 1:,d}" in str(err.value) and str(n) not in str(err.value)
+    with pytest.raises(SequentialSizeError):  # the release entry point too, with counts
+        reference.release(SETS, algorithm, PARAMS.replace(max_sequential_pairs=n - 1), 3)
+
+
 def test_guard_fn_raises_on_the_first_element_past_the_limit():
     fn = GuardAndKeyToOneFn("policy_gaussian", 10)
     assert list(fn.process(("u", ["a"]), 10)) == [(0, ("u", ["a"]))]
