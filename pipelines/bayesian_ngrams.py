@@ -204,7 +204,7 @@ def build_pipeline(pipeline: beam.Pipeline, args, params: BayesianParams):
     summary = {
         "params": outputs.params_report(params),  # every BayesianParams field
         "epsilon": params.epsilon,
-        "delta": params.delta if args.mechanism in ("bayesian", "bayesian_data_dependent") else 0.0,
+        "delta": params.delta if args.mechanism in FIELD_USE["delta"].algorithms else 0.0,  # the Gaussian ones
         **params.budget(args.mechanism),  # epsilon_choice + epsilon_tune + epsilon_release = epsilon
         "input_format": args.input_format,
         "seed": args.seed,

@@ -28,6 +28,8 @@ from dp_partition_beam.privacy.bayesian import BayesianParams, noisy_counts_plan
 from dp_partition_beam.transforms.bayesian import bayesian_kernels as K
 from dp_partition_beam.transforms.testing.bayesian_synthetic import outlier_pair
 
+from tests.transforms.bayesian.test_bayesian_choice import choice_inputs
+
 ALPHA = 1e-7
 PAIR = outlier_pair()
 PARAMS = dict(epsilon=1.0, delta=1e-5, C=1, W=100)  # issue 59's: the defaults at epsilon 1
@@ -44,15 +46,7 @@ def test_the_pair_is_neighbouring_and_the_outlier_inside_every_clamp():
 
 def _choice_scores(users, params):
     """The data-dependent mechanism's choice inputs, computed by the dataset's own run (as finalize does)."""
-    us = [users[u] for u in sorted(users)]
-    c, N = K.accumulate(us, PAIR.prior.size)
-    gammas = K.brute_force_sensitivity(K.SensitivityContext.build(c, N, params.S_values, params.C), us)
-    ctx = K.ChoiceContext.build(PAIR.prior, c, N, params)
-    sens = np.zeros(len(params.grid))
-    for u in us:
-        sens = np.maximum(sens, K.user_choice_change(ctx, *u))
-    q = np.concatenate([[0.0], K.choice_scores(ctx, PAIR.prior, gammas, params)])
-    return q, np.concatenate([[0.0], sens]), gammas
+    return choice_inputs(PAIR.prior, [users[u] for u in sorted(users)], params)
 
 
 def test_data_dependent_choice_is_not_dp_on_the_outlier_pair():

@@ -676,8 +676,7 @@ FISSION_Z = 2.0
 def noisy_count_vector(c: np.ndarray, vocab: Sequence[str], sigma2, seed: Optional[int]) -> np.ndarray:
     """``c_i + X_i`` per public n-gram, ``X_i ~ N_Z(0, sigma2)`` drawn exactly (an int64 vector): seeded,
     ``X_i`` is a function of (seed, ``bayes_count_noise``, 0, n-gram); unseeded, OS entropy."""
-    dg = DiscreteGaussian(sigma2, seed, PURPOSE_COUNT_NOISE, 0)
-    noise = np.array([dg.draw(g) for g in vocab], dtype=np.int64)
+    noise = np.array(DiscreteGaussian(sigma2, seed, PURPOSE_COUNT_NOISE, 0).draw_many(list(vocab)), dtype=np.int64)
     return np.asarray(c, dtype=np.int64) + noise
 
 

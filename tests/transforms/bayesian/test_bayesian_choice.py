@@ -20,6 +20,19 @@ from tests.transforms.bayesian.test_bayesian_beam import DD, PRIOR, TEXTS, run_b
 from tests.transforms.bayesian.test_bayesian_kernels import datasets
 
 
+def choice_inputs(prior, users, params):
+    """The data-dependent choice's losses q, sensitivities (index 0: the prior alone) and gammas for the user
+    counts ``users`` (a list), computed by that dataset's own run as the mechanism does (reference / finalize)."""
+    c, N = K.accumulate(users, prior.size)
+    gammas = K.brute_force_sensitivity(K.SensitivityContext.build(c, N, params.S_values, params.C), users)
+    ctx = K.ChoiceContext.build(prior, c, N, params)
+    sens = np.zeros(len(params.grid))
+    for u in users:
+        sens = np.maximum(sens, K.user_choice_change(ctx, *u))
+    q = np.concatenate([[0.0], K.choice_scores(ctx, prior, gammas, params)])
+    return q, np.concatenate([[0.0], sens]), gammas
+
+
 def _prior(V, draw_alpha):
     return K.PublicPrior.from_counts({f"g{i}": float(a) for i, a in enumerate(draw_alpha[:V])})
 
@@ -181,15 +194,7 @@ def test_choice_audit_on_neighbouring_datasets():
     heaviest = max(order, key=lambda u: int(sc.users[u][1].sum()))
 
     def scores(names):
-        us = [sc.users[u] for u in names]
-        c, N = K.accumulate(us, sc.prior.size)
-        gam = K.brute_force_sensitivity(K.SensitivityContext.build(c, N, params.S_values, params.C), us)
-        ctx = K.ChoiceContext.build(sc.prior, c, N, params)
-        sens = np.zeros(len(params.grid))
-        for u in us:
-            sens = np.maximum(sens, K.user_choice_change(ctx, *u))
-        q = np.concatenate([[0.0], K.choice_scores(ctx, sc.prior, gam, params)])
-        return q, np.concatenate([[0.0], sens])
+        return choice_inputs(sc.prior, [sc.users[u] for u in names], params)[:2]
 
     eps_c = params.epsilon_choice
     t = 2.0 * math.log((len(params.grid) + 1) / params.choice_beta) / eps_c  # as the mechanism
