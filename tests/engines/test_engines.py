@@ -147,7 +147,7 @@ CASES = {
     "extract_ngrams": Case("extract_ngrams", diagnostics=True),
     "extract_ngrams_counts": Case("extract_ngrams", ("--release_counts",)),
     # the paper's default --max_n 9: nine levels, each reading the previous release; Flink compiles its plan
-    # (~5.6e8 paths walked) and needs the job server's -Xss16m (.ci/engines.sh) to deserialise it
+    # (~1.4e8 paths walked) and needs the job server's -Xss16m (.ci/engines.sh) to deserialise it
     "extract_ngrams_max_n_9": Case("extract_ngrams", ("--max_n", "9")),
     # MAD-SIPS's rounds inside every DPNE level (issue 30), each level one chain of GroupByKeys carrying its rounds
     # and its spurious subsets of V_k, at the paper's default max_n 9 (~2.7e6 paths for Flink's plan walk; before
@@ -159,7 +159,7 @@ CASES = {
 # they add an algorithm or output the cluster cases do not cover.
 CLUSTER_CASES = ("basic", "mad2r", "mad_sips_counts", "dp_sips", "extract_ngrams", "bayesian_ngrams")
 LOCAL_CASES = tuple(name for name in CASES if name not in CLUSTER_CASES)
-# Cases with a job of their own, through their CLI: at --max_n 9 Flink walks ~5.6e8 (DPNE) and ~2.7e6
+# Cases with a job of their own, through their CLI: at --max_n 9 Flink walks ~1.4e8 (DPNE) and ~2.7e6
 # (MAD-SIPS levels) plan paths before the job starts, and paths of branches in one job add up. The other
 # cases of a deployment run as branches of one job per engine (tests/support/merged_job.py): one
 # submission, plan compilation and SDK harness start for all of them, each branch's output compared with

@@ -94,7 +94,8 @@ def _dpne_paths(*flags) -> int:
 def test_a_dpne_level_multiplies_the_paths_by_at_most_six():
     """Each DPNE level reads the previous level's release along few routes that meet again (level sizes,
     capping, the spurious step's one singleton and keyed join), so the paper's default --max_n 9 compiles on
-    Flink (5.6e8 paths, ~35 s; it was 8.3e12 and never started: docs/engines.md). A diamond added to a level
+    Flink (1.4e8 paths since the spurious draws read the plan alone; 5.8e8 before, 8.3e12 before that, which
+    never started: docs/engines.md). A diamond added to a level
     (e.g. a singleton of S_{k-1} read by two steps that meet again) raises the ratio past 6."""
     six, seven = _dpne_paths("--max_n", "6"), _dpne_paths("--max_n", "7")
     assert seven / six < 6.0

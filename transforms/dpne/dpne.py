@@ -34,12 +34,12 @@ side inputs):
   NoisyKeep    (item bytes, holders)                    H_k + sigma_k Z >= rho_k (rho_k: side input); with
                                                        threshold='optimal' kept with probability F_k(H_k),
                                                        the level's keep table (F_k(0) = q_k at k >= 2)
-  Spurious     n-gram                                   B_k ~ Bin(|V_k| - |supp H_k|, q_k) uniform
-                                                       k-grams of V_k minus supp(H_k): candidates
-                                                       drawn uniformly from V_k (y ~ L(y)R(y), then
-                                                       x, z), keyed by item shard and joined with the
-                                                       support's n-grams, the B_k outside with the
-                                                       smallest priority kept (:class:`_Spurious`)
+  Spurious     n-gram                                   a Bernoulli(q_k) subset of V_k drawn from the
+                                                       public plan (its size ~ Bin(|V_k|, q_k), then
+                                                       that many distinct uniform k-grams: y ~ L(y)R(y),
+                                                       then x, z), keyed by item shard and joined with
+                                                       the support's n-grams, those outside released
+                                                       (:class:`_Spurious`)
   Checkpoint   (n-gram, holders)                        S_k materialised (read by the output, the
                                                        report, the counts and level k+1)
   Sizes        (|S_{k-1}|, |V_k|, [g])                  singleton: S_{k-1} gathered (public, small),
@@ -347,11 +347,6 @@ class NoisyKeepFn(WorkerRngDoFn):
         yield from zip(w.column(ITEM).take(idx).to_pylist(), w.column("holders").take(idx).to_pylist())
 
 
-def shard_support_size(element) -> int:
-    """(item shard, Table(item, weight, holders)) -> its number of n-grams in supp(H)."""
-    return element[1].num_rows
-
-
 def support_keys_by_shard(element, num_shards):
     """(shard, Table(item, ...)) -> (item shard, Packed(item)) of its n-grams, by the item shard of their key
     bytes (the support of a MAD-SIPS round also holds the level's earlier releases under key 0)."""
@@ -360,20 +355,16 @@ def support_keys_by_shard(element, num_shards):
 
 
 def outside_support(shard, grouped):
-    """(item shard, {'cands': [(B_k, [g])], 'support': [Packed(item)]}) -> (B_k, the distinct candidates g of the
-    shard outside supp(H)) (a shard with no support: all of its candidates; none outside: an empty list, so
-    that B_k reaches the selection, which fails loudly when too few candidates are left)."""
-    if not grouped["cands"]:
-        return
-    n = grouped["cands"][0][0]
-    cands = sorted({g for _, grams in grouped["cands"] for g in grams})
+    """(item shard, {'drawn': [[g]], 'support': [Packed(item)]}) -> the drawn k-grams g of the shard outside
+    supp(H) (a shard with no support: all of them)."""
+    drawn = sorted({g for grams in grouped["drawn"] for g in grams})
     support = unpacked(grouped["support"])
-    if support:
-        keys = dpne_kernels.string_array(cands).cast(pa.binary())
+    if drawn and support:
+        keys = dpne_kernels.string_array(drawn).cast(pa.binary())
         items = pa.chunked_array([c for t in support for c in t.column(ITEM).chunks], type=pa.binary())
         inside = pc.is_in(keys, value_set=items.combine_chunks())
-        cands = [g for g, i in zip(cands, inside.to_pylist()) if not i]
-    yield n, cands
+        drawn = [g for g, i in zip(drawn, inside.to_pylist()) if not i]
+    yield from drawn
 
 
 def decode_holders(element):
@@ -448,7 +439,7 @@ def level_k(_, k, sigma, max_contributions, eta, weighting, beta, sizes, v_estim
 
 def spurious_level_k(_, k, sigma, max_contributions, eta, weighting, beta, sizes, v_estimate=None, table=None):
     """What the spurious step of level k >= 2 reads, in one singleton: the level dict (rho_k or the table, q_k),
-    the exact |V_k| (``v_exact``) and S_{k-1} (``s_prev``, the list)."""
+    the exact |V_k| (``v_exact``, for the report) and S_{k-1} (``s_prev``, the list)."""
     level = level_k(_, k, sigma, max_contributions, eta, weighting, beta, sizes, v_estimate, table)
     return dict(level, v_exact=sizes[1], s_prev=sizes[2])
 
@@ -474,58 +465,29 @@ class EstimateValidFn(WorkerRngDoFn):
         yield int(round(dpne_kernels.valid_count_sample(sorted(s_prev), sorted(s1), self._p, gen)))
 
 
-class SpuriousCandidatesFn(WorkerRngDoFn):
-    """Supplement Alg. 1's spurious draws of level k, one element: B_k ~ Bin(|V_k| - |supp H_k|, q_k), then an
-    oversample of candidates drawn uniformly from V_k (S_{k-1}, S_1 side inputs) -> (item shard, (B_k, [g])).
-
-    The candidates are drawn in chunks of ``CANDIDATE_CHUNK`` with the chunk's keyed generator (seeded: (seed,
-    'spurious', k, ('candidates', c))); B_k travels with them, so the selection reads nothing else
-    (:class:`_Spurious`). Nothing is emitted when B_k = 0. |supp H_k| is private; it only sizes internal work
-    and never leaves the pipeline.
+class SpuriousSubsetFn(WorkerRngDoFn):
+    """Level k's spurious draws, one element: the Bernoulli(q_k) subset of V_k (S_{k-1} in the level singleton,
+    S_1 a side input; :func:`transforms.dpne.dpne_kernels.spurious_subset`, randomness round k) -> (item shard,
+    [g]) by the item shard of g. It reads the public plan only: no count of the support sizes the draws or their
+    failure event (docs/dpne.md, "The spurious draws as a subset of V_k"). Nothing is emitted when V_k is empty
+    or nothing is drawn.
     """
 
     def __init__(self, k, seed, pruning):
         super().__init__(seed)
         self._k, self._seed, self._pruning = k, seed, pruning
 
-    def process(self, _, level, n_supp, s1, num_shards, s_prev=None, v_exact=None):
+    def process(self, _, level, s1, num_shards):
         if not level["spurious_prob"] > 0.0:  # V_k empty (rho_k None)
             return
-        # Always the exact |V_k| here (also with vk_method='sample', whose estimate only sets rho_k):
-        # then the spurious k-grams are exactly the zero-weight part of the Gaussian mechanism on V_k.
-        s_prev = level["s_prev"] if s_prev is None else s_prev
-        v_exact = level.get("v_exact", level["v_k"]) if v_exact is None else v_exact
-        n_avail = max(0, v_exact - n_supp)
-        n = dpne_kernels.spurious_count(n_avail, level["spurious_prob"], self._k, self._seed, self._rng)
-        if not n:
+        sampler = dpne_kernels.ValidSampler(level["s_prev"], s1, self._pruning)  # exact |V_k| = sampler.size
+        drawn = dpne_kernels.spurious_subset(sampler, level["spurious_prob"], self._k, self._seed, self._rng)
+        if not drawn:
             return
-        m = dpne_kernels.spurious_oversample(n, n_avail, v_exact)
-        sampler = dpne_kernels.ValidSampler(s_prev, s1, self._pruning)
         by_shard = {}
-        for chunk, size in dpne_kernels.chunk_sizes(m):
-            cands = dpne_kernels.candidate_chunk(sampler, chunk, size, self._k, self._seed, self._rng)
-            shards = shard_ids(dpne_kernels.string_array(cands).cast(pa.binary()), num_shards).tolist()
-            for g, shard in zip(cands, shards):
-                by_shard.setdefault(shard, []).append(g)
-        for shard, grams in by_shard.items():
-            yield shard, (n, grams)
-
-
-class SelectSpuriousFn(WorkerRngDoFn):
-    """(B_k, [g]) of every item shard -> the B_k distinct candidates outside supp(H_k) with the smallest
-    priority (seeded: keyed by (seed, 'spurious_priority', k, g); unseeded: the worker's OS-entropy generator)."""
-
-    def __init__(self, k, seed):
-        super().__init__(seed)
-        self._k = k
-
-    def process(self, _, outside):
-        if not outside:
-            return  # B_k = 0: no candidates were drawn
-        n = outside[0][0]
-        grams = sorted({g for _, shard_grams in outside for g in shard_grams})
-        pri = dpne_kernels.spurious_priorities(grams, self._k, self._seed, self._rng)
-        yield from dpne_kernels.select_spurious(zip(pri.tolist(), grams), n, self._k)
+        for g, shard in zip(drawn, shard_ids(dpne_kernels.string_array(drawn).cast(pa.binary()), num_shards).tolist()):
+            by_shard.setdefault(shard, []).append(g)
+        yield from by_shard.items()
 
 
 class LevelSizes(beam.PTransform):
@@ -596,68 +558,49 @@ class _NoisyRun(beam.PTransform):
 
 
 class _Spurious(beam.PTransform):
-    """Uniform spurious k-grams of V_k minus supp(H_k): support -> g (B_k of them).
+    """Level k's spurious k-grams: support -> g, the Bernoulli(q_k) subset of V_k minus supp(H_k).
 
-    ``k`` is the randomness round of the draws (the level k; with selection='mad_sips' the round id of the
-    level's round, :func:`privacy.dpne.round_id`); the k-grams' length is that of V_k (S_{k-1}, S_1). ``level``:
-    a singleton dict with 'rho' (None: nothing is drawn), 'spurious_prob', and unless given apart (``v_exact``, a
-    singleton, ``s_prev``, a PCollection) the exact |V_k| ('v_exact', else 'v_k') and S_{k-1} ('s_prev', a list).
+    Each k-gram of V_k outside the support is released independently with probability q_k: supplement Alg. 1's
+    ``Bin(|V_k| - |supp H_k|, q_k)`` uniform k-grams of V_k minus supp(H_k) in law, drawn from the public plan
+    alone (:class:`SpuriousSubsetFn`), so the draws and their failure event depend on no data; the support only
+    drops the drawn k-grams it holds. ``k`` is the randomness round of the draws (the level k). ``level``: a
+    singleton dict with 'spurious_prob' (0: nothing is drawn) and 's_prev' (S_{k-1}, a list).
 
     Stages (shapes after each step):
-      CountSupport  |supp H_k|                  private, sizes internal work only
-      Candidates    (item shard, (B_k, [g]))    B_k ~ Bin(|V_k| - |supp H_k|, q_k); candidates g ~ uniform(V_k)
-                                                (an oversample, with repeats), by the item shard of g
+      Subset        (item shard, [g])           the Bernoulli(q_k) subset of V_k, by the item shard of g
       SupportKeys   (item shard, Packed(item))  supp(H_k)'s n-grams, by the same item shard
-      Outside       (B_k, [g])                  per item shard, the distinct candidates outside supp(H_k)
-      KeepB         g                           the B_k of least priority among them
+      ByShard       (item shard, {'drawn', 'support'})
+      Outside       g                           the drawn k-grams outside supp(H_k)
 
-    The candidates meet the support in a keyed join (not as a side input of a step whose output meets them
-    again) and B_k travels with them: a level's steps read few PCollections derived from S_{k-1} twice, which
-    keeps the paths of Flink's plan walk few (:mod:`pipelines.flink_plan`; docs/engines.md).
+    The draws meet the support in a keyed join (not as a side input of a step whose output meets them again): a
+    level's steps read few PCollections derived from S_{k-1} twice, which keeps the paths of Flink's plan walk
+    few (:mod:`pipelines.flink_plan`; docs/engines.md).
     """
 
-    def __init__(self, k, level, v_exact, s_prev, s1, pruning, seed, num_shards, label=None):
+    def __init__(self, k, level, s1, pruning, seed, num_shards, label=None):
         super().__init__(label)
-        self._k, self._level, self._v_exact = k, level, v_exact
-        self._s_prev, self._s1, self._pruning, self._seed = s_prev, s1, pruning, seed
+        self._k, self._level, self._s1, self._pruning, self._seed = k, level, s1, pruning, seed
         self._num_shards = num_shards  # singleton side input (the item shards' count)
 
     def expand(self, support):
-        p = support.pipeline
-        k = self._k
-        n_supp = (
-            support
-            | "SupportRows" >> beam.Map(shard_support_size)  # rows of an item shard
-            | "CountSupport" >> beam.CombineGlobally(sum)  # |supp H_k| (private, internal)
-        )
-        s_prev = [] if self._s_prev is None else [beam.pvalue.AsList(self._s_prev)]
-        v_exact = [] if self._v_exact is None else [beam.pvalue.AsSingleton(self._v_exact)]
-        cands = (
-            p
+        drawn = (
+            support.pipeline
             | "PlanSeed" >> beam.Create([None])
-            | "Candidates"
+            | "Subset"
             >> beam.ParDo(
-                SpuriousCandidatesFn(k, self._seed, self._pruning),
+                SpuriousSubsetFn(self._k, self._seed, self._pruning),
                 beam.pvalue.AsSingleton(self._level),
-                beam.pvalue.AsSingleton(n_supp),
                 beam.pvalue.AsList(self._s1),
                 self._num_shards,
-                *s_prev,
-                *v_exact,
-            )  # (item shard, (B_k, [g])), g ~ uniform(V_k) with repeats
+            )  # (item shard, [g]), the Bernoulli(q_k) subset of V_k
         )
         keys = support | "SupportKeys" >> beam.FlatMap(support_keys_by_shard, self._num_shards)
         # (item shard, Packed(item))
-        outside = (
-            {"cands": cands, "support": keys}
-            | "ByShard" >> beam.CoGroupByKey()  # (item shard, {'cands': [(B_k, [g])], 'support': [Packed(item)]})
-            | "Outside" >> beam.FlatMapTuple(outside_support)  # (B_k, [g outside supp(H_k)]) per item shard
-        )
         return (
-            p
-            | "SelectSeed" >> beam.Create([None])
-            | "KeepB" >> beam.ParDo(SelectSpuriousFn(k, self._seed), beam.pvalue.AsList(outside))
-        )  # g, B_k distinct k-grams outside supp(H_k)
+            {"drawn": drawn, "support": keys}
+            | "ByShard" >> beam.CoGroupByKey()  # (item shard, {'drawn': [[g]], 'support': [Packed(item)]})
+            | "Outside" >> beam.FlatMapTuple(outside_support)  # g, drawn and outside supp(H_k)
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1259,7 +1202,7 @@ class DPNE(beam.PTransform):
                     | f"{name}/SpuriousLevel" >> beam.Map(spurious_level_k, *level_args, table=run.table)
                 )  # {rho_k, q_k, exact |V_k|, S_{k-1}}: one singleton (Flink's plan walk, _Spurious)
                 spurious = support | f"{name}/Spurious" >> _Spurious(
-                    k, spurious_level, None, None, s1, prm.pruning, self._seed, self._num_shards
+                    k, spurious_level, s1, prm.pruning, self._seed, self._num_shards
                 )  # w (spurious, 0 holders)
                 released = (
                     kept,

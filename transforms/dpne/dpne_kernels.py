@@ -188,27 +188,28 @@ class ValidSampler:
         return out
 
 
-# Probability that the candidate oversample is too small. The run fails loudly in that case rather
-# than releasing fewer spurious k-grams than the mechanism requires; at 1e-12 per level this never
-# happens in practice (and a failure is not an output, so it costs no privacy beyond a 1e-12 event).
+# Probability that the candidate oversample is too small. The run fails loudly in that case rather than
+# releasing fewer spurious k-grams than the mechanism requires. The event is a function of the public plan
+# (|V_k|, q_k) and of the spurious draws' own randomness only, never of the data (docs/dpne.md, "The spurious
+# draws as a subset of V_k"), so a failure reveals nothing; at 1e-12 per level it does not happen in practice.
 OVERSAMPLE_FAILURE_PROB = 1e-12
 CANDIDATE_CHUNK = 50_000
 MAX_CANDIDATES = 200_000_000
 
 
-def spurious_oversample(n_spurious: int, n_avail: int, v_size: int) -> int:
+def spurious_oversample(n_spurious: int, v_size: int) -> int:
     """Number M of i.i.d. uniform draws from V_k so that, with probability >= 1 - 1e-12, at least
-    ``n_spurious`` distinct draws fall outside ``supp(H_k)``.
+    ``n_spurious`` distinct k-grams are drawn (both arguments public: the subset's size and |V_k|).
 
-    While fewer than N distinct outside draws are collected, each draw is a new outside k-gram with
-    probability >= p = (n_avail - N + 1) / |V_k|, so #distinct >= min(N, Binomial(M, p)) by coupling;
-    M is the smallest with ``P[Binomial(M, p) < N] <= 1e-12`` (found by doubling + bisection).
+    While fewer than N distinct k-grams are collected, each draw is a new one with probability
+    >= p = (|V_k| - N + 1) / |V_k|, so #distinct >= min(N, Binomial(M, p)) by coupling; M is the smallest with
+    ``P[Binomial(M, p) < N] <= 1e-12`` (found by doubling + bisection).
     """
     if n_spurious <= 0:
         return 0
-    p = (n_avail - n_spurious + 1) / v_size
+    p = (v_size - n_spurious + 1) / v_size
     if p <= 0:
-        raise ValueError("cannot draw more spurious k-grams than V_k minus supp(H_k) holds")
+        raise ValueError("cannot draw more distinct k-grams than V_k holds")
 
     from scipy import stats  # here, not at import: scipy.stats costs ~0.3 s and ~25 MB at every CLI start
 
@@ -228,10 +229,9 @@ def spurious_oversample(n_spurious: int, n_avail: int, v_size: int) -> int:
         else:
             lo = mid + 1
     if hi > MAX_CANDIDATES:
-        # No counts in the message: they are functions of the private |supp(H_k)|.
         raise RuntimeError(
-            f"spurious sampling would need more than {MAX_CANDIDATES} candidate draws: V_k is almost "
-            "entirely covered by supp(H_k); use a smaller max_n"
+            f"spurious sampling would need more than {MAX_CANDIDATES} candidate draws: the level's spurious rate "
+            "q_k is close to 1 on a large V_k (public values); use a smaller max_n or a smaller epsilon per level"
         )
     return hi
 
@@ -260,7 +260,8 @@ def candidate_chunk(
 def spurious_count(
     n_avail: int, q: float, k: int, seed: Optional[int], rng: Optional[np.random.Generator], key: str = "count"
 ) -> int:
-    """``B_k ~ Binomial(|V_k| - |supp(H_k)|, q)`` (supplement Alg. 1); seeded: keyed (seed, 'spurious', k, key)."""
+    """``Binomial(n_avail, q)``, the size of a Bernoulli(q) subset of ``n_avail`` k-grams (:func:`spurious_subset`:
+    n_avail = |V_k|, public); seeded: keyed (seed, 'spurious', k, key)."""
     if n_avail <= 0 or q <= 0:
         return 0
     gen = randomness.keyed_generator(seed, "spurious", k, key) if seed is not None else rng
@@ -284,10 +285,9 @@ def select_spurious(prioritized: Iterable[Tuple[float, str]], n_spurious: int, k
     """Keep the ``n_spurious`` candidates with the smallest (priority, k-gram); fail loudly if short."""
     ranked = sorted(prioritized)
     if len(ranked) < n_spurious:
-        # No counts in the message: they are functions of the private |supp(H_k)|.
         raise RuntimeError(
-            f"round {k}: the spurious oversample produced too few distinct candidates (outside supp(H_k), or of "
-            f"V_k for a subset; an event of probability <= {OVERSAMPLE_FAILURE_PROB:g}); nothing was released, rerun"
+            f"round {k}: the spurious oversample produced too few distinct k-grams of V_k (an event of probability "
+            f"<= {OVERSAMPLE_FAILURE_PROB:g} that depends on no data); nothing was released, rerun"
         )
     return [c for _, c in ranked[:n_spurious]]
 
@@ -297,8 +297,9 @@ def spurious_subset(
 ) -> List[str]:
     """A Bernoulli(``p``) subset of all of V_k: ``M ~ Bin(|V_k|, p)`` distinct k-grams, uniform (sorted).
 
-    The spurious draws of a MAD-SIPS round inside a DPNE level (docs/dpne.md, "The spurious draws as a subset
-    of V_k"): the round releases the drawn k-grams that are outside its support and not released yet. Each
+    The spurious draws of a DPNE level k >= 2 (``selection='single'``, round k: the level releases the drawn
+    k-grams outside supp(H_k)) and of a MAD-SIPS round inside a level (the round releases the drawn k-grams that
+    are outside its support and not released yet); docs/dpne.md, "The spurious draws as a subset of V_k". Each
     k-gram of V_k is in the subset independently with probability p, so those outside any set A are a
     Bernoulli(p) subset of V_k minus A: the law of supplement Alg. 1's ``Bin(|V_k| - |A|, p)`` uniform k-grams
     of V_k minus A, drawn without knowing A (no count of the private support is needed).
@@ -315,7 +316,7 @@ def spurious_subset(
     if n == 0:
         return []
     distinct: Set[str] = set()
-    for c, size in chunk_sizes(spurious_oversample(n, sampler.size, sampler.size)):
+    for c, size in chunk_sizes(spurious_oversample(n, sampler.size)):
         distinct.update(candidate_chunk(sampler, c, size, round_, seed, rng, label="subset_candidates"))
     cands = sorted(distinct)
     pri = spurious_priorities(cands, round_, seed, rng)

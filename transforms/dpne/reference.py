@@ -7,12 +7,10 @@ randomness contract, so under a seed the Beam transform returns exactly the same
 * subsample of user u at level k: ``randomness.subsample(items, Delta_k, u, round_=k, seed)``;
 * noise of k-gram g: ``sigma_k * keyed_normal(seed, 'noise', k, [g])``; with keep tables
   (``threshold='optimal'``) the 64 bits ``random_bits([g], 'noise', k, seed)`` (keep iff below F(H[g]) 2^64);
-* spurious k-grams: count ``Binomial`` from ``keyed_generator(seed, 'spurious', k, 'count')``,
-  candidates from ``keyed_generator(seed, 'spurious', k, ('candidates', chunk))``, priorities
-  ``keyed_uniform(seed, 'spurious_priority', k, [g])``;
-  with ``selection='mad_sips'`` each round's Bernoulli subset of V_k (:func:`dpne_kernels.spurious_subset`):
-  its size from ``(seed, 'spurious', round, 'subset_count')``, candidates from ``(seed, 'spurious', round,
-  ('subset_candidates', chunk))``, the same priorities;
+* spurious k-grams: a Bernoulli(q_k) subset of V_k (:func:`dpne_kernels.spurious_subset`), round k, or with
+  ``selection='mad_sips'`` each round's round id: its size from ``(seed, 'spurious', round, 'subset_count')``,
+  candidates from ``(seed, 'spurious', round, ('subset_candidates', chunk))``, priorities
+  ``keyed_uniform(seed, 'spurious_priority', round, [g])``;
 * |V_k| sampling estimator (``vk_method='sample'``): ``keyed_generator(seed, 'vk_estimate', k, 0)``.
 
 DPSU baselines use round 0 (dpsu_all) or the n-gram length (dpsu_even, dpsu_single).
@@ -149,25 +147,16 @@ def table_release(hist: Mapping[str, float], table, round_: int, seed, rng) -> S
 
 
 def sample_spurious(sampler: dpne_kernels.ValidSampler, supp: Set[str], q: float, k: int, seed, rng) -> List[str]:
-    """Supplement Alg. 1's spurious step: ``B ~ Bin(|V_k| - |supp(H_k)|, q)`` uniform k-grams of
-    ``V_k \\ supp(H_k)`` (oversampled candidates, filtered, deduplicated, N smallest priorities).
-
-    Uses the exact ``|V_k|`` (``sampler.size``) even with ``vk_method='sample'`` (whose estimate only
-    sets rho_k), so the result is exactly the zero-weight part of the Gaussian mechanism on V_k.
+    """Supplement Alg. 1's spurious step, drawn as a Bernoulli(q) subset of V_k (:func:`dpne_kernels.spurious_subset`,
+    randomness round k) minus ``supp`` = supp(H_k): each k-gram of V_k outside the support is released
+    independently with probability q, the law of the paper's ``Bin(|V_k| - |supp(H_k)|, q)`` uniform k-grams of
+    ``V_k \\ supp(H_k)``, so the result is exactly the zero-weight part of the Gaussian mechanism (or of the keep
+    table, F(0) = q) on V_k. The draws and their one failure event (:data:`dpne_kernels.OVERSAMPLE_FAILURE_PROB`)
+    read the public plan only (the exact |V_k| = ``sampler.size``, also with ``vk_method='sample'``, whose
+    estimate only sets rho_k): the support is read once, to drop the drawn k-grams it holds (docs/dpne.md, "The
+    spurious draws as a subset of V_k").
     """
-    n_avail = max(0, sampler.size - len(supp))
-    n_spur = dpne_kernels.spurious_count(n_avail, q, k, seed, rng)
-    if n_spur == 0:
-        return []
-    m = dpne_kernels.spurious_oversample(n_spur, n_avail, sampler.size)
-    outside: Set[str] = set()
-    for c, size in dpne_kernels.chunk_sizes(m):
-        for g in dpne_kernels.candidate_chunk(sampler, c, size, k, seed, rng):
-            if g not in supp:
-                outside.add(g)
-    cands = sorted(outside)
-    pri = dpne_kernels.spurious_priorities(cands, k, seed, rng)
-    return dpne_kernels.select_spurious(zip(pri.tolist(), cands), n_spur, k)
+    return [g for g in dpne_kernels.spurious_subset(sampler, q, k, seed, rng) if g not in supp]
 
 
 # ---------------------------------------------------------------------------------------------

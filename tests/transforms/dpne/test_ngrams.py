@@ -5,6 +5,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from dp_partition_beam.transforms.core import text as tx
@@ -150,15 +152,44 @@ def test_spurious_seeded_is_deterministic():
 
 
 def test_oversample_size_makes_failure_negligible():
-    # Probability that M draws give fewer than N distinct outside k-grams is <= 1e-12 by construction;
-    # check empirically that it never fails and that M is not absurd.
-    for n_spur, n_avail, v in [(5, 10, 100), (100, 100_000, 120_000), (1, 1, 1000), (50, 60, 60)]:
-        m = dpne_kernels.spurious_oversample(n_spur, n_avail, v)
-        assert m >= n_spur
-        p = (n_avail - n_spur + 1) / v
-        assert stats.binom.cdf(n_spur - 1, m, p) <= dpne_kernels.OVERSAMPLE_FAILURE_PROB
-    with pytest.raises(RuntimeError, match="too few distinct candidates"):
+    # Probability that M draws give fewer than N distinct k-grams of V_k is <= 1e-12 by construction; check
+    # empirically that it never fails and that M is not absurd. Both arguments are public (issue 59).
+    for n, v in [(5, 100), (100, 120_000), (1, 1000), (50, 60), (60, 60)]:
+        m = dpne_kernels.spurious_oversample(n, v)
+        assert m >= n
+        p = (v - n + 1) / v
+        assert stats.binom.cdf(n - 1, m, p) <= dpne_kernels.OVERSAMPLE_FAILURE_PROB
+    with pytest.raises(RuntimeError, match="too few distinct k-grams of V_k"):
         dpne_kernels.select_spurious([(0.1, "a")], 2, 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    q=st.sampled_from([0.05, 0.3, 0.7, 1.0]),
+    a=st.sets(st.integers(0, 10_000)),
+    b=st.sets(st.integers(0, 10_000)),
+)
+def test_spurious_draws_read_the_support_only_to_drop_what_it_holds(seed, q, a, b):
+    """Issue 59, point 3: the spurious step of a paper level (--selection single) is a Bernoulli(q) subset of
+    V_k drawn from the public plan, so under one seed two supports A, B release the same spurious k-grams
+    outside both, and nothing the support holds. The previous step drew Bin(|V_k| - |supp|, q) k-grams of V_k
+    minus the support: its draws (and its failure event) changed with the private support size, and this
+    property failed at the first pair of supports of different sizes."""
+    s1, s2 = small_level()
+    v = sorted(dpne_kernels.brute_force_valid(s2, s1, "both"))
+    sampler = dpne_kernels.ValidSampler(s2, s1, "both")
+    supp_a = {v[i % len(v)] for i in a}
+    supp_b = {v[i % len(v)] for i in b}
+    got_a = sample_spurious(sampler, supp_a, q, 3, seed, None)
+    got_b = sample_spurious(sampler, supp_b, q, 3, seed, None)
+    assert not set(got_a) & supp_a and not set(got_b) & supp_b
+    assert set(got_a) - supp_b == set(got_b) - supp_a
+    # and both are the one subset of V_k the seed draws, minus each support
+    subset = set(dpne_kernels.spurious_subset(sampler, q, 3, seed, None))
+    assert set(got_a) == subset - supp_a and set(got_b) == subset - supp_b
+    if q == 1.0:
+        assert subset == set(v)
 
 
 def test_cli_tokenizer_option_loads_module_function():
