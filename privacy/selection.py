@@ -717,8 +717,9 @@ L2_RULE_WEIGHTINGS = ("l2_descent", "mad")
 
 def _changed_items(spec: AlgorithmSpec, params: SelectionParams) -> int:
     """The most items whose weight one user changes: its own (<= Delta_0), or under a policy's rerouting any item
-    of the single worker's input (<= max_sequential_pairs). The l1 curve reserves its 2^-64 rounding for that
-    many items (docs/thresholding.md)."""
+    of the single worker's input (<= max_sequential_pairs). The l1 curve reserves its realisation error (the 2^-64
+    rounding and the 2^-90 of its evaluation, :func:`thresholding.rounding_reserve`) for that many items
+    (docs/thresholding.md, "The realised probabilities")."""
     return params.max_sequential_pairs if spec.sequential else params.max_contributions
 
 
@@ -989,7 +990,7 @@ def resolve_params(algorithm: str, params: SelectionParams) -> SelectionParams:
     else:  # the adaptive cap only with a Gaussian last round
         defaults["cap_quantile"] = default_cap_quantile(algorithm, params.threshold)
     if params.threshold is None and defaults["threshold"] == "optimal" and spec.calibration in L1_CALIBRATIONS:
-        # the l1 curve's 2^-64 rounding reserve must fit in delta (tiny delta under a policy: its Laplace rule)
+        # the l1 curve's realisation reserve must fit in delta (tiny delta under a policy: its Laplace rule)
         reserve = thresholding.rounding_reserve(params.epsilon, _changed_items(spec, params))
         if reserve >= params.delta / 2:
             defaults["threshold"] = noise_rule(spec)

@@ -47,6 +47,7 @@ from typing import Iterable, Sequence, Tuple
 
 import numpy as np
 
+from dp_partition_beam.privacy import l1_limits
 from dp_partition_beam.privacy.validation import PrivacyBudget, check_int, check_range
 
 __all__ = [
@@ -619,7 +620,9 @@ def min_grid_bits(contributions: Sequence[float]) -> int:
 # The l1 keep curve: Laplace weightings and Policy Laplace (docs/thresholding.md, "The l1 curve")
 # ---------------------------------------------------------------------------------------------
 
-#: the curve is built at (eps, delta) (1 - 1e-6): the slack absorbs the float error of its evaluation
+#: the curve is built at (eps, delta) (1 - 1e-6). The margin once absorbed the float error of its evaluation; the
+#: limits are now within 2^-90 of the exact curve and that error is reserved (:func:`rounding_reserve`), but the
+#: margin stays so that the curves, their reports and the seeded outputs stay as they were
 _CURVE_MARGIN = 1e-6
 
 
@@ -637,7 +640,9 @@ class L1KeepCurve:
     For every real x >= 0 and shift t in (0, 1], (Bern f(x), Bern f(x + t)) is (eps t, delta t)-DP in both
     directions, so one user's change (l1 norm <= 1, any real coordinates: also the policies' rerouted weights)
     changes the release by an (eps, delta)-DP pair (proof: docs/thresholding.md). An item nobody holds is never
-    kept (f(0) = 0). It is built at ``eps (1 - 1e-6)``, ``delta (1 - 1e-6)`` of the budget it reports.
+    kept (f(0) = 0). It is built at ``eps (1 - 1e-6)``, ``delta (1 - 1e-6)`` of the budget it reports, and
+    realised by :meth:`limits` (double-word arithmetic, within 2^-90 of f before the 2^-64 rounding; the
+    reserve of :func:`rounding_reserve` covers both, at every shift).
 
     Attributes:
       epsilon, delta: the (eps, delta)-DP of one release (per user).
@@ -662,6 +667,7 @@ class L1KeepCurve:
             raise ValueError(
                 f"delta {self.delta:g} must be below 1 - e^-epsilon = {-math.expm1(-self.epsilon):.3g} for the l1 curve"
             )
+        self._constants  # the double-word constants; an error if eps x* > 256 (l1_limits.MAX_EXPONENT)
 
     @property
     def _eps(self) -> float:
@@ -671,43 +677,40 @@ class L1KeepCurve:
     def _delta(self) -> float:
         return self.delta * (1.0 - _CURVE_MARGIN)
 
+    @functools.cached_property
+    def _constants(self) -> l1_limits.CurveConstants:
+        return l1_limits.curve_constants(self._eps, self._delta, self.unit)
+
     @property
     def midpoint(self) -> float:
         """x*, in l1 units: ``u(x*) = 1/2``, i.e. ``log(1 + (e^eps - 1) / (2 delta)) / eps``."""
         e = self._eps
         return math.log1p(math.expm1(e) / (2.0 * self._delta)) / e
 
-    def _u(self, x: np.ndarray) -> np.ndarray:
-        e = self._eps
-        return self._delta * np.expm1(e * x) / math.expm1(e)
-
-    def _pieces(self, weights):
-        """(lower, value): ``lower`` where x <= x* and there ``value`` = u(x), the keep probability; elsewhere
-        ``value`` = u(2 x* - x) (0 from 2 x* on), the *drop* probability, computed directly (1 - f would lose
-        its low bits to cancellation near 1)."""
-        x = np.maximum(np.asarray(weights, dtype=np.float64) / self.unit, 0.0)
-        m = self.midpoint
-        lower = x <= m
-        with np.errstate(over="ignore"):
-            value = self._u(np.where(lower, x, np.clip(2.0 * m - x, 0.0, m)))
-        return lower, value
+    def limits(self, weights) -> Tuple[np.ndarray, np.ndarray]:
+        """(lower, limit) per weight, arrays of the weights' shape (bool, uint64): where ``lower`` (x <= x*),
+        :meth:`keep` keeps iff the item's 64 random bits are below ``limit`` = floor(u 2^64); elsewhere it drops
+        iff they are below ``limit`` = ceil(v 2^64), v = u(2 x* - x) the drop probability (0 from 2 x* on), computed
+        directly (1 - f would lose its low bits near 1). u and v are evaluated in double words from the float
+        weight, within 2^-90 of their exact values (:func:`privacy.l1_limits.limits`; docs/thresholding.md, "The
+        realised probabilities"). A weight of 0 (or below) has limit 0 on the lower piece: never kept."""
+        return l1_limits.limits(weights, self._constants)
 
     def keep_probability(self, weights) -> np.ndarray:
-        """f(W / unit) per weight, as realised by :meth:`keep` (float64 rounding aside; 1 from 2 x* on)."""
-        lower, value = self._pieces(weights)
-        return np.where(lower, value, 1.0 - value)
+        """The keep probability :meth:`keep` realises per weight (f to within 2^-64 + 2^-90), rounded to float64:
+        ``limit / 2^64`` below x*, ``1 - limit / 2^64`` above (1 from 2 x* on)."""
+        lower, limit = self.limits(weights)
+        p = np.ldexp(limit.astype(np.float64), -KEEP_BITS)
+        return np.where(lower, p, 1.0 - p)
 
     def keep(self, weights, bits: np.ndarray, low_bits=None) -> np.ndarray:
         """Keep decisions from uint64 random ``bits``: below x*, keep iff ``bits < floor(u 2^64)``; above,
-        drop iff ``bits < ceil(v 2^64)`` (v the drop probability). Either way the keep probability is f rounded
-        down to a multiple of 2^-64, without a float uniform in between (docs/thresholding.md; ``low_bits`` is
-        never read)."""
-        lower, value = self._pieces(weights)
-        scaled = np.ldexp(value, KEEP_BITS)  # < 2^63 (value <= 1/2)
+        drop iff ``bits < ceil(v 2^64)`` (v the drop probability), with the limits of :meth:`limits`. Either
+        way the keep probability is f rounded down to a multiple of 2^-64, to within the 2^-90 of the evaluation,
+        without a float uniform in between (docs/thresholding.md; ``low_bits`` is never read)."""
+        lower, limit = self.limits(weights)
         bits = np.asarray(bits, dtype=np.uint64)
-        keep_low = bits < np.floor(scaled).astype(np.uint64)
-        keep_high = bits >= np.ceil(scaled).astype(np.uint64)
-        return np.where(lower, keep_low, keep_high)
+        return np.where(lower, bits < limit, bits >= limit)
 
     def weight_for(self, probability: float) -> float:
         """The smallest total weight kept with probability >= ``probability`` (in (0, 1]); W50 = x* unit."""
@@ -736,10 +739,14 @@ class L1KeepCurve:
 
 
 def rounding_reserve(epsilon: float, changed_items: int) -> float:
-    """The delta reserved for the 2^-64 rounding of the curve's keep probabilities: each item whose weight a user
-    changes may exceed its (eps t, delta t) condition by at most ``e^{eps t} 2^-64 <= e^eps 2^-64`` (the rounding
-    down of the smaller probability), so ``changed_items e^eps 2^-64`` in all (docs/thresholding.md)."""
-    return float(check_int("changed_items", changed_items, 0)) * math.exp(epsilon) * 2.0**-KEEP_BITS
+    """The delta reserved for the realisation of the curve's keep probabilities (:meth:`L1KeepCurve.limits`:
+    within eta = 2^-90 of f, then rounded down to a multiple of 2^-64, so within [f - 2^-64 - eta, f + eta]):
+    each item whose weight a user changes, by any shift t in (0, 1], may exceed its (eps t, delta t) condition by
+    at most ``e^{eps t} (2^-64 + eta) + eta <= e^eps (2^-64 + eta) + eta``, so ``changed_items`` times that in all
+    (docs/thresholding.md, "The realised probabilities")."""
+    eta = l1_limits.LIMIT_ERROR
+    per_item = math.exp(epsilon) * (2.0**-KEEP_BITS + eta) + eta
+    return float(check_int("changed_items", changed_items, 0)) * per_item
 
 
 def calibrate_l1_curve(epsilon: float, delta: float, unit: float = 1.0, changed_items: int = 0) -> L1KeepCurve:

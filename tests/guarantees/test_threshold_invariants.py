@@ -138,15 +138,9 @@ def test_the_keep_rules_keep_exactly_the_calibrated_bit_patterns():
         assert table.keep(np.full(2, w), bits).tolist() == [True, False]
     curve = T.calibrate_l1_curve(1.0, 1e-5)
     for w in (curve.weight_for(0.01), curve.weight_for(0.4), curve.weight_for(0.6), curve.weight_for(0.999)):
-        lower, value = curve._pieces(np.array([w]))
-        scaled = float(np.ldexp(value[0], 64))
-        if lower[0]:  # keep iff bits < floor(u 2^64)
-            limit = math.floor(scaled)
-            want = [True, False]
-        else:  # drop iff bits < ceil(v 2^64)
-            limit = math.ceil(scaled)
-            want = [False, True]
-        bits = np.array([limit - 1, limit], dtype=np.uint64)
+        lower, limit = curve.limits(np.array([w]))  # floor(u 2^64) / ceil(v 2^64) (tests/privacy/test_l1_curve.py)
+        want = [True, False] if lower[0] else [False, True]  # below x*: keep iff bits < limit; above: drop iff
+        bits = np.array([int(limit[0]) - 1, int(limit[0])], dtype=np.uint64)
         assert curve.keep(np.full(2, w), bits).tolist() == want, w
     # Policy Gaussian's l2 rule (privacy/l2_rule.py): keep iff bits < floor(f 2^64), in the quadratic start, at the
     # junction and on the knots
