@@ -498,6 +498,10 @@ case "$cmd" in
     # marks them; one stream alone kept ~1.2 of the 2 cores busy). Each writes its log, printed when all
     # have ended; the 10 longest tests of each are in it.
     logs=$(mktemp -d)
+    # Each case's DirectRunner output, which the Flink and the Spark streams both compare with, is computed by
+    # one of them and read by the other (tests/support/shared_result.py): a directory of this run only.
+    export DP_ENGINES_DIRECT_CACHE="$logs/direct"
+    mkdir "$DP_ENGINES_DIRECT_CACHE"
     pids=()
     for stream in engines_flink_cluster engines_flink_local engines_spark; do
       "$VENV/bin/python" -m pytest tests/engines -q -m "engines and $stream" --durations=10 > "$logs/${#pids[@]}.log" 2>&1 &

@@ -11,8 +11,8 @@ each case's CLI arguments parsed and checked as its CLI does, its pipeline's ``b
 under the case's name, its own release, report and diagnostics files), so the job servers' submission,
 plan compilation and SDK harness start are paid once for all of them; each branch is compared with its
 case's own DirectRunner run of the CLI, and a branch that differs fails the test naming its case. But:
-the --max_n 9 DPNE cases keep a job of their own (OWN_JOB_CASES: Flink walks every plan path before the
-job starts, and the paths of branches add up), the Flink cluster's cases are merged by size only
+the --max_n 9 DPNE cases share a job apart from the others (MAX_N_9_CASES: Flink walks every plan path before
+the job starts, and the paths of branches add up), the Flink cluster's cases are merged by size only
 (CLUSTER_JOBS: its network buffers do not hold all of them at once), the three unseeded multi-round
 cases share one job per engine, and the fault-injection, worker-loss, skew and unseeded-noise runs below
 keep their own jobs.
@@ -34,8 +34,8 @@ engines.JobServer: neither retries at all by default in local mode). What is che
   table), policy_gaussian (sequential: all capped pairs on one worker; and with
   counts through the sharded join with hot-item sharding), policy_laplace (its l1 keep curve: a keyed keep
   step per item), extract_ngrams with counts (MERGED_LOCAL_CASES: one job per engine), and extract_ngrams
-  at --max_n 9 with keep tables and with MAD-SIPS levels (a job each, through the CLI,
-  ``python -m dp_partition_beam.pipelines.<name>``). All with ``--environment_type LOOPBACK``.
+  at --max_n 9 with keep tables and with MAD-SIPS levels (MAX_N_9_CASES: one more job per engine). All with
+  ``--environment_type LOOPBACK``.
 * Unseeded noise is drawn independently by each SDK worker process: an ``EXTERNAL`` worker pool that
   starts every SDK worker as its own process, 2 of them, noise tagged with the worker's pid. If the
   generator state travelled with the pickled DoFn (or were seeded from something the workers share),
@@ -55,6 +55,7 @@ engines.JobServer: neither retries at all by default in local mode). What is che
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import gzip
 import hashlib
@@ -63,6 +64,7 @@ import inspect
 import json
 import math
 import os
+import pathlib
 import pkgutil
 import socket
 import subprocess
@@ -81,6 +83,7 @@ from tests.support import engines
 # --- The only imports of modules below the pipelines' CLIs (their paths move in refactors) -----------
 from tests.support.pipeline_cases import PIPELINES  # the registry's PipelineSpecs (bundled sample + demo arguments)
 from tests.support.ports import free_port
+from tests.support.shared_result import shared_json
 
 DOFN_PACKAGES = (
     "dp_partition_beam.transforms",
@@ -99,6 +102,10 @@ SPECS = {s.name: s for s in PIPELINES}
 # 600 users. Selection runs at epsilon 8 so that a few dozen items are released (the comparison is
 # over those), the n-gram pipelines at the registry's demo parameters.
 SAMPLE_LINES = {"tsv": 20_000, "jsonl": 600}
+#: a directory shared by the engine suite's test processes of one run (.ci/engines.sh test makes it): the input
+#: cuts are written there once, and each case's DirectRunner output is computed by one process and read by the
+#: others (tests/support/shared_result.py)
+DIRECT_CACHE = os.environ.get("DP_ENGINES_DIRECT_CACHE")
 SELECT = ("--epsilon", "8", "--delta", "1e-3")
 
 
@@ -159,13 +166,14 @@ CASES = {
 # they add an algorithm or output the cluster cases do not cover.
 CLUSTER_CASES = ("basic", "mad2r", "mad_sips_counts", "dp_sips", "extract_ngrams", "bayesian_ngrams")
 LOCAL_CASES = tuple(name for name in CASES if name not in CLUSTER_CASES)
-# Cases with a job of their own, through their CLI: at --max_n 9 Flink walks ~1.4e8 (DPNE) and ~2.7e6
-# (MAD-SIPS levels) plan paths before the job starts, and paths of branches in one job add up. The other
-# cases of a deployment run as branches of one job per engine (tests/support/merged_job.py): one
-# submission, plan compilation and SDK harness start for all of them, each branch's output compared with
-# its case's own DirectRunner run.
-OWN_JOB_CASES = ("extract_ngrams_max_n_9", "extract_ngrams_mad_sips")
-MERGED_LOCAL_CASES = tuple(name for name in LOCAL_CASES if name not in OWN_JOB_CASES)
+# The --max_n 9 cases, one job of their own per engine: Flink walks ~1.4e8 (DPNE) and ~2.7e6 (MAD-SIPS levels)
+# plan paths before the job starts, and the paths of branches in one job add up, so they stay apart from the
+# other local cases (two jobs, one through each case's CLI, until the paper levels' walk fell from 5.8e8 with
+# issue 59's spurious draws). The other cases of a deployment run as branches of one job per engine
+# (tests/support/merged_job.py): one submission, plan compilation and SDK harness start for all of them, each
+# branch's output compared with its case's own DirectRunner run.
+MAX_N_9_CASES = ("extract_ngrams_max_n_9", "extract_ngrams_mad_sips")
+MERGED_LOCAL_CASES = tuple(name for name in LOCAL_CASES if name not in MAX_N_9_CASES)
 # The jobs of CLUSTER_CASES per engine. Spark's cluster runs them as one job. Flink's cannot: a TaskManager's
 # 128 MB of network buffers (.ci/engines.sh: the budget one job has to fit, kept so that a job that outgrows
 # it fails here) does not hold the concurrent blocking exchanges of all six (measured: that job failed on
@@ -242,26 +250,36 @@ def cluster(request, clusters):
 
 @pytest.fixture(scope="session")
 def inputs(tmp_path_factory):
-    """pipeline name -> path of the cut of its bundled sample."""
-    d = tmp_path_factory.mktemp("inputs")
-    out = {}
-    for name, spec in SPECS.items():
-        src = os.path.join(REPO, spec.sample_input)
-        dst = d / f"{name}.{spec.input_format}"
-        opener = gzip.open if src.endswith(".gz") else open
-        with opener(src, "rt", encoding="utf-8") as f, open(dst, "w", encoding="utf-8") as w:
-            for n, line in enumerate(f):
-                if n >= SAMPLE_LINES[spec.input_format]:
-                    break
-                w.write(line)
-        out[name] = str(dst)
-    # A public allowlist for the counts case: the items of the words cut that start with a-m (one per
-    # line), so the run drops the others before selection.
-    with open(out["select_partitions"], encoding="utf-8") as f:
-        items = {line.rstrip("\n").split("\t", 1)[1] for line in f if line != "user\titem\n"}
-    with open(allowlist_path(out["select_partitions"]), "w", encoding="utf-8") as w:
-        w.writelines(f"{item}\n" for item in sorted(items) if "a" <= item[:1] <= "m")
-    return out
+    """pipeline name -> path of the cut of its bundled sample. With DP_ENGINES_DIRECT_CACHE written once for all the
+    suite's processes, in that directory: the cuts' paths are in the reports (the allowlist's), which the DirectRunner
+    output one process computed must match in the others."""
+
+    def build() -> dict:
+        if DIRECT_CACHE:
+            d = pathlib.Path(DIRECT_CACHE) / "inputs"
+            d.mkdir()
+        else:
+            d = tmp_path_factory.mktemp("inputs")
+        out = {}
+        for name, spec in SPECS.items():
+            src = os.path.join(REPO, spec.sample_input)
+            dst = d / f"{name}.{spec.input_format}"
+            opener = gzip.open if src.endswith(".gz") else open
+            with opener(src, "rt", encoding="utf-8") as f, open(dst, "w", encoding="utf-8") as w:
+                for n, line in enumerate(f):
+                    if n >= SAMPLE_LINES[spec.input_format]:
+                        break
+                    w.write(line)
+            out[name] = str(dst)
+        # A public allowlist for the counts case: the items of the words cut that start with a-m (one per
+        # line), so the run drops the others before selection.
+        with open(out["select_partitions"], encoding="utf-8") as f:
+            items = {line.rstrip("\n").split("\t", 1)[1] for line in f if line != "user\titem\n"}
+        with open(allowlist_path(out["select_partitions"]), "w", encoding="utf-8") as w:
+            w.writelines(f"{item}\n" for item in sorted(items) if "a" <= item[:1] <= "m")
+        return out
+
+    return shared_json(DIRECT_CACHE, "inputs", build)
 
 
 def cli_argv(case: Case, input_path: str, out_dir: str, seed=SEED) -> list:
@@ -371,23 +389,39 @@ def failure_context(server) -> str:
     return tails
 
 
+def direct_key(name: str, inputs) -> str:
+    """What a case's DirectRunner output depends on in one run of one checkout: the case, its flags and the
+    bytes of its input cut and of the allowlist (the inputs fixture writes them per process)."""
+    case = CASES[name]
+    h = hashlib.sha256(json.dumps([name, case.pipeline, list(case.args), case.diagnostics]).encode())
+    paths = [inputs[case.pipeline]] + ([allowlist_path(inputs[case.pipeline])] if ALLOWLIST in case.args else [])
+    for path in paths:
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return f"direct/{name}/{h.hexdigest()}"
+
+
 @pytest.fixture(scope="session")
 def direct(inputs, tmp_path_factory):
     """case -> its seeded output on the DirectRunner (in_memory), computed once per test run: the case's CLI
-    (``run(argv)`` of its pipeline module) in this process, which saves a Python and Beam start-up per case; the
-    engine runs it is compared with go through the CLI in a subprocess or tests/support/merged_job.py."""
+    (``run(argv)`` of its pipeline module) in this process, which saves a Python and Beam start-up per case; with
+    DP_ENGINES_DIRECT_CACHE once for all the suite's processes (the Flink and Spark streams compare with the same
+    cases). The engine runs it is compared with go through the CLI in a subprocess or tests/support/merged_job.py."""
     cache = {}
+
+    def run_direct(name: str) -> dict:
+        case = CASES[name]
+        out = str(tmp_path_factory.mktemp(f"direct-{name}"))
+        argv = cli_argv(case, inputs[case.pipeline], out) + ["--runner", "DirectRunner"]
+        module = importlib.import_module(f"dp_partition_beam.pipelines.{case.pipeline}")
+        start = time.perf_counter()
+        code = module.run(argv + ["--direct_running_mode", "in_memory"])
+        assert code == 0, f"{name}: the DirectRunner run exited with {code}"
+        return dataclasses.asdict(read_output(out, case, time.perf_counter() - start))
 
     def get(name: str) -> Output:
         if name not in cache:
-            case = CASES[name]
-            out = str(tmp_path_factory.mktemp(f"direct-{name}"))
-            argv = cli_argv(case, inputs[case.pipeline], out) + ["--runner", "DirectRunner"]
-            module = importlib.import_module(f"dp_partition_beam.pipelines.{case.pipeline}")
-            start = time.perf_counter()
-            code = module.run(argv + ["--direct_running_mode", "in_memory"])
-            assert code == 0, f"{name}: the DirectRunner run exited with {code}"
-            cache[name] = read_output(out, case, time.perf_counter() - start)
+            cache[name] = Output(**shared_json(DIRECT_CACHE, direct_key(name, inputs), lambda: run_direct(name)))
             assert cache[name].lines, f"{name}: the sample run releases nothing, the comparison would be vacuous"
         return cache[name]
 
@@ -454,15 +488,10 @@ def test_seeded_output_equals_the_direct_runner(engine, inputs, direct, tmp_path
     check_merged_cases(engine, MERGED_LOCAL_CASES, inputs, direct, tmp_path)
 
 
-@pytest.mark.parametrize("name", OWN_JOB_CASES)
-def test_seeded_output_of_a_max_n_9_job_equals_the_direct_runner(engine, name, inputs, direct, tmp_path):
-    """A --max_n 9 case in a job of its own, through its CLI, on the local job server: its output is its
-    DirectRunner output, byte for byte."""
-    case = CASES[name]
-    want = direct(name)
-    got = run_cli(case, inputs[case.pipeline], str(tmp_path), engine.pipeline_args(), engine)
-    check_seeded_output(engine, name, got, want, inputs)
-    print(f"{name}: {len(got.lines)} lines, {engine.engine} {got.seconds:.1f}s, DirectRunner {want.seconds:.1f}s")
+def test_seeded_output_of_the_max_n_9_job_equals_the_direct_runner(engine, inputs, direct, tmp_path):
+    """MAX_N_9_CASES (the paper's levels and MAD-SIPS levels at --max_n 9) as the branches of one job of their own
+    on the local job server: each branch's output is its case's DirectRunner output, byte for byte."""
+    check_merged_cases(engine, MAX_N_9_CASES, inputs, direct, tmp_path)
 
 
 def check_merged_cases(engine, names, inputs, direct, tmp_path):
