@@ -305,7 +305,7 @@ def limits(weights, cc: CurveConstants) -> Tuple[np.ndarray, np.ndarray]:
     error."""
     w = np.asarray(weights, dtype=np.float64)
     if np.isnan(w).any():
-        raise ValueError("the l1 curve reads weights that are not NaN")
+        raise ValueError("the l1 curve got a NaN weight (weights must be numbers)")
     flat = np.minimum(np.maximum(w.ravel(), 0.0), cc.weight_cap)
     if flat.size <= SCALAR_MAX:
         pairs = [_limit_scalar(float(x), cc) for x in flat]

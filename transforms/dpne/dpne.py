@@ -46,8 +46,8 @@ side inputs):
                                                        |V_k| = sum_y L(y) R(y) (:func:`level_sizes`)
   Level        {rho_k, q_k, |V_k|, ...}                 singleton from Sizes (or the sampling estimator);
                                                        the spurious step reads its own singleton of the
-                                                       level dict, the exact |V_k| and S_{k-1} (few routes
-                                                       back to S_{k-1}: Flink's plan walk, docs/engines.md)
+                                                       level dict and S_{k-1} (few routes back to S_{k-1}:
+                                                       Flink's plan walk, docs/engines.md)
 
 MAD weighting (``weighting='mad'``) replaces the Partials/GroupItems steps by
 :class:`transforms.selection.mad.MADWeights` (MAD paper Alg. 3 on the same capped tables),
@@ -438,10 +438,10 @@ def level_k(_, k, sigma, max_contributions, eta, weighting, beta, sizes, v_estim
 
 
 def spurious_level_k(_, k, sigma, max_contributions, eta, weighting, beta, sizes, v_estimate=None, table=None):
-    """What the spurious step of level k >= 2 reads, in one singleton: the level dict (rho_k or the table, q_k),
-    the exact |V_k| (``v_exact``, for the report) and S_{k-1} (``s_prev``, the list)."""
+    """What the spurious step of level k >= 2 reads, in one singleton: the level dict (rho_k or the table, q_k)
+    and S_{k-1} (``s_prev``, the list; the exact |V_k| is its sampler's size, :class:`SpuriousSubsetFn`)."""
     level = level_k(_, k, sigma, max_contributions, eta, weighting, beta, sizes, v_estimate, table)
-    return dict(level, v_exact=sizes[1], s_prev=sizes[2])
+    return dict(level, s_prev=sizes[2])
 
 
 def valid_size(sizes):
@@ -1200,7 +1200,7 @@ class DPNE(beam.PTransform):
                     p
                     | f"{name}/SpuriousSeed" >> beam.Create([None])
                     | f"{name}/SpuriousLevel" >> beam.Map(spurious_level_k, *level_args, table=run.table)
-                )  # {rho_k, q_k, exact |V_k|, S_{k-1}}: one singleton (Flink's plan walk, _Spurious)
+                )  # {rho_k, q_k, S_{k-1}}: one singleton (Flink's plan walk, _Spurious)
                 spurious = support | f"{name}/Spurious" >> _Spurious(
                     k, spurious_level, s1, prm.pruning, self._seed, self._num_shards
                 )  # w (spurious, 0 holders)
