@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import gzip
 import hashlib
 import importlib
 import inspect
@@ -81,7 +80,10 @@ from dp_partition_beam.transforms.testing.beam import inject_bundle_failures, ze
 from tests.support import engines
 
 # --- The only imports of modules below the pipelines' CLIs (their paths move in refactors) -----------
-from tests.support.pipeline_cases import PIPELINES  # the registry's PipelineSpecs (bundled sample + demo arguments)
+from tests.support.pipeline_cases import (  # the registry's PipelineSpecs (bundled sample + demo arguments)
+    PIPELINES,
+    cut_sample,
+)
 from tests.support.ports import free_port
 from tests.support.shared_result import shared_json
 
@@ -262,15 +264,7 @@ def inputs(tmp_path_factory):
             d = tmp_path_factory.mktemp("inputs")
         out = {}
         for name, spec in SPECS.items():
-            src = os.path.join(REPO, spec.sample_input)
-            dst = d / f"{name}.{spec.input_format}"
-            opener = gzip.open if src.endswith(".gz") else open
-            with opener(src, "rt", encoding="utf-8") as f, open(dst, "w", encoding="utf-8") as w:
-                for n, line in enumerate(f):
-                    if n >= SAMPLE_LINES[spec.input_format]:
-                        break
-                    w.write(line)
-            out[name] = str(dst)
+            out[name] = cut_sample(spec, d, d / f"{name}.{spec.input_format}", SAMPLE_LINES[spec.input_format])
         # A public allowlist for the counts case: the items of the words cut that start with a-m (one per
         # line), so the run drops the others before selection.
         with open(out["select_partitions"], encoding="utf-8") as f:

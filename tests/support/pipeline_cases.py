@@ -14,14 +14,16 @@ SAMPLE_LINES = {"tsv": 24000, "jsonl": 600, "parquet": None}
 SEED = 11
 
 
-def cut_sample(spec, tmp_path):
-    """The first lines of the pipeline's bundled sample, as a plain file in its format."""
+def cut_sample(spec, tmp_path, dst=None, lines=None):
+    """The first ``lines`` lines (default: SAMPLE_LINES of its format) of the pipeline's bundled sample, as a
+    plain file in its format at ``dst`` (default: ``tmp_path/sample.<format>``); its path."""
     src = os.path.join(REPO, spec.sample_input)
-    dst = tmp_path / f"sample.{spec.input_format}"
+    dst = tmp_path / f"sample.{spec.input_format}" if dst is None else dst
+    lines = SAMPLE_LINES[spec.input_format] if lines is None else lines
     opener = gzip.open if src.endswith(".gz") else open
     with opener(src, "rt", encoding="utf-8") as f, open(dst, "w", encoding="utf-8") as out:
         for n, line in enumerate(f):
-            if n >= SAMPLE_LINES[spec.input_format]:
+            if n >= lines:
                 break
             out.write(line)
     return str(dst)
