@@ -909,6 +909,15 @@ def interruptible():
         yield
         return
 
+    unwound = threading.Event()
+
+    def keep_stopping_workers():
+        # The runner may start a worker after the signal (its worker threads run on: seen in CI, a
+        # second multi_processing worker started while the first was stopped, and Beam's clean-up then
+        # joined it forever); so until the run has unwound, every new worker process is stopped too.
+        while not unwound.wait(0.25):
+            stop_worker_processes()
+
     def on_signal(signum, frame):
         # First the runner's worker processes (multi_processing): Beam's clean-up joins them, and a
         # worker nobody tells to stop would hold the launcher open. The runner's threads that watched
@@ -918,12 +927,15 @@ def interruptible():
             _previous_excepthook = threading.excepthook
             threading.excepthook = _quiet_worker_exits
         stop_worker_processes()
+        if not any(t.name == "stop-workers" for t in threading.enumerate()):
+            threading.Thread(target=keep_stopping_workers, name="stop-workers", daemon=True).start()
         raise Interrupted(signum)
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
+        unwound.set()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -455,6 +456,31 @@ def test_sigterm_stops_the_multi_processing_workers(tmp_path):
     assert alive == []
     assert not [n for n in os.listdir(tmp_path / "out") if not n.startswith("items") and n != "report.json"]
     assert _consistent(tmp_path / "out")
+
+
+def test_a_worker_started_after_the_signal_is_stopped_too():
+    # CI's hang: SIGTERM stopped the first multi_processing worker, the runner started the second one
+    # just after, and Beam's clean-up joined it forever. Here the "runner" starts a process while the
+    # Interrupted unwinds: it must be stopped (SIGTERM, -15) within seconds, not run its 60 s.
+    script = textwrap.dedent(
+        """
+        import os, signal, subprocess, time
+        from dp_partition_beam.pipelines.cli import Interrupted, interruptible
+        with interruptible():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(30)
+            except Interrupted:
+                start = time.monotonic()
+                late = subprocess.Popen(["sleep", "60"])
+                late.wait(timeout=20)
+                print(late.returncode, round(time.monotonic() - start, 1))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    code, seconds = done.stdout.split()
+    assert int(code) == -signal.SIGTERM and float(seconds) < 5, done.stdout
 
 
 def test_relative_paths_and_a_bare_input_glob_work_from_the_current_directory(work, capsys, monkeypatch):
