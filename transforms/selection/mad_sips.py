@@ -61,26 +61,25 @@ from dp_partition_beam.privacy.calibration import passes_threshold
 from dp_partition_beam.transforms.core.batches import (
     DEFAULT_ROWS_PER_SHARD,
     ITEM,
+    USER,
     bounded_pieces,
     by_item_shard,
     concat,
     unpacked,
 )
-from dp_partition_beam.transforms.core.dofns import SideInputCache, WorkerRngDoFn
+from dp_partition_beam.transforms.core.dofns import WorkerRngDoFn
 from dp_partition_beam.transforms.core.engine import (
     PerUserFn,
     ShardedUsers,
     all_rounds,
     barrier,
     checkpoint,
-    concat_or_none,
     per_user_step,
-    released_through,
-    removed_before,
     run_seed_arg,
     table_of,
 )
-from dp_partition_beam.transforms.core.tables import ItemIndex, cap_pairs, drop_items, merge_partials, noisy_weights
+from dp_partition_beam.transforms.core.item_join import AttachItemColumns
+from dp_partition_beam.transforms.core.tables import ItemIndex, cap_pairs, merge_partials, noisy_weights
 from dp_partition_beam.transforms.selection.basic import NoisyThresholdFn, holders_in_round0_sets
 from dp_partition_beam.transforms.selection.counts import noisy_counts_of_holders
 from dp_partition_beam.transforms.selection.mad import MADWeights, TableRoundPartialsFn
@@ -102,15 +101,56 @@ def zero_partials(items: pa.Array) -> pa.Table:
     return pa.table({ITEM: items, **{c: zeros for c in _ZERO_COLUMNS}})
 
 
-class RoundSetsFn(PerUserFn):
-    """(user shard, Table(user, item)) -> (user shard, Table(user, item, degree[, bias])): round r's sets.
+#: the columns of a status (:class:`RoundStatusFn`) that round r + 1's pieces carry (:func:`attach_status`)
+STATUS_SCHEMA = pa.schema(
+    [(ITEM, pa.binary()), ("released", pa.bool_()), ("bias", pa.float64()), ("hopeless", pa.bool_())]
+)
+_STATUS_COLUMNS = ("released", "bias", "hopeless")
 
-    Drops U_<r (post-processing), from round 2 each user's hopeless items unless all of its items are
-    hopeless (Alg. 4 line 13; :func:`mad_sips_kernels.drop_hopeless`), then bottom-k to the round's cap
-    (Delta_0, or the adaptive cap: a singleton side input) with round r's priorities (re-subsampling, as
-    DP-SIPS). Run by :func:`per_user_step`: the part of a user cut across pieces is the bottom-k of its
-    hopeless items and the bottom-k of its other items (minus U_<r), from whose union the join gives
-    exactly the user's sets (its bottom-k of the other items if it has any, else of the hopeless ones).
+
+def attach_status(pieces, status, num_shards, label: str):
+    """(user shard, Packed(user, item)) pieces -> (user shard, Table(user, item, released, bias, hopeless)):
+    each row with round r - 1's status of its item, joined by item shard
+    (:class:`transforms.core.item_join.AttachItemColumns`; what a worker holds is bounded by a shard, not by
+    the number of candidates). A row whose item has no status is in U_<r - 1 (every other item of the full
+    sets was a candidate of round r - 1): its columns are null."""
+    return pieces | label >> AttachItemColumns(status, num_shards, STATUS_SCHEMA)
+
+
+def without_released(table: pa.Table) -> pa.Table:
+    """The rows not in U_<r: with round r - 1's status attached, those whose item has a status (a candidate of
+    round r - 1: not in U_<r - 1) that round r - 1 did not release; round 1's pieces (no status) whole."""
+    if "released" not in table.column_names:
+        return table
+    return table.filter(pc.invert(pc.fill_null(table.column("released"), True)))
+
+
+def hopeful_of(table: pa.Table):
+    """(doomed, Table(item, bias) of the piece's hopeful items, its ItemIndex) from the attached status of rows
+    minus U_<r, or (None, None, None) in round 1. ``doomed[i]``: row i's item is hopeless (Alg. 4 lines 11-13)."""
+    if "hopeless" not in table.column_names:
+        return None, None, None
+    doomed = table.column("hopeless").to_numpy(zero_copy_only=False).astype(bool)
+    hope = table.filter(pa.array(~doomed))
+    items = hope.column(ITEM).combine_chunks()
+    distinct = pc.unique(items)
+    first = pc.index_in(distinct, value_set=items)
+    hopeful = pa.table({ITEM: distinct, "bias": hope.column("bias").combine_chunks().take(first)})
+    return doomed, hopeful, ItemIndex(distinct)
+
+
+class RoundSetsFn(PerUserFn):
+    """(user shard, Table(user, item[, released, bias, hopeless])) -> (user shard, Table(user, item, degree[,
+    bias])): round r's sets.
+
+    From round 2 each row carries round r - 1's status of its item (:func:`attach_status`). Drops U_<r
+    (post-processing), from round 2 each user's hopeless items unless all of its items are hopeless (Alg. 4
+    line 13; :func:`mad_sips_kernels.drop_hopeless`), then bottom-k to the round's cap (Delta_0, or the
+    adaptive cap: a singleton side input) with round r's priorities (re-subsampling, as DP-SIPS), and attaches
+    each kept hopeful item's bias (1 for a kept hopeless one). Run by :func:`per_user_step`: the part of a
+    user cut across pieces is the bottom-k of its hopeless items and the bottom-k of its other items (minus
+    U_<r), with their status, from whose union the join gives exactly the user's sets (its bottom-k of the
+    other items if it has any, else of the hopeless ones).
     """
 
     #: the tag of the candidates output (:meth:`process` with ``num_shards``)
@@ -118,61 +158,43 @@ class RoundSetsFn(PerUserFn):
 
     def __init__(self, round_: int):
         self._round = round_
-        # (Table(item, bias) of round r's candidates that are not hopeless, an ItemIndex of its items)
-        self._hopeful = SideInputCache()
 
-    def process(self, element, seed, cap, released=None, bias_tables=None, num_shards=None):
+    def process(self, element, seed, cap, num_shards=None):
         """The sets (:class:`PerUserFn`); with ``num_shards`` (rounds r < R) also, tagged CANDIDATES, (item
         shard, Packed zero partials) of the piece's items not in U_<r: every item whose next-round status
         round r must decide, from the same pass over the full sets."""
-        shard, table = element[0], table_of(element[1])
-        if released:
-            table = drop_items(table, pa.array(released, type=pa.binary()))  # U_<r, once for sets and candidates
+        shard, table = element[0], without_released(table_of(element[1]))  # U_<r, once for sets and candidates
         if num_shards is not None:
             items = pc.unique(table.column(ITEM).combine_chunks())
             if len(items):
                 for key_value in by_item_shard(zero_partials(items), num_shards):  # packed
                     yield beam.pvalue.TaggedOutput(self.CANDIDATES, key_value)
-        yield from PerUserFn.process(self, (shard, table), seed, cap, None, bias_tables)  # U_<r already dropped
+        if table.num_rows:
+            yield from PerUserFn.process(self, (shard, table), seed, cap)
 
-    def _remaining(self, table, released, bias_tables):
-        """(rows minus U_<r, whether each row's item is hopeless (numpy bool) or None in round 1)."""
-        if released:
-            table = drop_items(table, pa.array(released, type=pa.binary()))  # remove U_<r
-        if bias_tables is None:
-            return table, None
-        # every item left is a candidate of round r - 1's status (RoundSetsFn.CANDIDATES): hopeless unless listed
-        _, index = self._hopeful.get(bias_tables, hopeful_index)
-        return table, index.positions(table.column(ITEM)) < 0
-
-    def whole(self, shard, table, seed, cap, released=None, bias_tables=None, num_shards=None):
-        table, doomed = self._remaining(table, released, bias_tables)
-        hopeful = (None, None) if doomed is None else self._hopeful.get(bias_tables, hopeful_index)
-        capped = round_sets(table, cap, seed, self._round, doomed, *hopeful)  # Table(user, item, degree[, bias])
+    def whole(self, shard, table, seed, cap, num_shards=None):
+        doomed, hopeful, index = hopeful_of(table)
+        capped = round_sets(table.select([USER, ITEM]), cap, seed, self._round, doomed, hopeful, index)
+        # Table(user, item, degree[, bias])
         if capped.num_rows:
             yield shard, capped
 
-    def part(self, table, seed, cap, released=None, bias_tables=None, num_shards=None):
-        table, doomed = self._remaining(table, released, bias_tables)
+    def part(self, table, seed, cap, num_shards=None):
+        """The part's bottom-k of its hopeless rows and of its other rows, with their status columns."""
         if table.num_rows == 0:
             return None
-        if doomed is None:
-            return cap_pairs(table, int(cap), seed, self._round)
-        return concat(
-            cap_pairs(table.filter(pa.array(mask)), int(cap), seed, self._round) for mask in (doomed, ~doomed)
-        )
+        doomed = hopeful_of(table)[0]
+        masks = [None] if doomed is None else [doomed, ~doomed]
+        kept = []
+        for mask in masks:
+            rows = table if mask is None else table.filter(pa.array(mask))
+            if rows.num_rows:
+                capped = cap_pairs(rows.select([USER, ITEM]), int(cap), seed, self._round)
+                kept.append(rows.filter(pc.is_in(rows.column(ITEM), value_set=capped.column(ITEM))))
+        return concat(kept)  # one user's rows: an item names one row
 
-
-def hopeful_index(bias_tables):
-    """The side input of round r's sets, Table(item, bias) of the hopeful candidates, with an ItemIndex of
-    its items (built once per side input: looked up from every piece)."""
-    hopeful = concat_or_none(bias_tables) or empty_hopeful()
-    return hopeful, ItemIndex(hopeful.column(ITEM))
-
-
-def empty_hopeful() -> pa.Table:
-    """Table(item, bias) of no item (no candidate of the round is hopeful)."""
-    return pa.table({ITEM: pa.array([], pa.binary()), "bias": pa.array([], pa.float64())})
+    def join(self, shard, parts, seed, cap, num_shards=None):
+        yield from self.whole(shard, concat(parts), seed, cap)  # the parts keep their status columns
 
 
 class RoundStatusFn(WorkerRngDoFn):
@@ -344,16 +366,6 @@ def chosen_weight_cap(pair) -> float:
     return pair[1]
 
 
-def hopeful_table(element):
-    """(item shard, status) -> Table(item, bias) of the candidates of round r + 1 that are neither released
-    nor hopeless. The side input of round r + 1's sets lists only these: a candidate it does not list is
-    hopeless (bias 1 if its user keeps it, Alg. 4 line 14), as in the reference's ``drop_hopeless``. The
-    broadcast shrinks by the hopeless ones (at 16M Zipf pairs 886,304 instead of 1,370,654 rows over the
-    two later rounds; docs/scaling.md)."""
-    t = element[1]
-    return t.filter(pc.invert(pc.or_(t.column("released"), t.column("hopeless")))).select([ITEM, "bias"])
-
-
 def released_rows(round_: int):
     """(item shard, status) -> (round, item bytes) of the status's released items."""
 
@@ -418,14 +430,15 @@ class _MADSIPS(beam.PTransform):
         # (with weight_cap 'auto', round R - 1's status and round R read the weight cap: round 1 when R <= 2)
         first = barrier(full, "FirstRound", packed=True) if adaptive or (auto and len(plans) <= 2) else None
         later = barrier(full, "LaterRounds", packed=True) if len(plans) > 1 else None  # (user shard, Packed)
-        outputs, released_so_far, biases = [], None, None
+        outputs, status = [], None
         last = len(plans)
         for plan in plans:
             r = plan.index
-            removed = removed_before(released_so_far, r)  # side input of U_<r, None in round 1
-            bias_si = None if biases is None else beam.pvalue.AsList(biases)
             source = first if r == 1 else later
             source = full if source is None else source  # (user shard, Packed or Table(user, item))
+            if status is not None:  # round r - 1's status of each row's item, joined by item shard
+                source = attach_status(source, status, shards_si, f"Status{r - 1}To{r}")
+                # (user shard, Table(user, item, released, bias, hopeless))
             shards_arg = shards_si if r < last else None  # rounds r < R: also the candidates of round r's status
             sets, extra = per_user_step(
                 source,
@@ -433,8 +446,6 @@ class _MADSIPS(beam.PTransform):
                 RoundSetsFn(r),
                 seed_arg,
                 cap_arg,
-                removed,
-                bias_si,
                 shards_arg,
                 packed=True,
                 outputs=(RoundSetsFn.CANDIDATES,),
@@ -475,8 +486,6 @@ class _MADSIPS(beam.PTransform):
                     f"Checkpoint{r}",
                 )  # (item shard, Table(item, released, bias)), materialised: one draw per item
                 released_r = status | f"ReleasedRows{r}" >> beam.FlatMap(released_rows(r))  # (r, item bytes)
-                biases = status | f"Biases{r}" >> beam.Map(hopeful_table)  # Table(item, bias) not hopeless
-                released_so_far = released_through(released_so_far, released_r, r)  # U_<=r
             outputs.append(released_r)
         released, tagged = all_rounds(outputs)  # (round, item bytes), (round, item)
         if self._counts_plan is None:

@@ -17,6 +17,7 @@ from dp_partition_beam.transforms import reference
 from dp_partition_beam.transforms.core import batches, engine
 from dp_partition_beam.transforms.core.batches import ITEM, USER, pairs_table, user_chunks
 from dp_partition_beam.transforms.core.tables import cap_pairs
+from dp_partition_beam.transforms.selection import mad_sips
 from dp_partition_beam.transforms.selection.mad_sips import RoundSetsFn
 from dp_partition_beam.transforms.selection.select import SelectPartitions
 
@@ -63,19 +64,34 @@ def test_round_sets_of_a_user_cut_in_parts_equal_its_whole_sets(hopeless_share, 
     table = one_user(500)
     rng = random.Random(3)
     items = table.column(ITEM).to_pylist()
-    released = rng.sample(items, 40)
-    biases = None
-    if with_biases:
-        candidates = [i for i in items if i not in set(released)]
-        hopeful = [i for i in candidates if rng.random() >= hopeless_share]  # the side input lists these
-        biases = [pa.table({ITEM: pa.array(hopeful, pa.binary()), "bias": [rng.random() for _ in hopeful]})]
+    released = set(rng.sample(items, 40))
+    if with_biases:  # round 2: round 1's status attached to each row (released: True, or null before round 1)
+        hopeless = [i not in released and rng.random() < hopeless_share for i in items]
+        table = pa.table(
+            {
+                USER: table.column(USER),
+                ITEM: table.column(ITEM),
+                "released": [(True if rng.random() < 0.5 else None) if i in released else False for i in items],
+                "bias": [rng.random() for _ in items],
+                "hopeless": hopeless,
+            }
+        )
+    else:  # round 1: no status; U_<1 is empty
+        released = set()
     fn = RoundSetsFn(2)
-    args = (99, 12, released, biases)
-    (want,) = [t for _, t in fn.whole(7, table, *args)]
+    args = (99, 12)
+    (want,) = [t for _, t in fn.whole(7, mad_sips.without_released(table), *args)]
     for cut in (1, 37, 499, 500):
-        (got,) = parts_then_join(fn, table, cut, *args)
+        (got,) = parts_then_join(fn, mad_sips.without_released(table), cut, *args)
         assert got.sort_by(ITEM).equals(want.sort_by(ITEM)), cut
     assert want.num_rows == 12
+    assert not released & set(want.column(ITEM).to_pylist())
+    if with_biases:
+        kept_hopeless = [h for i, h in zip(items, hopeless) if i in set(want.column(ITEM).to_pylist())]
+        assert any(kept_hopeless) == (hopeless_share == 1.0)  # hopeless items only when all are
+        biases = dict(zip(items, table.column("bias").to_pylist()))
+        for item, bias in zip(want.column(ITEM).to_pylist(), want.column("bias").to_pylist()):
+            assert bias == (1.0 if hopeless_share == 1.0 else biases[item])
 
 
 def test_cap_of_a_user_cut_in_parts_equals_its_whole_cap():
