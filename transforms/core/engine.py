@@ -56,6 +56,7 @@ from dp_partition_beam.transforms.core.batches import (
     ShardCount,
     binary_array,
     bounded_pieces,
+    by_item_shard,
     concat,
     dictionary_codes,
     pack_pairs,
@@ -65,13 +66,12 @@ from dp_partition_beam.transforms.core.batches import (
     unpacked,
     user_chunks,
 )
-from dp_partition_beam.transforms.core.dofns import SideInputCache
+from dp_partition_beam.transforms.core.dofns import BundleListsFn, SideInputCache
 from dp_partition_beam.transforms.core.fingerprint import from_key_bytes
 from dp_partition_beam.transforms.core.noise import only_value
 from dp_partition_beam.transforms.core.tables import (
     cap_pairs,
     distinct_sorted_by_user,
-    drop_items,
     keep_items,
     merge_partials,
 )
@@ -372,9 +372,9 @@ class CapFn(PerUserFn):
     def __init__(self, k: int, round_: int):
         self._k, self._round = k, round_
 
-    def whole(self, shard, table, seed, released=None):
-        if released:
-            table = drop_items(table, pa.array(released, type=pa.binary()))  # DP-SIPS: post-processing
+    def whole(self, shard, table, seed):
+        if RELEASED in table.column_names:  # DP-SIPS: U_<r attached (released_tables), removed: post-processing
+            table = table.filter(pc.is_null(table.column(RELEASED))).select([USER, ITEM])
         capped = cap_pairs(table, self._k, seed, self._round)
         if capped.num_rows:
             yield shard, capped
@@ -458,17 +458,55 @@ def checkpoint(pcoll, label: str):
     )
 
 
+#: the column that marks an item released in an earlier round (:func:`released_tables`)
+RELEASED = "released"
+
+#: the schema of :func:`released_tables`' tables
+RELEASED_SCHEMA = pa.schema([(ITEM, pa.binary()), (RELEASED, pa.bool_())])
+
+
+class ReleasedTablesFn(BundleListsFn):
+    """(round, item key bytes) -> (0, Table(item, released = true)), one table per bundle (at most
+    ``max_buffered`` rows): the released items as the values of a join
+    (:class:`transforms.core.item_join.AttachItemColumns`) or of :class:`HoldersOfReleased`. Global window
+    only (as the selection's input)."""
+
+    def process(self, element):
+        self._append(0, element[1])
+        yield from self._flush_if_full()
+
+
+def released_table(key, items):
+    """(0, [item key bytes]) -> (0, Table(item, released))."""
+    return key, pa.table({ITEM: pa.array(items, pa.binary()), RELEASED: np.ones(len(items), dtype=bool)})
+
+
+def released_tables(released, label: str):
+    """(round, item key bytes) -> (0, Table(item, released)) tables of the released items (any number of
+    them: no side input)."""
+    return (
+        released
+        | f"{label}Lists" >> beam.ParDo(ReleasedTablesFn())  # (0, [item bytes]) per bundle
+        | f"{label}Tables" >> beam.MapTuple(released_table)  # (0, Table(item, released))
+    )
+
+
+def released_by_item_shard(element, num_shards):
+    """(0, Table(item, released)) -> (item shard, Packed(item))."""
+    yield from by_item_shard(element[1].select([ITEM]), num_shards)
+
+
 class HoldersOfReleasedFn(beam.DoFn):
-    """(item shard, [partials]) -> (item key bytes, holders) for the released items (side-input list)."""
+    """(item shard, {parts: [Packed partials], released: [Packed(item)]}) -> (item key bytes, holders) for the
+    shard's released items (joined by item shard, never a side input)."""
 
-    def __init__(self):
-        self._released = SideInputCache()  # Arrow array of the released items
-
-    def process(self, element, released):
+    def process(self, element):
+        _, grouped = element
+        released = [p.table() for p in grouped["released"]]
         if not released:
             return
-        w = merge_partials(unpacked(element[1]))
-        kept = keep_items(w, self._released.get(released, binary_array))
+        w = merge_partials(unpacked(grouped["parts"]))
+        kept = keep_items(w, concat(released).column(ITEM).combine_chunks())
         yield from zip(kept.column(ITEM).to_pylist(), kept.column("holders").to_pylist())
 
 
@@ -493,13 +531,6 @@ def all_rounds(outputs):
     """The releases of every round: ((round, item bytes), (round, item)) PCollections."""
     released = tuple(outputs) | "AllRounds" >> beam.Flatten()  # (round, item bytes)
     return released, released | "Decode" >> beam.Map(decode_tagged)  # (round, item)
-
-
-def removed_before(released_so_far, r: int):
-    """Side input (a list) of the item bytes released in rounds < r, or None in round 1 (nothing yet)."""
-    if released_so_far is None:
-        return None
-    return beam.pvalue.AsList(released_so_far | f"Released{r}" >> beam.Map(released_bytes))
 
 
 def released_through(released_so_far, released_r, r: int):

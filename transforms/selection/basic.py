@@ -20,6 +20,7 @@ from dp_partition_beam.transforms.core import randomness
 from dp_partition_beam.transforms.core.batches import DEFAULT_ROWS_PER_SHARD, ITEM, by_item_shard, unpacked
 from dp_partition_beam.transforms.core.dofns import WorkerRngDoFn
 from dp_partition_beam.transforms.core.engine import (
+    RELEASED_SCHEMA,
     CapFn,
     HoldersOfReleasedFn,
     ShardedUsers,
@@ -28,14 +29,15 @@ from dp_partition_beam.transforms.core.engine import (
     decode_tagged,
     pack_piece,
     per_user_step,
-    released_bytes,
+    released_by_item_shard,
+    released_tables,
     released_through,
-    removed_before,
     run_seed_arg,
     swap,
     unpack_piece,
     zero_holders_of_tagged,
 )
+from dp_partition_beam.transforms.core.item_join import AttachItemColumns
 from dp_partition_beam.transforms.core.tables import item_bits, merge_partials, noisy_weights
 from dp_partition_beam.transforms.selection.basic_kernels import basic_partials
 from dp_partition_beam.transforms.selection.counts import noisy_counts_of_holders
@@ -184,9 +186,13 @@ class _DPSIPS(beam.PTransform):
         outputs, released_so_far = [], None  # (round, item bytes) of rounds < r
         for plan in self._plans:
             r = plan.index
-            removed = removed_before(released_so_far, r)  # side input of U_<r, None in round 1
-            unpacked_r = full | f"Unpack{r}" >> beam.MapTuple(unpack_piece)  # (user shard, Table(user, item))
-            capped = per_user_step(unpacked_r, f"Cap{r}", CapFn(k, r), seed_arg, removed)  # (shard, capped \\ U_<r)
+            if released_so_far is None:
+                pieces = full | f"Unpack{r}" >> beam.MapTuple(unpack_piece)  # (user shard, Table(user, item))
+            else:  # U_<r joined by item shard (any number of released items: no side input)
+                removed = released_tables(released_so_far, f"Released{r}")  # (0, Table(item, released))
+                pieces = full | f"Removed{r}" >> AttachItemColumns(removed, shards_si, RELEASED_SCHEMA)
+                # (user shard, Table(user, item, released)), released null where the item is not in U_<r
+            capped = per_user_step(pieces, f"Cap{r}", CapFn(k, r), seed_arg)  # (shard, capped \\ U_<r)
             released_r = capped | f"Round{r}" >> BasicRound(plan, self._seed, shards_si)  # (r, item bytes)
             # materialised: the output, the next round's removal and the counts see the same draw
             released_r = checkpoint(released_r | f"ByItem{r}" >> beam.Map(swap), f"Checkpoint{r}") | (
@@ -206,12 +212,18 @@ class _DPSIPS(beam.PTransform):
 def holders_in_round0_sets(full, released, k, seed_arg, shards_si):
     """(item bytes, holders) of every released item in one round-0 subsample of the full sets (the count
     release of the re-subsampling algorithms, DP-SIPS and MAD-SIPS)."""
-    released_list = beam.pvalue.AsList(released | "ReleasedBytes" >> beam.Map(released_bytes))
-    holders = (
+    released_items = (
+        released_tables(released, "ReleasedItems")  # (0, Table(item, released))
+        | "ReleasedByShard" >> beam.FlatMap(released_by_item_shard, shards_si)  # (item shard, Packed(item))
+    )
+    parts = (
         per_user_step(full, "CapForCounts", CapFn(k, 0), seed_arg)  # (shard, capped round 0)
         | "CountPartials" >> beam.ParDo(BasicPartialsFn("count"), shards_si)  # (item shard, Packed partials)
-        | "GroupCounts" >> beam.GroupByKey()  # (item shard, [Packed partials])
-        | "Holders" >> beam.ParDo(HoldersOfReleasedFn(), released_list)  # (item bytes, holders>0)
+    )
+    holders = (
+        {"parts": parts, "released": released_items}
+        | "GroupCounts" >> beam.CoGroupByKey()  # (item shard, {parts: [Packed partials], released: [Packed(item)]})
+        | "Holders" >> beam.ParDo(HoldersOfReleasedFn())  # (item bytes, holders>0)
     )
     zeros = released | "Zeros" >> beam.Map(zero_holders_of_tagged)  # (item bytes, 0)
     return (

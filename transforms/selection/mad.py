@@ -17,29 +17,28 @@ from dp_partition_beam.privacy.calibration import passes_threshold
 from dp_partition_beam.transforms.core.batches import (
     DEFAULT_ROWS_PER_SHARD,
     ITEM,
+    USER,
     bounded_pieces,
     by_item_shard,
     chunks,
-    concat,
     pack,
     unpacked,
 )
-from dp_partition_beam.transforms.core.dofns import SideInputCache, WorkerRngDoFn
+from dp_partition_beam.transforms.core.dofns import WorkerRngDoFn
 from dp_partition_beam.transforms.core.engine import (
     CapFn,
     ShardedUsers,
     barrier,
-    concat_or_none,
     decode_tagged,
     per_user_step,
     run_seed_arg,
     table_of,
 )
-from dp_partition_beam.transforms.core.tables import merge_partials, noisy_weights
+from dp_partition_beam.transforms.core.item_join import AttachItemColumns
+from dp_partition_beam.transforms.core.tables import merge_partials, noisy_weights, with_degree
 from dp_partition_beam.transforms.selection.basic import NoisyThresholdFn, _Basic
 from dp_partition_beam.transforms.selection.counts import noisy_counts_of_holders
 from dp_partition_beam.transforms.selection.mad_kernels import (
-    attach_biases,
     check_mad_params,
     mad_contribution_partials,
     mad_init_partials,
@@ -86,31 +85,33 @@ class MADExcessConstFn(MADExcessFn):
         yield from MADExcessFn.process(self, element, self._tau_const)
 
 
-class MADContributionFn(beam.DoFn):
-    """(user shard, capped[+bias]) -> (item shard, partials of the users' contributions) (Alg. 3 l.9-17).
+#: the hot items' table (:class:`MADExcessFn`): joined onto the capped rows by item shard
+HOT_SCHEMA = pa.schema([(ITEM, pa.binary()), ("r", pa.float64())])
 
-    The hot items' r(i) arrive as a side-input list of tables (one per item shard that has any).
+
+def keyed_hot(table):
+    """Table(item, r) -> (0, Table(item, r)): the hot items as values of :class:`AttachItemColumns` (any key:
+    the join re-keys them by item)."""
+    return 0, table
+
+
+class MADContributionFn(beam.DoFn):
+    """(user shard, Table(user, item, degree[, bias], r)) -> (item shard, partials of the users' contributions)
+    (Alg. 3 l.9-17).
+
+    Each row carries r(i) of its item (null: not hot, r = 0), joined by item shard
+    (:class:`transforms.core.item_join.AttachItemColumns`): the hot items are at most n_adaptive / tau, which
+    grows with the users, so they do not travel as a side input.
     """
 
     def __init__(self, d_max, b_min, b_max):
         self._params = (d_max, b_min, b_max)
-        self._hot = SideInputCache()  # one table of the hot items' r(i)
 
-    def process(self, element, hot_tables, num_shards, tau):  # tau: a float or a singleton side input
-        hot = self._hot.get(hot_tables, hot_items_table)
-        partials = mad_contribution_partials(table_of(element[1]), hot, tau, *self._params)
+    def process(self, element, num_shards, tau):  # tau: a float or a singleton side input
+        table = table_of(element[1])
+        r = pc.fill_null(table.column("r"), 0.0).to_numpy()
+        partials = mad_contribution_partials(table.drop_columns(["r"]), None, tau, *self._params, r_rows=r)
         yield from by_item_shard(partials, num_shards)  # packed
-
-
-def hot_items_table(hot_tables):
-    """One Table(item, r) of the hot items (side-input list of tables), or None if there are none.
-
-    Only the tables: under Beam's BundleBasedDirectRunner with injected bundle failures the list was seen
-    to hold (shard, table) tuples of the sibling 'trunc' output too (flaky, tests only); any wrong weight
-    would still fail the Beam == reference comparison.
-    """
-    tables = [t for t in hot_tables if isinstance(t, pa.Table)]
-    return concat(tables) if tables else None
 
 
 class MADContributionConstFn(MADContributionFn):
@@ -120,8 +121,8 @@ class MADContributionConstFn(MADContributionFn):
         MADContributionFn.__init__(self, d_max, b_min, b_max)
         self._tau_const = float(tau)
 
-    def process(self, element, hot_tables, num_shards):
-        yield from MADContributionFn.process(self, element, hot_tables, num_shards, self._tau_const)
+    def process(self, element, num_shards):
+        yield from MADContributionFn.process(self, element, num_shards, self._tau_const)
 
 
 class MADWeights(beam.PTransform):
@@ -168,16 +169,21 @@ class MADWeights(beam.PTransform):
                 else beam.ParDo(MADExcessConstFn(self._tau))
             ).with_outputs(MADExcessFn.TRUNC, main="hot")
         )  # hot: Table(item, r); trunc: (item shard, w_trunc partials)
-        hot = beam.pvalue.AsList(excess.hot)
         if self._tau_si is not None:
             contrib = beam.ParDo(
-                MADContributionFn(self._d_max, self._b_min, self._b_max), hot, self._num_shards, self._tau_si
+                MADContributionFn(self._d_max, self._b_min, self._b_max), self._num_shards, self._tau_si
             )
         else:
             contrib = beam.ParDo(
-                MADContributionConstFn(self._tau, self._d_max, self._b_min, self._b_max), hot, self._num_shards
+                MADContributionConstFn(self._tau, self._d_max, self._b_min, self._b_max), self._num_shards
             )
-        contributions = barrier(capped, "Barrier") | "Contrib" >> contrib  # (item shard, contribution partials)
+        hot = excess.hot | "KeyHot" >> beam.Map(keyed_hot)  # (0, Table(item, r))
+        contributions = (
+            barrier(capped, "Barrier")  # not fused into capped's stage: DPNE's num_shards and tau come from it
+            | "AttachHot" >> AttachItemColumns(hot, self._num_shards, HOT_SCHEMA)
+            # (user shard, Table(user, item, degree[, bias], r)), r null where the item is not hot
+            | "Contrib" >> contrib
+        )  # (item shard, contribution partials)
         return (
             (excess[MADExcessFn.TRUNC], contributions)
             | "AllParts" >> beam.Flatten()  # (item shard, partials)
@@ -274,26 +280,21 @@ def released1_holders(element):
     yield from zip(t.column(ITEM).to_pylist(), t.column("holders").to_pylist())
 
 
-def bias_table(element):
-    """(item shard, status) -> Table(item, bias) of the items round 2 keeps (not released)."""
-    t = element[1]
-    kept = t.filter(pc.invert(t.column("released")))
-    return kept.select([ITEM, "bias"])
+#: round 1's status as round 2's rows read it (:func:`round2_sets`)
+R1_STATUS_SCHEMA = pa.schema([(ITEM, pa.binary()), ("released", pa.bool_()), ("bias", pa.float64())])
 
 
-class AttachBiasesFn(beam.DoFn):
-    """(user shard, capped) -> (user shard, Table(user, item, degree, bias)) of the round-2 items (line 13)."""
-
-    def __init__(self):
-        self._biases = SideInputCache()  # one Table(item, bias)
-
-    def process(self, element, bias_tables):
-        biases = self._biases.get(bias_tables, concat_or_none)
-        if biases is None or biases.num_rows == 0:
-            return
-        sets = attach_biases(element[1], biases)
-        if sets.num_rows:
-            yield element[0], sets
+def round2_rows(shard, table):
+    """(user shard, Table(user, item, degree, released, bias)) -> (user shard, Table(user, item, degree, bias)) of
+    the round-2 items (line 13): the capped rows whose item round 1 did not release (released false; null:
+    no status, never the case for a capped row), with its bias, degrees recomputed (as
+    MAD2R line 13)."""
+    kept = table.filter(pc.invert(pc.fill_null(table.column("released"), True)))
+    if kept.num_rows:
+        yield (
+            shard,
+            with_degree(pa.table({USER: kept.column(USER), ITEM: kept.column(ITEM), "bias": kept.column("bias")})),
+        )
 
 
 class _MAD2R(beam.PTransform):
@@ -325,11 +326,12 @@ class _MAD2R(beam.PTransform):
             "R1Checkpoint",
         )  # (item shard, Table(item, released, holders, bias)), materialised: one draw per item
         released1 = status | "R1Released" >> beam.FlatMap(released1_rows)  # (1, item bytes)
-        biases = status | "R2Biases" >> beam.Map(bias_table)  # Table(item, bias)
-        round2_sets = barrier(capped, "R2Barrier") | "Round2Sets" >> beam.ParDo(
-            AttachBiasesFn(), beam.pvalue.AsList(biases)
-        )
-        # (user shard, Table(user, item, degree, bias)) = S_u minus U_1 and U_low (line 13)
+        round2_sets = (
+            capped
+            | "R1StatusToR2" >> AttachItemColumns(status, shards_si, R1_STATUS_SCHEMA)
+            # (user shard, Table(user, item, degree, released, bias)): round 1's status joined by item shard
+            | "Round2Sets" >> beam.FlatMapTuple(round2_rows)
+        )  # (user shard, Table(user, item, degree, bias)) = S_u minus U_1 and U_low (line 13)
         with_holders = self._counts_plan is not None
         if r2.keep_table is not None:  # threshold 'optimal': biased Basic weights rounded onto C, the table
             out2 = (

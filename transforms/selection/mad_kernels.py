@@ -29,10 +29,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dp_partition_beam.privacy.validation import check_range
-from dp_partition_beam.transforms.core.batches import ITEM, USER
+from dp_partition_beam.transforms.core.batches import ITEM
 from dp_partition_beam.transforms.core.fixed64 import FRACTION_BITS, exact_sum64, limbs_of, value_of_limbs
 from dp_partition_beam.transforms.core.randomness import encode_key
-from dp_partition_beam.transforms.core.tables import EXACT_FLOAT_SUM, limb_table, sum_by_item, user_codes, with_degree
+from dp_partition_beam.transforms.core.tables import EXACT_FLOAT_SUM, limb_table, sum_by_item, user_codes
 
 __all__ = [
     "user_weights",
@@ -841,24 +841,6 @@ def round2_biases(
     with np.errstate(divide="ignore"):
         b = np.where(w_lb <= rho2, 1.0, rho2 / np.where(w_lb > 0.0, w_lb, 1.0))  # line 14
     return kept, b
-
-
-def attach_biases(capped: pa.Table, biased_items: pa.Table) -> pa.Table:
-    """MAD2R line 13: the capped rows whose item round 2 keeps, with its bias, degrees recomputed."""
-    if capped.num_rows == 0 or biased_items.num_rows == 0:
-        return pa.table(
-            {
-                USER: pa.array([], pa.binary()),
-                ITEM: pa.array([], pa.binary()),
-                "degree": pa.array([], pa.int64()),
-                "bias": pa.array([], pa.float64()),
-            }
-        )
-    pos = pc.index_in(capped.column(ITEM), value_set=biased_items.column(ITEM))
-    keep = pc.is_valid(pos)
-    t = capped.filter(keep)
-    b = biased_items.column("bias").take(pos.filter(keep))
-    return with_degree(pa.table({USER: t.column(USER), ITEM: t.column(ITEM), "bias": b}))
 
 
 def table_round_partials(sets: pa.Table, b_min: float, b_max: float, table) -> pa.Table:

@@ -242,28 +242,33 @@ def test_mad_weight_stage_equals_the_reference_weights(biased, num_shards, stage
 #: per-user step's outputs ({label}Pack, {label}JoinPack, {label}Unpack: tables cross its Flatten packed) and
 #: removed MAD-SIPS's Candidates{r} (the candidates are now an output of Sets{r}, from the same pass); every
 #: other label of f32f39f is kept (checked by diffing the label sets of both commits). Dataflow's update
-#: compatibility matches stages by these names: a refactoring must not change them.
+#: compatibility matches stages by these names: a refactoring must not change them. Issue 60 (per-item values
+#: joined by item shard instead of side inputs) added the joins' stages (AttachHot, Status{r}To{r+1},
+#: R1StatusToR2, Removed{r}, ReleasedItems..., GroupCounts a CoGroupByKey) and removed, all of them the side
+#: inputs' own steps: MAD_SIPS/Biases{r}, Released{r}, Union{r}, ReleasedBytes; MAD2R/R2Biases, R2Barrier*;
+#: DP_SIPS/Released{r}, Unpack{r} for r >= 2, ReleasedBytes (checked by diffing the label sets of af6d4a9 and
+#: the change): a job from before cannot be updated in place into one after.
 STAGE_LABELS = {
     "basic": ("9cb6731cc0eb0ad2", "f954e80b5f273180"),
     "weighted_laplace": ("06833365cac787b3", "ccb6c149d9f723ba"),
     "count_gaussian": ("1f40459b6fecdd2c", "868b14c141f5b2df"),
     "count_laplace": ("7f4a08100584c9e3", "8146a97185de71a4"),
-    "mad": ("657e46806f0b4738", "5ba687b6c18ad455"),
+    "mad": ("495376ad25063200", "7bb53c1d1447ce0d"),
     # its default: round 2 a keep table (issue 30, the same steps as mad_sips's table round)
-    "mad2r": ("ad6ef438641c407d", "abe145cd952d6dce"),
-    "mad2r/gaussian": ("a76f455095bc2fd6", "be6a9ddb1938ed7d"),  # threshold='gaussian': the labels before
+    "mad2r": ("e0bdf03016fb64de", "8d900ed7c1f8aec9"),
+    "mad2r/gaussian": ("f735135d5c3a4b98", "39b68e36f9cbdfb4"),  # threshold='gaussian': the labels before
     # a Basic last round keeps its labels as a table (NoisyThreshold{r} draws the keep bits)
-    "dp_sips": ("0d2782f2d6c60491", "368330abe449e540"),
+    "dp_sips": ("a775353c9710df7a", "0797a8f2e2a22555"),
     # its defaults: the last round a keep table (issue 30: TablePartials3, GroupTableParts3, KeepTable3 instead of
     # MADWeights3/..., NoisyThreshold3; with counts too since the counts compose with the table in RDP) and, with
     # the table, no adaptive cap (no Cap stage)
     # and since weight_cap 'auto' became its default (issue 30): the Cap stage (the degree histogram) added, no
     # label removed (checked by diffing the label sets); weight_cap=1 gives the labels before
-    "mad_sips": ("b0ffd806a0e01e24", "1d1c1976100831a9"),
-    "mad_sips/fixed": ("a572aa97840ac751", "14c94c91093df488"),  # weight_cap=1: no histogram, no Cap stage
-    "mad_sips/cap": ("4962ee2245c00dfd", "e133a4a721548922"),  # cap_quantile=0.98: the Cap stage (+ChosenWeightCap)
-    "mad_sips/cap_fixed": ("75d02b6ce6331ad9", "1078750cae69d8a6"),  # cap_quantile=0.98, weight_cap=1
-    "mad_sips/gaussian": ("48206a5de68208d9", "58207e60c1e24850"),  # threshold='gaussian' (and its cap)
+    "mad_sips": ("f31858e4fc3939ef", "87cb8e2b5a245640"),
+    "mad_sips/fixed": ("a11e373202b7e02b", "f69a1efbd8e1164f"),  # weight_cap=1: no histogram, no Cap stage
+    "mad_sips/cap": ("c8a127e9d089bad1", "b66a2763d0760054"),  # cap_quantile=0.98: the Cap stage (+ChosenWeightCap)
+    "mad_sips/cap_fixed": ("c19e33f408d6c811", "3e1dffd8fca87b84"),  # cap_quantile=0.98, weight_cap=1
+    "mad_sips/gaussian": ("ac71d7340114783b", "75b4f92fb6035429"),  # threshold='gaussian' (and its cap)
     # its default: the l2 keep rule (issue 30: KeepByCurve instead of NoisyThreshold, as Policy Laplace's curve)
     "policy_gaussian": ("67a04f02d4171f18", "9658074651079dad"),
     "policy_gaussian/gaussian": ("0a45ade62247d818", "f133509b3fd1d38b"),  # threshold='gaussian': the labels before
