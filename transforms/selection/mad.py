@@ -110,7 +110,8 @@ class MADContributionFn(beam.DoFn):
     def process(self, element, num_shards, tau):  # tau: a float or a singleton side input
         table = table_of(element[1])
         r = pc.fill_null(table.column("r"), 0.0).to_numpy()
-        partials = mad_contribution_partials(table.drop_columns(["r"]), None, tau, *self._params, r_rows=r)
+        rows = table.select([c for c in table.column_names if c != "r"])
+        partials = mad_contribution_partials(rows, None, tau, *self._params, r_rows=r)
         yield from by_item_shard(partials, num_shards)  # packed
 
 

@@ -130,7 +130,7 @@ def hopeful_of(table: pa.Table):
     minus U_<r, or (None, None, None) in round 1. ``doomed[i]``: row i's item is hopeless (Alg. 4 lines 11-13)."""
     if "hopeless" not in table.column_names:
         return None, None, None
-    doomed = table.column("hopeless").to_numpy(zero_copy_only=False).astype(bool)
+    doomed = table.column("hopeless").combine_chunks().to_numpy(zero_copy_only=False).astype(bool)
     hope = table.filter(pa.array(~doomed))
     items = hope.column(ITEM).combine_chunks()
     distinct = pc.unique(items)

@@ -84,7 +84,7 @@ def test_every_row_gets_its_items_values_in_order():
 
         def run(p):
             packed = [(s, pack_pairs(t)) if i % 2 else (s, t) for i, (s, t) in enumerate(pieces)]  # both kinds
-            pcs = p | "Pieces" >> beam.Create(packed)
+            pcs = p | f"{name}/Pieces" >> beam.Create(packed)
             vals = p | f"{name}/Vals" >> beam.Create(values)
             n = beam.pvalue.AsSingleton(p | f"{name}/S" >> beam.Create([shards]))
             return pcs | f"{name}/Attach" >> AttachItemColumns(vals, n, SCHEMA)
