@@ -8,7 +8,8 @@ travel as a side input (at most total_pairs / max_users_per_key of them), never 
 pairs; cold items use a single shard.
 
 Used by the sequential policies' count release (:class:`transforms.selection.counts.ReleaseCounts`); the
-columnar path joins nothing per pair (its per-item values reach the user shards as side-input tables).
+columnar path joins its per-item values onto the user pieces by item shard
+(:class:`transforms.core.item_join.AttachItemColumns`).
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ class _DPSIPS(beam.PTransform):
     re-subsampling to Delta_0 keeps each user's round-r contribution within Basic's sensitivity. The
     rounds compose adaptively under ``params.accounting`` (privacy/accounting.py).
 
-    Stages per round r: Cap_r (drop U_<r from the full distinct sets (side input), bottom-k with round
+    Stages per round r: Cap_r (drop U_<r from the full distinct sets (joined by item shard), bottom-k with round
     r's priorities) -> Basic round r -> Checkpoint_r (materialised: the output and the next round's
     removal see the same draw). Counts (optional) count holders in one round-0 subsample of the full sets.
     """

@@ -132,16 +132,18 @@ class MADWeights(beam.PTransform):
     Stages (Alg. 3 line numbers):
       InitPartials  (item shard, Table(item, w_init parts))   l.3-5, adaptive users add 1/|S_u|
       GroupInit     (item shard, [partials])
-      Excess        Table(item, r) of hot items (r > 0)      l.6 (erratum max); side input of the users
+      Excess        Table(item, r) of hot items (r > 0)      l.6 (erratum max)
                     trunc: (item shard, w_trunc partials)    l.8
+      AttachHot     (user shard, Table(..., r))              each row's r(i) (null: not hot), joined by
+                                                             item shard (transforms.core.item_join)
       Contrib       (item shard, contribution partials)      l.9-17 per user (Alg. 2 for biased users)
       AllParts      (item shard, [partials])                 w(i) = w_trunc(i) + sum of contributions (l.12)
     Input: (user shard, Table(user, item, degree)) with every user's rows in one element (``CapFn``'s
     output), or Table(user, item, degree, bias) for biased rounds (MAD2R round 2, MAD-SIPS). Output:
     (item shard, [Packed(item, hi, mid, lo, holders)]); ``merge_partials`` of a group gives Table(item,
     weight, holders) with MAD's w(i) correctly rounded, bit-identical to the reference's ``mad_weights``.
-    The hot items are at most n_adaptive / tau (w_init > tau >= 1): a side input (docs/columnar.md
-    discusses the bound).
+    The hot items are at most n_adaptive / tau (w_init > tau >= 1), which grows with the users: they reach
+    the users by a join, never as a side input (docs/columnar.md).
     """
 
     def __init__(self, tau, d_max, b_min, b_max, num_shards, label=None):
@@ -304,7 +306,8 @@ class _MAD2R(beam.PTransform):
     Round 1: unbiased MAD on the capped sets (users subsampled once, line 1); its noisy weights never
     leave the item stage: one DoFn releases U_1 and computes round 2's biases from the same draw, and
     that status is checkpointed (one draw per item whatever retries). Round 2: the capped sets minus
-    U_1 and U_low, with biases b(i) (side input), biased MAD with h(t) = b_max/sqrt(t), noise, rho_2.
+    U_1 and U_low, with biases b(i) (round 1's status joined by item shard), biased MAD with
+    h(t) = b_max/sqrt(t), noise, rho_2.
     """
 
     def __init__(self, plan, seed, rows_per_shard=DEFAULT_ROWS_PER_SHARD, label=None):

@@ -32,9 +32,10 @@ Stages of round r (shapes after each step; plans of the run's cap, Delta_0 witho
                                                                 >= rho_r, next round's hopeless/bias
                                                                 (Alg. 4 lines 10-14 with rho_{r+1});
                                                                 checkpointed (one draw whatever retries)
-  Biases_r    Table(item, bias)                                 the candidates neither released nor
-                                                                hopeless: round r+1's side input (an
-                                                                item it does not list is hopeless)
+  Status{r}To{r+1} (user shard, Table(user, item, released, bias, hopeless))  round r + 1's pieces with
+                                                                the status of their items, joined by item
+                                                                shard (transforms.core.item_join; an item
+                                                                without a status is in U_<r)
   r = R:      NoisyThreshold_R (round R, item bytes)
   r = R, threshold 'optimal': TablePartials_R (item shard, [partials]) of biased Basic weights (Alg. 2
               from the biases, no truncation or rerouting) rounded down onto the keep table's C, then
@@ -105,7 +106,6 @@ def zero_partials(items: pa.Array) -> pa.Table:
 STATUS_SCHEMA = pa.schema(
     [(ITEM, pa.binary()), ("released", pa.bool_()), ("bias", pa.float64()), ("hopeless", pa.bool_())]
 )
-_STATUS_COLUMNS = ("released", "bias", "hopeless")
 
 
 def attach_status(pieces, status, num_shards, label: str):
@@ -422,7 +422,7 @@ class _MADSIPS(beam.PTransform):
         if auto:  # each candidate's last round as a spec (its table built on the workers); the run's choice
             weight_light = self._weight_plan.without_tables()
             choice = (beam.pvalue.AsSingleton(self.weight_cap),)
-        # rounds that read side inputs computed from `full` itself (U_<r, biases, the cap) must not fuse into
+        # rounds that read side inputs computed from `full` itself (the cap, the weight cap) must not fuse into
         # its stage, nor round 1 (the cap's reader) into the stage of the later rounds (U_1's readers): without
         # these barriers the in-memory runner stops with "watermark-pending bundles did not execute". Their
         # outputs stay packed: several stages read each (the round's sets and candidates, every later round)
