@@ -20,8 +20,8 @@ pairs. :class:`AttachItemColumns` joins it instead, columnar, in two keyed steps
 
 A group holds one join key's rows (about rows / (S*J)) or one piece (<= ~65k rows) and its answers: never
 the whole table. S is the run's shard count (rows / rows_per_shard), J = :data:`JOIN_SPLIT`. A piece id is
-the CRC-32 of its packed bytes (a function of the piece: the same under retries, like
-:func:`transforms.core.engine.keyed_piece`); two equal pieces share a group and get the same answers.
+the CRC-32 of its packed bytes (:func:`transforms.core.engine.keyed_piece`: a function of the piece, the
+same under retries); two equal pieces share a group and get the same answers.
 
 The join changes only how values travel, never a row or a value: the outputs under a seed are those of
 the side-input path they replace (tests/transforms/core/test_item_join.py, and every Beam == reference
@@ -30,7 +30,6 @@ test of the algorithms that use it).
 
 from __future__ import annotations
 
-import zlib
 from typing import Sequence
 
 import apache_beam as beam
@@ -43,10 +42,10 @@ from dp_partition_beam.transforms.core.batches import (
     Packed,
     bounded_pieces,
     concat,
-    pack_pairs,
     shard_ids,
     split_by_shard,
 )
+from dp_partition_beam.transforms.core.engine import keyed_piece
 from dp_partition_beam.transforms.core.tables import ItemIndex
 
 __all__ = ["AttachItemColumns", "JOIN_SPLIT"]
@@ -55,12 +54,6 @@ __all__ = ["AttachItemColumns", "JOIN_SPLIT"]
 JOIN_SPLIT = 4
 
 _PIECE_SHARD, _PIECE_ID = "piece_shard", "piece_id"
-
-
-def piece_key(shard, piece):
-    """(shard, Table or Packed) -> ((shard, crc32 of the packed bytes), Packed piece)."""
-    packed = piece if isinstance(piece, Packed) else pack_pairs(piece)
-    return (int(shard), zlib.crc32(packed.data)), packed
 
 
 def join_keys(items, num_shards: int, split: int) -> np.ndarray:
@@ -90,10 +83,9 @@ def requests_of_piece(element, num_shards: int, split: int):
 
 def values_by_join_key(element, num_shards: int, split: int, columns: Sequence[str]):
     """(any key, Table(item, columns...)) -> (join key, Packed(item, columns...))."""
-    table = element[1]
-    table = table.select([ITEM, *columns]) if table.num_rows else table
-    if table.num_rows == 0:
+    if element[1].num_rows == 0:
         return
+    table = element[1].select([ITEM, *columns])
     for key, rows in split_by_shard(table, join_keys(table.column(ITEM), num_shards, split), num_shards * split):
         for piece in bounded_pieces(rows):
             yield key, Packed.of(piece)
@@ -197,7 +189,7 @@ class AttachItemColumns(beam.PTransform):
     def expand(self, pieces):
         cols = self._columns
         schema = pa.schema([self._schema.field(c) for c in (ITEM, *cols)])
-        keyed = pieces | "KeyPieces" >> beam.MapTuple(piece_key)  # ((shard, piece id), Packed piece)
+        keyed = pieces | "KeyPieces" >> beam.MapTuple(keyed_piece)  # ((shard, piece id), Packed piece)
         requests = keyed | "Requests" >> beam.FlatMap(requests_of_piece, self._num_shards, self._split)
         # (join key, Packed(item, piece shard, piece id))
         values = self._values | "Values" >> beam.FlatMap(values_by_join_key, self._num_shards, self._split, cols)
